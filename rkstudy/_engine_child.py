@@ -1,0 +1,73 @@
+"""Child side of rkstudy.build: runs the toolkit in its own process.
+
+`python -m rkstudy._engine_child SPEC_JSON CONTROL_FD` runs config -> load_onnx -> build ->
+export_rknn, then (when the spec asks to serve) init_runtime on the simulator and answers
+inference requests until told to stop, then release. Its fds 1 and 2 belong to the parent, which
+logs them and counts REGTASK lines; the control fd (a multiprocessing Connection) carries the
+step reports and the arrays, so the compiler's own output can never corrupt them.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from multiprocessing.connection import Connection
+
+
+def _step(conn: Connection, name: str, rc) -> None:
+    conn.send({"event": "step", "step": name, "rc": rc})
+    if rc not in (0, None):
+        raise RuntimeError(f"rknn.{name} returned {rc}")
+
+
+def main(spec_path: str, fd: str) -> int:
+    conn = Connection(int(fd))
+    with open(spec_path, encoding="utf-8") as fh:
+        spec = json.load(fh)
+    step = "import"
+    try:
+        from rknn.api import RKNN
+
+        rknn = RKNN(verbose=spec.get("verbose", False))
+        step = "config"
+        _step(conn, step, rknn.config(target_platform=spec["target"], float_dtype="float16",
+                                      optimization_level=spec["optimization_level"]))
+        step = "load_onnx"
+        names = list(spec["inputs"])
+        _step(conn, step, rknn.load_onnx(model=spec["onnx"], inputs=names or None,
+                                         input_size_list=[spec["inputs"][n] for n in names] or None,
+                                         outputs=spec.get("outputs")))
+        step = "build"
+        _step(conn, step, rknn.build(do_quantization=False))
+        if spec.get("out"):
+            step = "export_rknn"
+            _step(conn, step, rknn.export_rknn(spec["out"]))
+        if spec.get("serve"):
+            step = "init_runtime"
+            _step(conn, step, rknn.init_runtime(target=None))
+            conn.send({"event": "ready"})
+            while True:
+                msg = conn.recv()
+                if msg is None:
+                    break
+                try:
+                    fmt = ["nchw" if x.ndim == 4 else None for x in msg]
+                    outs = rknn.inference(inputs=list(msg), data_format=fmt if any(fmt) else None)
+                    if outs is None:
+                        raise RuntimeError("rknn.inference returned None (see the engine log)")
+                    conn.send({"event": "outputs", "outputs": [o for o in outs]})
+                except Exception as exc:  # report and keep serving: one bad input is not fatal
+                    conn.send({"event": "error", "error": f"{type(exc).__name__}: {exc}"})
+        step = "release"
+        rknn.release()
+        conn.send({"event": "done"})
+        return 0
+    except Exception as exc:
+        traceback.print_exc()
+        conn.send({"event": "failed", "step": step, "error": f"{type(exc).__name__}: {exc}"})
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:]))

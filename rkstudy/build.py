@@ -1,0 +1,271 @@
+"""The build wrapper: config -> load_onnx -> build -> export_rknn -> release, in a child process.
+
+Why a child process:
+* the compiler is C++ and writes its diagnostics (the REGTASK "bit width of field value exceeds
+  the limit" lines among them) straight to fds 1 and 2, outside Python logging; in a child those
+  fds are a pipe this process reads, logs and counts;
+* a graph the compiler cannot fold (Shape -> ConstantOfShape chains) aborts it with a core dump
+  and no traceback; in a child that is an exit status, reported with the last log lines, and the
+  notebook kernel survives;
+* a build that floods REGTASK lines (the seeds saw ~800k for one engine) is killed once it passes
+  the limit, instead of running for minutes to produce an engine that voices clipped noise.
+
+The same child can stay alive after the build and serve simulator inference (see
+rkstudy.runtime.SimulatorRunner), because the toolkit's simulator only runs a model built in the
+same process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from . import cache, graph
+from .results import toolkit_version
+
+TARGETS = ("rk3588", "rk3566")
+REGTASK_LIMIT = 100_000  # past this, the overflow is the ~800k-line regime that ruins an engine
+TAIL_LINES = 30
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_REGTASK_VALUE = re.compile(r"value: 0x([0-9a-fA-F]+)")
+
+
+class BuildFailed(RuntimeError):
+    """The toolkit did not produce an engine; the message carries the log tail."""
+
+
+@dataclass
+class BuildReport:
+    """What one build did. `status` is ok, failed (a toolkit step returned an error),
+    aborted (the compiler died on a signal), or regtask-limit (killed past the REGTASK limit)."""
+
+    status: str
+    target: str
+    onnx: str
+    engine: str | None
+    engine_bytes: int
+    seconds: float
+    regtask: int
+    toolkit_version: str
+    log: str
+    regtask_max: int = 0  # largest field value a REGTASK line reported (limit 0x1fff)
+    failed_step: str | None = None
+    error: str | None = None
+    log_tail: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def row(self) -> dict:
+        """Results-row fragment (provenance is added by rkstudy.results.stamp)."""
+        return {"status": self.status, "target": self.target, "regtask": self.regtask,
+                "regtask_max_value": self.regtask_max,
+                "engine_mb": round(self.engine_bytes / 1e6, 3), "build_s": round(self.seconds, 1),
+                "failed_step": self.failed_step or "", "error": (self.error or "")[:160]}
+
+    def raise_for_status(self) -> "BuildReport":
+        if not self.ok:
+            tail = "\n".join(self.log_tail[-12:])
+            raise BuildFailed(f"{self.target} build of {Path(self.onnx).name} {self.status}"
+                              f"{' at ' + self.failed_step if self.failed_step else ''}: {self.error}\n"
+                              f"--- last log lines ({self.log}) ---\n{tail}")
+        return self
+
+
+def _check_target(target: str) -> None:
+    if target not in TARGETS:
+        raise ValueError(f"target {target!r} is not one this project builds for; use one of "
+                         f"{', '.join(TARGETS)}")
+
+
+class EngineProcess:
+    """A toolkit child: builds one engine and, with `serve=True`, keeps it for simulator runs."""
+
+    def __init__(self, onnx_path, target: str, shapes: Mapping[str, Sequence[int]] | None = None,
+                 out=None, *, optimization_level: int = 3, serve: bool = False,
+                 regtask_limit: int = REGTASK_LIMIT, outputs: Sequence[str] | None = None,
+                 log=None, verbose: bool = False):
+        _check_target(target)
+        self.onnx = Path(onnx_path).resolve()
+        if not self.onnx.is_file():
+            raise FileNotFoundError(f"no ONNX model at {self.onnx}")
+        self.target = target
+        self.shapes = {k: [int(d) for d in v] for k, v in
+                       (shapes if shapes is not None else graph.input_shapes(self.onnx)).items()}
+        self.out = Path(out).resolve() if out else None
+        self.regtask_limit = regtask_limit
+        self.regtask = 0
+        self.regtask_max = 0
+        self.tail: deque[str] = deque(maxlen=TAIL_LINES)
+        self.killed_for_regtask = False
+        self.log = Path(log) if log else (self.out.with_suffix(".log") if self.out
+                                           else cache.cache_dir("logs") / f"{self.onnx.stem}-{target}.log")
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        if self.out:
+            self.out.parent.mkdir(parents=True, exist_ok=True)
+            self.out.unlink(missing_ok=True)  # a stale engine must never pass for this build's
+
+        spec = {"onnx": str(self.onnx), "target": target, "inputs": self.shapes,
+                "outputs": list(outputs) if outputs else None, "out": str(self.out) if self.out else None,
+                "optimization_level": optimization_level, "serve": serve, "verbose": verbose}
+        fd, self._spec = tempfile.mkstemp(prefix="rkstudy-spec-", suffix=".json")
+        with os.fdopen(fd, "w") as fh:
+            json.dump(spec, fh)
+        # One duplex socket per side carries step reports and arrays; fds 1/2 stay the log.
+        parent, child = socket.socketpair()
+        self.conn = Connection(parent.detach())
+        child_fd = child.detach()
+        self._started = time.monotonic()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "rkstudy._engine_child", self._spec, str(child_fd)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            pass_fds=(child_fd,), env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            start_new_session=True)
+        os.close(child_fd)
+        self.step: str | None = None
+        self.error: str | None = None
+        self._reader = threading.Thread(target=self._pump, daemon=True)
+        self._reader.start()
+
+    def _pump(self) -> None:
+        with open(self.log, "w", encoding="utf-8", errors="replace") as log:
+            for raw in self.proc.stdout:
+                line = _ANSI.sub("", raw.decode("utf-8", errors="replace").rstrip("\n"))
+                log.write(line + "\n")
+                self.tail.append(line)
+                if "REGTASK" in line:
+                    self.regtask += 1
+                    value = _REGTASK_VALUE.search(line)
+                    if value:  # the magnitude is what separates a harmless overflow from a ruinous one
+                        self.regtask_max = max(self.regtask_max, int(value.group(1), 16))
+                    if self.regtask > self.regtask_limit and not self.killed_for_regtask:
+                        self.killed_for_regtask = True
+                        self._kill()
+
+    def _kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def _recv(self):
+        """Next message from the child, or None when it has gone away."""
+        try:
+            return self.conn.recv()
+        except (EOFError, ConnectionResetError, OSError):
+            return None
+
+    def wait_built(self) -> BuildReport:
+        """Block until the engine is built (and, when serving, the simulator is up)."""
+        while True:
+            msg = self._recv()
+            if msg is None:
+                return self._finish()
+            if msg["event"] == "step":
+                self.step = msg["step"]
+            elif msg["event"] == "failed":
+                self.step, self.error = msg["step"], msg["error"]
+                return self._finish()
+            elif msg["event"] in ("ready", "done"):
+                report = self._report("ok")
+                if msg["event"] == "done":
+                    self._finish(report)
+                return report
+
+    def _finish(self, report: BuildReport | None = None) -> BuildReport:
+        try:
+            rc = self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self._kill()
+            rc = self.proc.wait()
+        self._reader.join(timeout=10)
+        self.conn.close()
+        os.unlink(self._spec) if os.path.exists(self._spec) else None
+        if report is not None and rc == 0:
+            return report
+        if self.killed_for_regtask:
+            return self._report("regtask-limit", error=f"killed after {self.regtask} REGTASK lines "
+                                f"(limit {self.regtask_limit}): an axis overflows the 13-bit field "
+                                "by far; narrow the window or slice the long axis")
+        if rc < 0:
+            name = signal.Signals(-rc).name
+            return self._report("aborted", error=f"the toolkit died on {name} during "
+                                f"{self.step or 'start-up'} (a compiler abort; see the log tail)")
+        return self._report("failed", error=self.error or f"the toolkit exited with code {rc}")
+
+    def _report(self, status: str, error: str | None = None) -> BuildReport:
+        ok = status == "ok"
+        engine = str(self.out) if ok and self.out and self.out.exists() else None
+        return BuildReport(status=status, target=self.target, onnx=str(self.onnx), engine=engine,
+                           engine_bytes=os.path.getsize(engine) if engine else 0,
+                           seconds=time.monotonic() - self._started, regtask=self.regtask,
+                           regtask_max=self.regtask_max,
+                           toolkit_version=toolkit_version(), log=str(self.log),
+                           failed_step=None if ok else self.step, error=error,
+                           log_tail=list(self.tail))
+
+    def run(self, inputs: Sequence) -> list:
+        """Simulator inference on the engine this child built (serve mode only)."""
+        try:
+            self.conn.send([x for x in inputs])
+        except (BrokenPipeError, OSError) as exc:
+            raise BuildFailed(f"the simulator child for {self.onnx.name} has exited") from exc
+        msg = self._recv()
+        if msg is None:
+            report = self._finish()
+            raise BuildFailed(f"the simulator died during inference: {report.error}\n"
+                              + "\n".join(report.log_tail[-12:]))
+        if msg["event"] == "error":
+            raise RuntimeError(f"simulator inference failed: {msg['error']}")
+        return msg["outputs"]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.conn.send(None)
+                self._recv()
+            except (BrokenPipeError, OSError):
+                pass
+            self._finish()
+
+
+def build_engine(onnx_path, target: str, shapes: Mapping[str, Sequence[int]] | None = None,
+                 out=None, *, optimization_level: int = 3, regtask_limit: int = REGTASK_LIMIT,
+                 reuse: bool = True, verbose: bool = False) -> BuildReport:
+    """Compile `onnx_path` for `target` (fp16, not quantized) into `out` in a child process.
+
+    With `reuse`, an engine already built from the same ONNX bytes, target, shapes, level and
+    toolkit is returned from its recorded report instead of being rebuilt. `out` defaults to
+    the cache, keyed by those inputs.
+    """
+    _check_target(target)
+    onnx_path = Path(onnx_path)
+    shapes = {k: [int(d) for d in v] for k, v in
+              (shapes if shapes is not None else graph.input_shapes(onnx_path)).items()}
+    key = cache.digest(onnx_path, target, shapes, optimization_level, toolkit_version())
+    out = Path(out) if out else cache.cache_dir("engines") / f"{onnx_path.stem}-{target}-{key}.rknn"
+    record = out.with_suffix(".json")
+    if reuse and out.exists() and record.exists():
+        saved = json.loads(record.read_text())
+        if saved.get("key") == key:
+            return BuildReport(**saved["report"])
+    proc = EngineProcess(onnx_path, target, shapes, out, optimization_level=optimization_level,
+                         regtask_limit=regtask_limit, verbose=verbose)
+    report = proc.wait_built()
+    if report.ok:
+        record.write_text(json.dumps({"key": key, "report": asdict(report)}, indent=1))
+    return report

@@ -1,0 +1,156 @@
+"""Signal metrics and pass/fail gates.
+
+Every NPU number in this project is a tolerance against a CPU reference, never a bit-exact claim:
+the fp16 engines differ from fp32 (and, on RK3588, per NPU core), so a gate is a metric plus a
+threshold, and its measured value is recorded next to the threshold whether it passes or not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+SLICE = 256  # samples per slice for the per-slice SNR, as the seeds measure it
+
+
+def _pair(ref, test) -> tuple[np.ndarray, np.ndarray]:
+    ref = np.asarray(ref, dtype=np.float64).ravel()
+    test = np.asarray(test, dtype=np.float64).ravel()
+    if ref.shape != test.shape:
+        raise ValueError(f"reference has {ref.size} samples and test has {test.size}; "
+                         "trim or align them (see best_lag) before comparing")
+    return ref, test
+
+
+def _snr(signal_energy, noise_energy):
+    # An exact match has no noise: +inf dB, which tables show as "inf" and every gate passes.
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = 10.0 * np.log10(signal_energy / noise_energy)
+    return np.where(noise_energy == 0, np.inf, out)
+
+
+def snr_db(ref, test) -> float:
+    """Global SNR of `test` against `ref` in dB: 10·log10(Σref² / Σ(ref−test)²)."""
+    ref, test = _pair(ref, test)
+    return float(_snr(np.sum(ref**2), np.sum((ref - test) ** 2)))
+
+
+def slice_snr_db(ref, test, size: int = SLICE) -> np.ndarray:
+    """SNR of each `size`-sample slice (the last partial slice included).
+
+    The global SNR is dominated by the loudest passages; per-slice values show where a
+    decode departs (near-silence sits at the fp16 noise floor, a seam shows as one dip).
+    """
+    ref, test = _pair(ref, test)
+    if size <= 0:
+        raise ValueError(f"slice size must be positive, got {size}")
+    edges = np.arange(0, ref.size, size)
+    sig = np.add.reduceat(ref**2, edges) if ref.size else np.zeros(0)
+    err = np.add.reduceat((ref - test) ** 2, edges) if ref.size else np.zeros(0)
+    return _snr(sig, err)
+
+
+def slice_snr_summary(ref, test, size: int = SLICE) -> dict[str, float]:
+    """Median and minimum per-slice SNR."""
+    s = slice_snr_db(ref, test, size)
+    return {"median_slice_snr_db": float(np.median(s)), "min_slice_snr_db": float(np.min(s))}
+
+
+def envelope(x, sample_rate: int, window_ms: float = 20.0) -> np.ndarray:
+    """RMS envelope over consecutive `window_ms` windows (the last partial window dropped)."""
+    x = np.asarray(x, dtype=np.float64).ravel()
+    n = max(1, int(round(sample_rate * window_ms / 1000.0)))
+    frames = x[: x.size // n * n].reshape(-1, n)
+    return np.sqrt(np.mean(frames**2, axis=1))
+
+
+def envelope_corr(ref, test, sample_rate: int, window_ms: float = 20.0) -> float:
+    """Pearson correlation of the 20 ms RMS envelopes: prosody and timing agreement.
+
+    Two valid syntheses of one text can score a negative SNR and still track each other's
+    envelope; two that diverge in timing do not.
+    """
+    ref, test = _pair(ref, test)
+    a, b = envelope(ref, sample_rate, window_ms), envelope(test, sample_rate, window_ms)
+    if a.size < 2 or np.std(a) == 0 or np.std(b) == 0:
+        return float("nan")
+    return float(np.corrcoef(a, b)[0, 1])
+
+
+def best_lag(ref, test, max_lag: int = 1000) -> int:
+    """Lag in samples (test relative to ref) that maximises their cross-correlation.
+
+    Positive means `test` is late. Searched within ±max_lag via FFT correlation.
+    """
+    ref, test = _pair(ref, test)
+    n = ref.size + test.size - 1
+    size = 1 << (n - 1).bit_length()
+    corr = np.fft.irfft(np.fft.rfft(test, size) * np.conj(np.fft.rfft(ref, size)), size)
+    lags = np.concatenate([np.arange(0, max_lag + 1), np.arange(-max_lag, 0)])
+    values = np.concatenate([corr[: max_lag + 1], corr[size - max_lag:]])
+    return int(lags[int(np.argmax(values))])
+
+
+def max_step(x) -> float:
+    """Largest absolute sample-to-sample step: a click at a window seam shows up here."""
+    x = np.asarray(x, dtype=np.float64).ravel()
+    return float(np.max(np.abs(np.diff(x)))) if x.size > 1 else 0.0
+
+
+def nonfinite_count(x) -> int:
+    """NaN and ±inf count (an fp16 engine that saturates shows here before it shows as SNR)."""
+    return int(np.size(x) - np.count_nonzero(np.isfinite(x)))
+
+
+def rms_ratio(ref, test) -> float:
+    """RMS(test) / RMS(ref): 0.25 is the seeds' "4x low" wrong-seam decode."""
+    ref, test = _pair(ref, test)
+    r = np.sqrt(np.mean(ref**2))
+    return float(np.sqrt(np.mean(test**2)) / r) if r > 0 else float("inf")
+
+
+def compare(ref, test, sample_rate: int | None = None) -> dict[str, float]:
+    """Every metric above for one ref/test pair, as a results-row fragment."""
+    row = {"snr_db": snr_db(ref, test), **slice_snr_summary(ref, test),
+           "best_lag": best_lag(ref, test), "max_step_ref": max_step(ref),
+           "max_step_test": max_step(test), "nonfinite": nonfinite_count(test),
+           "rms_ratio": rms_ratio(ref, test)}
+    if sample_rate:
+        row["envelope_corr"] = envelope_corr(ref, test, sample_rate)
+    return row
+
+
+class GateFailed(AssertionError):
+    """A measured value missed its gate's threshold."""
+
+
+@dataclass(frozen=True)
+class Gate:
+    """A named threshold. `at_least=True` means measured ≥ threshold passes (SNR);
+    `at_least=False` means measured ≤ threshold passes (REGTASK lines, non-finite count)."""
+
+    name: str
+    threshold: float
+    unit: str = "dB"
+    at_least: bool = True
+
+    def passes(self, measured: float) -> bool:
+        if np.isnan(measured):
+            return False
+        return measured >= self.threshold if self.at_least else measured <= self.threshold
+
+    def row(self, measured: float) -> dict:
+        """The gate's verdict as a results-row fragment (recorded whether it passed or not)."""
+        return {"gate": self.name, "measured": float(measured), "threshold": self.threshold,
+                "unit": self.unit, "passed": self.passes(measured)}
+
+    def check(self, measured: float, context: str = "") -> dict:
+        """Return the row if the gate passes, raise GateFailed naming both numbers otherwise."""
+        row = self.row(measured)
+        if not row["passed"]:
+            op = "≥" if self.at_least else "≤"
+            where = f" ({context})" if context else ""
+            raise GateFailed(f"gate {self.name!r} failed{where}: measured {measured:.4g} {self.unit}, "
+                             f"needs {op} {self.threshold:g} {self.unit}")
+        return row

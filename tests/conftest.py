@@ -1,0 +1,32 @@
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+
+def make_model(nodes, inputs, outputs, inits=()):
+    g = helper.make_graph(nodes, "t", inputs, outputs, list(inits))
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.checker.check_model(m)
+    return m
+
+
+@pytest.fixture
+def dynamic_model():
+    """x [1, 4, T] -> Conv(k3) -> "seam" -> Mul by ConstantOfShape(Shape(seam)) * 2 -> y.
+
+    The seam sits after the conv; the tail sizes a constant from the runtime length, the
+    Shape -> ConstantOfShape pattern the seeds' exports carry and onnxslim folds away at a
+    pinned length.
+    """
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((4, 4, 3)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["seam"], kernel_shape=[3], pads=[1, 1], name="conv"),
+             helper.make_node("Shape", ["seam"], ["s"], name="shape"),
+             helper.make_node("ConstantOfShape", ["s"], ["twos"], name="cos",
+                              value=numpy_helper.from_array(np.array([2.0], np.float32))),
+             helper.make_node("Mul", ["seam", "twos"], ["y"], name="mul")]
+    return make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, "T"])],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, "T"])],
+                      [numpy_helper.from_array(w, "w")])

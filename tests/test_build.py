@@ -1,0 +1,82 @@
+"""The build wrapper against the real rknn-toolkit2 compiler (each build takes 1-4 s)."""
+
+import os
+import signal
+import threading
+
+import onnx
+import pytest
+
+from rkstudy import build, graph
+from rkstudy.families import toolchain
+
+
+@pytest.fixture(scope="module")
+def probe(tmp_path_factory):
+    path = tmp_path_factory.mktemp("probe") / "vocoder_probe.onnx"
+    onnx.save(toolchain.vocoder_probe(), str(path))
+    return path
+
+
+@pytest.mark.parametrize("target", ["rk3588", "rk3566"])
+def test_build_produces_an_engine(probe, tmp_path, target):
+    out = tmp_path / f"probe-{target}.rknn"
+    report = build.build_engine(probe, target, out=out, reuse=False)
+    assert report.status == "ok", report.error
+    assert report.engine == str(out) and out.stat().st_size == report.engine_bytes > 10_000
+    assert report.regtask == 0
+    assert report.toolkit_version == "rknn-toolkit2 2.5.0"
+    assert "rknn building done" in open(report.log).read()  # fd 1/2 of the compiler, captured
+
+
+def test_reuse_returns_the_recorded_build(probe, tmp_path):
+    out = tmp_path / "probe.rknn"
+    first = build.build_engine(probe, "rk3588", out=out)
+    mtime = out.stat().st_mtime_ns
+    again = build.build_engine(probe, "rk3588", out=out)
+    assert again == first and out.stat().st_mtime_ns == mtime
+    rebuilt = build.build_engine(probe, "rk3588", {"x": [1, 16, 1, 64]}, out=out, optimization_level=2)
+    assert rebuilt.ok and out.stat().st_mtime_ns != mtime  # a different level is a different engine
+
+
+def test_regtask_lines_are_counted_with_their_magnitude(tmp_path):
+    path = tmp_path / "long.onnx"
+    onnx.save(toolchain.long_axis_probe(32768), str(path))
+    report = build.build_engine(path, "rk3588", out=tmp_path / "long.rknn", reuse=False)
+    assert report.ok
+    assert report.regtask >= 10
+    assert report.regtask_max > graph.REGISTER_FIELD_MAX
+
+
+def test_regtask_limit_kills_the_build(tmp_path):
+    path = tmp_path / "long.onnx"
+    onnx.save(toolchain.long_axis_probe(32768), str(path))
+    report = build.build_engine(path, "rk3588", out=tmp_path / "long.rknn", regtask_limit=5, reuse=False)
+    assert report.status == "regtask-limit"
+    assert report.regtask > 5 and report.engine is None
+    assert not (tmp_path / "long.rknn").exists()
+    with pytest.raises(build.BuildFailed, match="regtask-limit .*13-bit field"):
+        report.raise_for_status()
+
+
+def test_a_compiler_crash_comes_back_as_a_report(probe, tmp_path):
+    proc = build.EngineProcess(probe, "rk3588", out=tmp_path / "x.rknn")
+    threading.Timer(0.5, lambda: os.kill(proc.proc.pid, signal.SIGSEGV)).start()
+    report = proc.wait_built()
+    assert report.status == "aborted"
+    assert "SIGSEGV" in report.error
+    assert report.engine is None
+
+
+def test_a_failing_step_is_named(tmp_path):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"this is not an onnx model")
+    report = build.build_engine(bad, "rk3588", {"x": [1, 4]}, out=tmp_path / "bad.rknn", reuse=False)
+    assert report.status == "failed" and report.failed_step == "load_onnx"
+    with pytest.raises(build.BuildFailed, match="failed at load_onnx"):
+        report.raise_for_status()
+
+
+def test_unknown_target_is_refused_before_any_work(probe):
+    with pytest.raises(ValueError, match="rk3588, rk3566"):
+        build.build_engine(probe, "rk3576")
