@@ -119,6 +119,13 @@ def write_table(study: str, table: str, rows: Iterable[Mapping], *, root: Path |
     return folder / f"{table}.csv"
 
 
+def reference(study: str) -> list[dict]:
+    """The design documents' own figures for `study` (data/reference/seeds.csv), each row naming
+    its seed file and section. These are the seeds' numbers, never ours: show them labelled."""
+    rows = read_table(REPO / "data" / "reference" / "seeds.csv")
+    return [r for r in rows if r["study"] == study]
+
+
 def read_table(path: Path | str) -> list[dict]:
     """Rows of a CSV written by write_table (values as strings)."""
     with open(path, newline="", encoding="utf-8") as fh:
