@@ -1,6 +1,6 @@
 """`rkstudy` command line: doctor, census, fold, build, bench.
 
-Family commands (`rkstudy piper decoder`, ...) register here as their modules land.
+Family commands (`rkstudy piper decoder`, `rkstudy inflect decoder`, ...) are added by their modules.
 """
 
 from __future__ import annotations
@@ -105,10 +105,11 @@ def parser() -> argparse.ArgumentParser:
 
     # Family commands: each family module adds its own subcommand under its group.
     piper = sub.add_parser("piper", help="Piper (VITS) voice stages").add_subparsers(dest="stage", required=True)
-    from .families import piper_decoder, piper_encoder
+    from .families import inflect, piper_decoder, piper_encoder
 
     piper_decoder.add_cli(piper)
     piper_encoder.add_cli(piper)
+    inflect.add_cli(sub)
 
     k = sub.add_parser("bench", help="record a benchmark under results/benchmarks/")
     k.add_argument("which", choices=("walker", "make-test"))

@@ -112,6 +112,24 @@ def find_decoder_seam(model: onnx.ModelProto) -> DecoderSeam:
                        audio=model.graph.output[0].name, conv_pre_input=conv_pre.input[0])
 
 
+def decoder_hop(model: onnx.ModelProto) -> int:
+    """Audio samples per latent frame: the product of the decoder's upsample strides."""
+    hop = 1
+    for n in model.graph.node:
+        if n.op_type == "ConvTranspose" and n.name.startswith(DEC):
+            hop *= int(np.prod(helper.get_attribute_value(next(a for a in n.attribute if a.name == "strides"))))
+    return hop
+
+
+def latent_channels(model: onnx.ModelProto) -> int:
+    """Latent channels (inter_channels), read off dec.conv_pre's weight."""
+    conv = next((n for n in model.graph.node if n.name.startswith(DEC) and n.op_type == "Conv"), None)
+    if conv is None:
+        raise SeamNotFound("no /dec/ Conv in this graph; is this a VITS decoder?")
+    weight = next(i for i in model.graph.initializer if i.name == conv.input[1])
+    return int(weight.dims[1])
+
+
 def seed_random_nodes(model: onnx.ModelProto, seed: int) -> onnx.ModelProto:
     """Give every RandomNormal(Like) node its own fixed seed, so onnxruntime samples the
     duration noise and the prior the same way on every run."""
@@ -166,20 +184,11 @@ class Voice:
 
     @cached_property
     def hop(self) -> int:
-        """Audio samples per latent frame: the product of the decoder's upsample strides."""
-        hop = 1
-        for n in self.model.graph.node:
-            if n.op_type == "ConvTranspose" and n.name.startswith(DEC):
-                hop *= int(np.prod(helper.get_attribute_value(
-                    next(a for a in n.attribute if a.name == "strides"))))
-        return hop
+        return decoder_hop(self.model)
 
     @cached_property
     def channels(self) -> int:
-        """Latent channels (inter_channels), read off dec.conv_pre's weight."""
-        conv = next(n for n in self.model.graph.node if n.name.startswith(DEC) and n.op_type == "Conv")
-        weight = next(i for i in self.model.graph.initializer if i.name == conv.input[1])
-        return int(weight.dims[1])
+        return latent_channels(self.model)
 
     # --- text front end -------------------------------------------------------------------
     def phonemes(self, text: str) -> list[list[str]]:

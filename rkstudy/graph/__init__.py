@@ -192,3 +192,37 @@ def random_inputs(model, seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     return {name: rng.standard_normal(shape).astype(np.float32)
             for name, shape in input_shapes(model).items()}
+
+
+def rename(model, names: Mapping[str, str]) -> onnx.ModelProto:
+    """Rename tensors everywhere they appear (node inputs/outputs, graph I/O, value_info), so a
+    slice can expose `z` and `y_mask` instead of `/Add_output_0` and `/Cast_2_output_0`."""
+    model = load(model)
+    g = model.graph
+    taken = tensor_names(model) | {o.name for o in g.output}
+    clash = [new for old, new in names.items() if new in taken and new != old]
+    if clash:
+        raise ValueError(f"cannot rename to {', '.join(clash)}: already a tensor of this graph")
+    for node in g.node:
+        node.input[:] = [names.get(t, t) for t in node.input]
+        node.output[:] = [names.get(t, t) for t in node.output]
+    for vi in list(g.input) + list(g.output) + list(g.value_info):
+        vi.name = names.get(vi.name, vi.name)
+    return model
+
+
+def metadata(model) -> dict[str, str]:
+    """The model's metadata_props as a dict (where producers record a stage's contract)."""
+    return {p.key: p.value for p in load(model).metadata_props}
+
+
+def with_metadata(model, **props: str) -> onnx.ModelProto:
+    """A copy of `model` with `props` set in metadata_props (existing keys replaced)."""
+    model = load(model)
+    kept = [p for p in model.metadata_props if p.key not in props]
+    del model.metadata_props[:]
+    model.metadata_props.extend(kept)
+    for key, value in props.items():
+        entry = model.metadata_props.add()
+        entry.key, entry.value = key, value
+    return model
