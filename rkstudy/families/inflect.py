@@ -78,6 +78,7 @@ class DecodeModel:
 
     onnx_path: Path
     sample_rate: int = 22050
+    family: str = "inflect_decoder"
 
     @cached_property
     def model(self) -> onnx.ModelProto:

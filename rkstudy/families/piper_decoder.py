@@ -72,6 +72,15 @@ class Contract:
                                  f"contract; produce it with `{producer}`")
         return cls(**json.loads(meta[CONTRACT_KEY]))
 
+    @classmethod
+    def from_engine(cls, engine, producer: str = PRODUCER) -> "Contract":
+        """The contract the conversion stage wrote beside a .rknn (a board cannot read ONNX metadata)."""
+        path = Path(engine).with_suffix(".contract.json")
+        if not path.is_file():
+            raise EngineMismatch(f"no contract beside {engine} ({path.name}); the conversion stage writes "
+                                 f"it: produce a slice with `{producer}`, then convert it with --onnx")
+        return cls(**json.loads(path.read_text()))
+
 
 @dataclass
 class Produced:
@@ -137,6 +146,8 @@ def produce(model: onnx.ModelProto, *, source: str, emit: int = DEFAULT_EMIT, co
 
 
 def produce_for_voice(voice: Voice, **kw) -> Produced:
+    """`produce` for anything with a model, seam, ONNX path and sample rate (a Voice, a DecodeModel)."""
+    kw.setdefault("family", getattr(voice, "family", "piper_decoder"))
     return produce(voice.model, source=source_id(voice.onnx_path), sample_rate=voice.sample_rate,
                    seam=voice.seam, **kw)
 
@@ -455,7 +466,7 @@ def convert(onnx_path: Path, target: str, out: Path | None, producer: str = PROD
     report = build_engine(onnx_path, target, out=out or onnx_path.with_suffix(f".{target}.rknn"))
     print(json.dumps({**report.row(), "engine": report.engine, "log": report.log}, indent=1))
     if report.ok:
-        Path(report.engine).with_suffix(".contract.json").write_text(contract.to_json())
+        Path(report.engine).with_suffix(".contract.json").write_text(contract.to_json())  # Contract.from_engine
     return 0 if report.ok else 1
 
 
