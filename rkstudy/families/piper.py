@@ -154,7 +154,32 @@ class Latent:
         return self.z.shape[1]
 
 
-class Voice:
+class DecoderModel:
+    """A graph that holds a VITS decoder half, and what the shared decoder producer reads off it:
+    the graph, its seam, hop and latent channels. Subclasses set onnx_path and sample_rate."""
+
+    family = "piper_decoder"
+    onnx_path: Path
+    sample_rate: int
+
+    @cached_property
+    def model(self) -> onnx.ModelProto:
+        return onnx.load(str(self.onnx_path))
+
+    @cached_property
+    def seam(self) -> DecoderSeam:
+        return find_decoder_seam(self.model)
+
+    @cached_property
+    def hop(self) -> int:
+        return decoder_hop(self.model)
+
+    @cached_property
+    def channels(self) -> int:
+        return latent_channels(self.model)
+
+
+class Voice(DecoderModel):
     """A Piper voice: graph, config, front end, seams."""
 
     def __init__(self, onnx_path: Path | str | None = None, config_path: Path | str | None = None):
@@ -173,22 +198,6 @@ class Voice:
         inference = self.config.get("inference", {})
         self.scales = np.array([inference.get("noise_scale", 0.667), inference.get("length_scale", 1.0),
                                 inference.get("noise_w", 0.8)], dtype=np.float32)
-
-    @cached_property
-    def model(self) -> onnx.ModelProto:
-        return onnx.load(str(self.onnx_path))
-
-    @cached_property
-    def seam(self) -> DecoderSeam:
-        return find_decoder_seam(self.model)
-
-    @cached_property
-    def hop(self) -> int:
-        return decoder_hop(self.model)
-
-    @cached_property
-    def channels(self) -> int:
-        return latent_channels(self.model)
 
     # --- text front end -------------------------------------------------------------------
     def phonemes(self, text: str) -> list[list[str]]:

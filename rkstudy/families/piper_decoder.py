@@ -27,7 +27,7 @@ from .. import cache, gates, graph
 from ..graph.decmask import mask_decoder
 from ..runtime import OrtRunner, Runner
 from ..window import Window, plan_windows, walk_windows
-from .piper import DecoderSeam, Voice, decoder_hop, find_decoder_seam, latent_channels
+from .piper import DecoderModel, DecoderSeam, Voice, decoder_hop, find_decoder_seam, latent_channels
 
 CONTRACT_KEY = "rkstudy.contract"
 DEFAULT_EMIT, DEFAULT_CONTEXT = 45, 24      # the seeds' 93-frame window (measured, not inherited)
@@ -145,9 +145,9 @@ def produce(model: onnx.ModelProto, *, source: str, emit: int = DEFAULT_EMIT, co
     return Produced(graph.with_metadata(folded, **{CONTRACT_KEY: contract.to_json()}), contract, before, after)
 
 
-def produce_for_voice(voice: Voice, **kw) -> Produced:
+def produce_for_voice(voice: DecoderModel, **kw) -> Produced:
     """`produce` for anything with a model, seam, ONNX path and sample rate (a Voice, a DecodeModel)."""
-    kw.setdefault("family", getattr(voice, "family", "piper_decoder"))
+    kw.setdefault("family", voice.family)
     return produce(voice.model, source=source_id(voice.onnx_path), sample_rate=voice.sample_rate,
                    seam=voice.seam, **kw)
 
@@ -415,7 +415,7 @@ def cpu_rtf(voice: Voice, latents, emit: int = DEFAULT_EMIT, context: int = DEFA
 
 def board_cell(voice: Voice, latents, engine: Path, contract: Contract) -> dict | None:
     """RTF, peak RSS and decoder ms with RKNNLite on a board; None (skipped) where there is none."""
-    import psutil
+    import resource
 
     from ..runtime import BoardRunner, board_available
 
@@ -426,7 +426,8 @@ def board_cell(voice: Voice, latents, engine: Path, contract: Contract) -> dict 
         pcm, seconds = engine_walk(voice, latents, runner, contract, progress=False)
     audio_s = sum(p.size for p in pcm) / voice.sample_rate
     return {"path": f"RKNN decoder ({contract.window}-frame window)", "rtf": sum(seconds) / audio_s,
-            "peak_rss_mb": psutil.Process().memory_info().rss / 1e6, "decoder_ms": 1e3 * sum(seconds),
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # kB on Linux
+            "decoder_ms": 1e3 * sum(seconds),
             "cores": runner.cores}
 
 

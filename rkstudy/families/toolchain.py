@@ -7,6 +7,8 @@ axis past 8191.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
@@ -81,7 +83,7 @@ def long_axis_probe(length: int, channels: int = 256, kernel: int = 7, seed: int
 SNR_GATE_DB = 40.0  # fp16 engine vs fp32: the seeds' export gates sit at 40 dB and up
 
 
-def save_probe(model: onnx.ModelProto, name: str) -> "Path":
+def save_probe(model: onnx.ModelProto, name: str) -> Path:
     """Write a probe graph into the cache (by content, so a rerun reuses its engines)."""
     from ..cache import cache_dir, digest
 
