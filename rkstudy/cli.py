@@ -118,8 +118,17 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .build import BuildFailed
+    from .gates import GateFailed
+    from .graph import SeamNotFound
+
     args = parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except (BuildFailed, GateFailed, SeamNotFound, FileNotFoundError, ValueError, RuntimeError) as exc:
+        # one clear line (the messages name the fix), not a traceback through the toolkit
+        print(f"rkstudy: error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -26,3 +26,19 @@ def test_fold_then_build_from_the_command_line(dynamic_model, tmp_path, capsys):
     assert main(["census", str(folded)]) == 0
     census = json.loads(capsys.readouterr().out)
     assert census["Shape"] == 0 and census["longest_axis"] == 93
+
+
+def test_errors_are_one_line_with_the_fix(tmp_path, capsys):
+    assert main(["piper", "decoder", "--voice-onnx", str(tmp_path / "none.onnx"), "--skip-rknn"]) == 1
+    assert "rkstudy: error: no voice ONNX at" in capsys.readouterr().err
+    bare = tmp_path / "bare.onnx"
+    from rkstudy.families.toolchain import vocoder_probe
+
+    onnx.save(vocoder_probe(), str(bare))
+    from rkstudy.families.piper import default_voice_paths
+
+    config = default_voice_paths()[1]
+    assert main(["piper", "decoder", "--voice-onnx", str(bare), "--voice-config", str(config), "--skip-rknn"]) == 1
+    assert "no /flow/ and /dec/ nodes in this graph; is this a Piper (VITS) voice" in capsys.readouterr().err
+    assert main(["piper", "decoder", "--onnx", str(bare)]) == 1
+    assert "carries no window contract; produce it with `rkstudy piper decoder --voice-onnx" in capsys.readouterr().err
