@@ -82,6 +82,12 @@ def _validate(rows: list[dict], study: str, table: str) -> list[str]:
     return columns
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def to_markdown(rows: list[dict]) -> str:
     columns = list(rows[0])
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
@@ -109,6 +115,7 @@ def write_table(study: str, table: str, rows: Iterable[Mapping], *, root: Path |
             fd, tmp = tempfile.mkstemp(prefix=f".{table}", suffix=suffix, dir=folder)
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
                 fh.write(text)
+            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a table is an ordinary file
             staged.append((tmp, folder / f"{table}{suffix}"))
         for tmp, final in staged:
             os.replace(tmp, final)

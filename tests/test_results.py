@@ -53,3 +53,10 @@ def test_quick_mode_never_targets_the_committed_results(monkeypatch):
     monkeypatch.delenv("RKSTUDY_RESULTS", raising=False)
     assert results.results_root(quick=False) == results.REPO / "results"
     assert results.results_root(quick=True) != results.REPO / "results"
+
+
+def test_tables_are_ordinary_files(tmp_path):
+    import stat
+
+    path = results.write_table("study", "sweep", rows(), root=tmp_path)
+    assert stat.S_IMODE(path.stat().st_mode) & 0o044 == 0o044  # group/other may read, as with open()
