@@ -148,3 +148,11 @@ def regtask_row(length: int, target: str, channels: int = 256, simulate: bool = 
         with SimulatorRunner(path, target) as sim:
             row["simulator_snr_db"] = gates.snr_db(ref, sim.run([x])[0])
     return row
+
+
+def regtask_sweep(lengths, targets, channels: int = 256, progress: bool = True) -> list[dict]:
+    """regtask_row for every target and length (one build and one simulator run each)."""
+    from tqdm.auto import tqdm
+
+    jobs = [(t, n) for t in targets for n in lengths]
+    return [regtask_row(n, t, channels) for t, n in tqdm(jobs, desc="builds", disable=not progress)]
