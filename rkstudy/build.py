@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -129,12 +130,16 @@ class EngineProcess:
         parent, child = socket.socketpair()
         self.conn = Connection(parent.detach())
         child_fd = child.detach()
+        # The toolkit writes check*.onnx (and, past 2 GB, check_external_data/) into its working
+        # directory and reads them back: two builds sharing one delete each other's files and the
+        # compiler segfaults. Each child gets a directory of its own.
+        self._workdir = tempfile.mkdtemp(prefix="rkstudy-build-")
         self._started = time.monotonic()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "rkstudy._engine_child", self._spec, str(child_fd)],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             pass_fds=(child_fd,), env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            start_new_session=True)
+            cwd=self._workdir, start_new_session=True)
         os.close(child_fd)
         self.step: str | None = None
         self.error: str | None = None
@@ -194,7 +199,9 @@ class EngineProcess:
             rc = self.proc.wait()
         self._reader.join(timeout=10)
         self.conn.close()
-        os.unlink(self._spec) if os.path.exists(self._spec) else None
+        if os.path.exists(self._spec):
+            os.unlink(self._spec)
+        shutil.rmtree(self._workdir, ignore_errors=True)
         if report is not None and rc == 0:
             return report
         if self.killed_for_regtask:

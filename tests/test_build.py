@@ -80,3 +80,10 @@ def test_a_failing_step_is_named(tmp_path):
 def test_unknown_target_is_refused_before_any_work(probe):
     with pytest.raises(ValueError, match="rk3588, rk3566"):
         build.build_engine(probe, "rk3576")
+
+
+def test_the_toolkit_leaves_nothing_in_the_callers_directory(probe, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    report = build.build_engine(probe, "rk3588", out=tmp_path / "out" / "e.rknn", reuse=False)
+    assert report.ok
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no check*.onnx beside the caller
