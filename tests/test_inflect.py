@@ -8,12 +8,6 @@ from rkstudy import graph
 from rkstudy.cli import main
 from rkstudy.families import inflect
 from rkstudy.families import piper_decoder as pd
-from rkstudy.families.piper import Voice
-
-
-@pytest.fixture(scope="module")
-def voice():
-    return Voice()
 
 
 @pytest.fixture(scope="module")

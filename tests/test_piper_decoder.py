@@ -7,13 +7,7 @@ import pytest
 from rkstudy import gates, graph
 from rkstudy.cli import main
 from rkstudy.families import piper_decoder as pd
-from rkstudy.families.piper import Voice
 from rkstudy.runtime import OrtRunner, SimulatorRunner
-
-
-@pytest.fixture(scope="module")
-def voice():
-    return Voice()
 
 
 @pytest.fixture(scope="module")

@@ -16,11 +16,6 @@ W = 32
 
 
 @pytest.fixture(scope="module")
-def voice():
-    return piper.Voice()
-
-
-@pytest.fixture(scope="module")
 def product(voice):
     return pe.produce(voice, W)
 

@@ -6,11 +6,6 @@ import pytest
 from rkstudy.families import piper
 
 
-@pytest.fixture(scope="module")
-def voice():
-    return piper.Voice()
-
-
 def test_seam_is_found_by_structure(voice):
     s = voice.seam
     assert (s.z, s.y_mask, s.g) == ("/Add_output_0", "/Cast_2_output_0", None)

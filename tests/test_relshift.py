@@ -130,11 +130,11 @@ def test_shift_indices():
         relshift.shift_indices(3, "sideways")
 
 
-def test_real_voice_encoder_has_two_chains_per_layer():
+def test_real_voice_encoder_has_two_chains_per_layer(voice):
     """The real folded encoder at width 32: 6 attention layers x (logits, values), all verified."""
-    from rkstudy.families import piper, piper_encoder
+    from rkstudy.families import piper_encoder
 
-    folded = graph.fold(piper_encoder.encoder_slice(piper.Voice().model), piper_encoder.shapes_for(32))
+    folded = graph.fold(piper_encoder.encoder_slice(voice.model), piper_encoder.shapes_for(32))
     found = relshift.find_relshift(folded)
     assert len(found) == 12
     assert sorted({f.scope for f in found}) == [f"/enc_p/encoder/attn_layers.{i}/" for i in range(6)]
