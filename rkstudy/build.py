@@ -143,6 +143,7 @@ class EngineProcess:
         os.close(child_fd)
         self.step: str | None = None
         self.error: str | None = None
+        self._finished = False
         self._reader = threading.Thread(target=self._pump, daemon=True)
         self._reader.start()
 
@@ -192,6 +193,7 @@ class EngineProcess:
                 return report
 
     def _finish(self, report: BuildReport | None = None) -> BuildReport:
+        self._finished = True
         try:
             rc = self.proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
@@ -241,13 +243,16 @@ class EngineProcess:
         return msg["outputs"]
 
     def close(self) -> None:
+        """Stop serving, release the toolkit, and remove the child's spec and directory."""
+        if self._finished:
+            return
         if self.proc.poll() is None:
             try:
                 self.conn.send(None)
                 self._recv()
             except (BrokenPipeError, OSError):
                 pass
-            self._finish()
+        self._finish()
 
 
 def build_engine(onnx_path, target: str, shapes: Mapping[str, Sequence[int]] | None = None,
