@@ -68,7 +68,7 @@ def test_simulator_fidelity(voice, product, sim):
     for n in (17, W):
         ids = pe.real_tokens(voice, n)
         stats, cond = sim.run(pe._engine_feed(ids, W))
-        ref = raw.run(pe.exact_ids(ids))
+        ref = raw.run(piper.ids_feed(ids))
         assert gates.snr_db(ref[0], stats[..., :n]) > 50
         assert gates.snr_db(ref[1], cond[..., :n]) > 50
     assert sim.report.engine_bytes > 10_000_000
@@ -81,7 +81,7 @@ def test_durations_are_seeded_and_the_ladder_routes(voice, product, sim):
     short, long = pe.real_tokens(voice, 17), pe.real_tokens(voice, 45)
     stats, cond, where = ladder.run(short)
     assert where == "n32" and stats.shape == (1, 384, 17) and cond.shape == (1, 192, 17)
-    ref = OrtRunner(product.raw).run(pe.exact_ids(long))
+    ref = OrtRunner(product.raw).run(piper.ids_feed(long))
     stats, cond, where = ladder.run(long)
     assert where == "fp32 fallback"
     np.testing.assert_array_equal(stats, ref[0])

