@@ -17,6 +17,7 @@ same process.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -29,29 +30,46 @@ import tempfile
 import threading
 import time
 from collections import deque
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Mapping, Sequence
 
-from . import cache, graph
+from . import atomic, cache, graph
+from .contract import TARGETS
+from .errors import Failed, NeedsConverter, UsageError, one_line
 from .results import toolkit_version
 
-TARGETS = ("rk3588", "rk3566")
 REGTASK_LIMIT = 100_000  # past this, the overflow is the ~800k-line regime that ruins an engine
+BUILD_TIMEOUT_S = 3 * 3600  # generous: the widest encoder builds here took ~25 min on 2 cores
 TAIL_LINES = 30
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _REGTASK_VALUE = re.compile(r"value: 0x([0-9a-fA-F]+)")
 
 
-class BuildFailed(RuntimeError):
-    """The toolkit did not produce an engine; the message carries the log tail."""
+class BuildFailed(Failed):
+    """The toolkit did not produce an engine; the message names the step, the error and the log."""
+
+
+def toolkit_available() -> bool:
+    """rknn-toolkit2 is importable here (checked without importing it: it pulls torch)."""
+    try:
+        return importlib.util.find_spec("rknn") is not None and importlib.util.find_spec("rknn.api") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def require_toolkit() -> None:
+    if not toolkit_available():
+        raise NeedsConverter("the RKNN toolkit (rknn-toolkit2) is not installed here: run `make toolkit` "
+                             "(or pip install --no-deps rknn-toolkit2==2.5.0) on the host")
 
 
 @dataclass
 class BuildReport:
     """What one build did. `status` is ok, failed (a toolkit step returned an error),
-    aborted (the compiler died on a signal), or regtask-limit (killed past the REGTASK limit)."""
+    aborted (the compiler died on a signal), regtask-limit (killed past the REGTASK limit) or
+    timeout (killed past the build timeout). `peak_rss_mb` is the toolkit child's own peak."""
 
     status: str
     target: str
@@ -63,33 +81,38 @@ class BuildReport:
     toolkit_version: str
     log: str
     regtask_max: int = 0  # largest field value a REGTASK line reported (limit 0x1fff)
+    peak_rss_mb: float = 0.0
     failed_step: str | None = None
     error: str | None = None
     log_tail: list[str] = field(default_factory=list)
+
+    where = "host"  # a build is a host-side measurement (rkstudy.results.stamp reads this)
 
     @property
     def ok(self) -> bool:
         return self.status == "ok"
 
     def row(self) -> dict:
-        """Results-row fragment (provenance is added by rkstudy.results.stamp)."""
+        """Results-row fragment: size, seconds, REGTASK lines and largest value, converter peak RSS."""
         return {"status": self.status, "target": self.target, "regtask": self.regtask,
                 "regtask_max_value": self.regtask_max,
                 "engine_mb": round(self.engine_bytes / 1e6, 3), "build_s": round(self.seconds, 1),
-                "failed_step": self.failed_step or "", "error": (self.error or "")[:160]}
+                "converter_peak_mb": round(self.peak_rss_mb, 1),
+                "failed_step": self.failed_step or "", "error": one_line(self.error or "", 160),
+                "where": self.where}
 
-    def raise_for_status(self) -> "BuildReport":
+    def raise_for_status(self) -> BuildReport:
         if not self.ok:
-            tail = "\n".join(self.log_tail[-12:])
-            raise BuildFailed(f"{self.target} build of {Path(self.onnx).name} {self.status}"
-                              f"{' at ' + self.failed_step if self.failed_step else ''}: {self.error}\n"
-                              f"--- last log lines ({self.log}) ---\n{tail}")
+            last = next((line for line in reversed(self.log_tail) if line.strip()), "")
+            raise BuildFailed(one_line(f"{self.target} build of {Path(self.onnx).name} {self.status}"
+                                       f"{' at ' + self.failed_step if self.failed_step else ''}: {self.error} "
+                                       f"(last log line: {last!r}; full log: {self.log})", 600))
         return self
 
 
 def _check_target(target: str) -> None:
     if target not in TARGETS:
-        raise ValueError(f"target {target!r} is not one this project builds for; use one of "
+        raise UsageError(f"target {target!r} is not one this project builds for; use one of "
                          f"{', '.join(TARGETS)}")
 
 
@@ -99,11 +122,15 @@ class EngineProcess:
     def __init__(self, onnx_path, target: str, shapes: Mapping[str, Sequence[int]] | None = None,
                  out=None, *, optimization_level: int = 3, serve: bool = False,
                  regtask_limit: int = REGTASK_LIMIT, outputs: Sequence[str] | None = None,
-                 log=None, verbose: bool = False):
+                 log=None, verbose: bool = False, timeout: float = BUILD_TIMEOUT_S):
         _check_target(target)
+        require_toolkit()
         self.onnx = Path(onnx_path).resolve()
         if not self.onnx.is_file():
             raise FileNotFoundError(f"no ONNX model at {self.onnx}")
+        self.timeout = timeout
+        self.timed_out = False
+        self.peak_rss_mb = 0.0
         self.target = target
         self.shapes = {k: [int(d) for d in v] for k, v in
                        (shapes if shapes is not None else graph.input_shapes(self.onnx)).items()}
@@ -119,9 +146,12 @@ class EngineProcess:
         if self.out:
             self.out.parent.mkdir(parents=True, exist_ok=True)
             self.out.unlink(missing_ok=True)  # a stale engine must never pass for this build's
+            # the toolkit writes the engine under a temporary name; it is renamed into place only
+            # when the build succeeds, so a killed build never leaves a truncated engine behind
+            self._partial = self.out.with_name(f".{self.out.stem}.{os.getpid()}.part.rknn")
 
         spec = {"onnx": str(self.onnx), "target": target, "inputs": self.shapes,
-                "outputs": list(outputs) if outputs else None, "out": str(self.out) if self.out else None,
+                "outputs": list(outputs) if outputs else None, "out": str(self._partial) if self.out else None,
                 "optimization_level": optimization_level, "serve": serve, "verbose": verbose}
         fd, self._spec = tempfile.mkstemp(prefix="rkstudy-spec-", suffix=".json")
         with os.fdopen(fd, "w") as fh:
@@ -168,17 +198,23 @@ class EngineProcess:
         except ProcessLookupError:
             pass
 
-    def _recv(self):
-        """Next message from the child, or None when it has gone away."""
+    def _recv(self, timeout: float | None = None):
+        """Next message from the child, or None when it has gone away (or `timeout` passed: then
+        the child is killed, since a compiler that hangs never answers)."""
         try:
+            if timeout is not None and not self.conn.poll(max(0.0, timeout)):
+                self.timed_out = True
+                self._kill()
+                return None
             return self.conn.recv()
         except (EOFError, ConnectionResetError, OSError):
             return None
 
     def wait_built(self) -> BuildReport:
-        """Block until the engine is built (and, when serving, the simulator is up)."""
+        """Block until the engine is built (and, when serving, the simulator is up), at most
+        `timeout` seconds from the start."""
         while True:
-            msg = self._recv()
+            msg = self._recv(timeout=self.timeout - (time.monotonic() - self._started))
             if msg is None:
                 return self._finish()
             if msg["event"] == "step":
@@ -192,20 +228,38 @@ class EngineProcess:
                     self._finish(report)
                 return report
 
+    def _reap(self, timeout: float) -> int:
+        """Wait for the child (killing it past `timeout`) with wait4, which also returns the
+        child's own peak RSS: the converter's memory, measured on the process that used it."""
+        deadline = time.monotonic() + timeout
+        while True:
+            pid, status, usage = os.wait4(self.proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.monotonic() > deadline:
+                self._kill()
+                pid, status, usage = os.wait4(self.proc.pid, 0)
+                break
+            time.sleep(0.05)
+        self.peak_rss_mb = usage.ru_maxrss / 1024  # kB on Linux
+        rc = os.waitstatus_to_exitcode(status)
+        self.proc.returncode = rc  # reaped here, so Popen must not wait for it again
+        return rc
+
     def _finish(self, report: BuildReport | None = None) -> BuildReport:
         self._finished = True
-        try:
-            rc = self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self._kill()
-            rc = self.proc.wait()
+        rc = self._reap(timeout=60)
         self._reader.join(timeout=10)
         self.conn.close()
         if os.path.exists(self._spec):
             os.unlink(self._spec)
         shutil.rmtree(self._workdir, ignore_errors=True)
         if report is not None and rc == 0:
+            report.peak_rss_mb = self.peak_rss_mb
             return report
+        if self.timed_out:
+            return self._report("timeout", error=f"killed after {self.timeout:.0f} s without finishing "
+                                f"{self.step or 'start-up'}; raise --timeout if the graph is simply large")
         if self.killed_for_regtask:
             return self._report("regtask-limit", error=f"killed after {self.regtask} REGTASK lines "
                                 f"(limit {self.regtask_limit}): an axis overflows the 13-bit field "
@@ -218,11 +272,15 @@ class EngineProcess:
 
     def _report(self, status: str, error: str | None = None) -> BuildReport:
         ok = status == "ok"
+        if self.out:
+            if ok and self._partial.exists():
+                os.replace(self._partial, self.out)
+            self._partial.unlink(missing_ok=True)
         engine = str(self.out) if ok and self.out and self.out.exists() else None
         return BuildReport(status=status, target=self.target, onnx=str(self.onnx), engine=engine,
                            engine_bytes=os.path.getsize(engine) if engine else 0,
                            seconds=time.monotonic() - self._started, regtask=self.regtask,
-                           regtask_max=self.regtask_max,
+                           regtask_max=self.regtask_max, peak_rss_mb=self.peak_rss_mb,
                            toolkit_version=toolkit_version(), log=str(self.log),
                            failed_step=None if ok else self.step, error=error,
                            log_tail=list(self.tail))
@@ -255,29 +313,46 @@ class EngineProcess:
         self._finish()
 
 
+def default_engine_path(onnx_path: Path, target: str, key: str) -> Path:
+    """The one naming scheme for engines in the cache: derived from the stage contract in the ONNX
+    metadata when there is one (family, compiled width, target), from the file name otherwise,
+    and keyed by everything that made the engine."""
+    from . import contract as contracts
+
+    props = graph.metadata(onnx_path)
+    if contracts.METADATA_KEY in props:
+        name = contracts.from_metadata(props, where=onnx_path.name, remake="its producer").engine_name(target, key)
+    else:
+        name = f"{onnx_path.stem}-{target}-{key}.rknn"
+    return cache.cache_dir("engines") / name
+
+
 def build_engine(onnx_path, target: str, shapes: Mapping[str, Sequence[int]] | None = None,
                  out=None, *, optimization_level: int = 3, regtask_limit: int = REGTASK_LIMIT,
-                 reuse: bool = True, verbose: bool = False) -> BuildReport:
-    """Compile `onnx_path` for `target` (fp16, not quantized) into `out` in a child process.
+                 reuse: bool = True, verbose: bool = False, timeout: float = BUILD_TIMEOUT_S) -> BuildReport:
+    """Compile `onnx_path` for `target` (fp16, not quantized) into `out` in a child process and
+    return its report: status, engine bytes, seconds, REGTASK lines and largest field value, the
+    converter child's peak RSS (BuildReport.row() is the results-row fragment every family uses).
 
     With `reuse`, an engine already built from the same ONNX bytes, target, shapes, level and
     toolkit is returned from its recorded report instead of being rebuilt. `out` defaults to
-    the cache, keyed by those inputs.
+    the cache (default_engine_path).
     """
     _check_target(target)
     onnx_path = Path(onnx_path)
+    graph.load(onnx_path)  # an unreadable graph is an input error, said before a child starts
     shapes = {k: [int(d) for d in v] for k, v in
               (shapes if shapes is not None else graph.input_shapes(onnx_path)).items()}
     key = cache.digest(onnx_path, target, shapes, optimization_level, toolkit_version())
-    out = Path(out) if out else cache.cache_dir("engines") / f"{onnx_path.stem}-{target}-{key}.rknn"
+    out = Path(out) if out else default_engine_path(onnx_path, target, key)
     record = out.with_suffix(".json")
     if reuse and out.exists() and record.exists():
         saved = json.loads(record.read_text())
         if saved.get("key") == key:
             return BuildReport(**saved["report"])
     proc = EngineProcess(onnx_path, target, shapes, out, optimization_level=optimization_level,
-                         regtask_limit=regtask_limit, verbose=verbose)
+                         regtask_limit=regtask_limit, verbose=verbose, timeout=timeout)
     report = proc.wait_built()
     if report.ok:
-        record.write_text(json.dumps({"key": key, "report": asdict(report)}, indent=1))
+        atomic.write_text(record, json.dumps({"key": key, "report": asdict(report)}, indent=1))
     return report

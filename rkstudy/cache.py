@@ -1,21 +1,34 @@
-"""Build outputs (ONNX slices, engines, logs) live outside git, keyed by what made them."""
+"""Build outputs (ONNX slices, engines, logs, audio) live outside git, keyed by the content that made
+them, and are written through rkstudy.atomic, so a partial file is never picked up: an entry either
+exists whole under its final name or does not exist.
+
+Board side: standard library only.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
+from collections.abc import Callable
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from . import atomic
+from .paths import cache_root
 
 
 def cache_dir(*parts: str) -> Path:
-    """`$RKSTUDY_CACHE/<parts>` (default `build/cache` in the checkout), created on demand."""
-    root = Path(os.environ.get("RKSTUDY_CACHE", REPO / "build" / "cache"))
-    path = root.joinpath(*parts)
+    """`<cache root>/<parts>`, created on demand."""
+    path = cache_root().joinpath(*parts)
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def sha256_file(path: Path | str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def digest(*parts) -> str:
@@ -23,12 +36,33 @@ def digest(*parts) -> str:
     h = hashlib.sha256()
     for part in parts:
         if isinstance(part, Path):
-            with open(part, "rb") as fh:
-                for block in iter(lambda: fh.read(1 << 20), b""):
-                    h.update(block)
+            h.update(sha256_file(part).encode())
         elif isinstance(part, bytes):
             h.update(part)
         else:
             h.update(json.dumps(part, sort_keys=True, default=str).encode())
         h.update(b"\0")
     return h.hexdigest()[:16]
+
+
+def entry(kind: str, name: str, key: str, suffix: str) -> Path:
+    """The path of a cache entry: `<cache>/<kind>/<name>-<key><suffix>`."""
+    return cache_dir(kind) / f"{name}-{key}{suffix}"
+
+
+def cached_bytes(kind: str, name: str, data: bytes, suffix: str) -> Path:
+    """Store `data` under a name keyed by its own digest (written once, atomically)."""
+    path = entry(kind, name, digest(data), suffix)
+    if not path.exists():
+        atomic.write_bytes(path, data)
+    return path
+
+
+def cached_file(kind: str, name: str, key: str, suffix: str, make: Callable[[Path], None]) -> Path:
+    """The entry for `key`, made by `make(tmp_path)` when it is missing. `make` writes a temporary
+    file that is renamed into place only when it returns, so a killed maker leaves no entry."""
+    path = entry(kind, name, key, suffix)
+    if not path.exists():
+        with atomic.replacing(path) as tmp:
+            make(tmp)
+    return path

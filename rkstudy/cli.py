@@ -1,14 +1,26 @@
-"""`rkstudy` command line: doctor, census, fold, build, bench.
+"""`rkstudy` command line, built from the family registry.
 
-Family commands (`rkstudy piper decoder`, `rkstudy inflect decoder`, ...) are added by their modules.
+Exit 0 when everything passed, 1 when a gate or a build failed, 2 for bad usage or unusable input.
+Every error is one line on stderr naming the fix; `--debug` shows the traceback instead.
+
+Board side at import: the parser and the registry import nothing heavy, so `rkstudy doctor --board`
+and `rkstudy board ...` run where onnx, onnxslim, torch and the toolkit are not installed; a host
+command asked for there says so in one line (exit 2).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
+import os
 import sys
 from pathlib import Path
+
+from . import __version__
+from .cliutil import Parser, positive
+from .errors import RkstudyError, UsageError, one_line
+
+# What a board does not have: a host command that needs one of these says so instead of a traceback.
+HOST_MODULES = ("onnx", "onnxslim", "onnxruntime", "torch", "rknn", "matplotlib", "scipy", "piper")
 
 
 def parse_shapes(items: list[str] | None) -> dict[str, list[int]] | None:
@@ -22,8 +34,11 @@ def parse_shapes(items: list[str] | None) -> dict[str, list[int]] | None:
             if not sep or not name:
                 raise ValueError
             shapes[name] = [int(d) for d in dims.split(",")]
+            if any(d < 1 for d in shapes[name]):
+                raise ValueError
         except ValueError:
-            raise SystemExit(f"--shape {item!r}: expected NAME:D0,D1,... such as z:1,192,93") from None
+            raise UsageError(f"--shape {item!r}: expected NAME:D0,D1,... with positive sizes, "
+                             "such as z:1,192,93") from None
     return shapes
 
 
@@ -42,14 +57,12 @@ def _cmd_census(args) -> int:
 
 
 def _cmd_fold(args) -> int:
-    import onnx
-
-    from . import graph
+    from . import atomic, graph
 
     shapes = parse_shapes(args.shape) or graph.input_shapes(args.onnx)
     before = graph.census(args.onnx, with_axis=False)
     folded = graph.fold(args.onnx, shapes)
-    onnx.save(folded, args.output)
+    atomic.save_onnx(folded, args.output)
     after = graph.census(folded, with_axis=False)
     print(f"{args.onnx}: {before.nodes} nodes -> {args.output}: {after.nodes} nodes "
           f"(Shape {before.hazards['Shape']} -> {after.hazards['Shape']}, "
@@ -59,14 +72,14 @@ def _cmd_fold(args) -> int:
 
 def _cmd_build(args) -> int:
     from .build import build_engine
+    from .cliutil import print_build
 
     report = build_engine(args.onnx, args.target, parse_shapes(args.shape), args.out,
-                          optimization_level=args.optimization_level,
-                          regtask_limit=args.regtask_limit, reuse=not args.rebuild)
-    print(json.dumps({**report.row(), "engine": report.engine, "log": report.log}, indent=1))
-    if not report.ok:
-        print("\n".join(report.log_tail[-12:]), file=sys.stderr)
-    return 0 if report.ok else 1
+                          optimization_level=args.optimization_level, regtask_limit=args.regtask_limit,
+                          reuse=not args.rebuild, timeout=args.timeout)
+    print_build(report)
+    report.raise_for_status()
+    return 0
 
 
 def _cmd_bench(args) -> int:
@@ -75,9 +88,14 @@ def _cmd_bench(args) -> int:
     return bench.main(args.which)
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rkstudy", description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="command", required=True)
+def _cmd_results_index(args) -> int:
+    from . import report
+
+    return report.main(check=args.check)
+
+
+def _add_core(sub) -> None:
+    from .contract import TARGETS
 
     d = sub.add_parser("doctor", help="environment versions, board presence, and what to fix")
     d.add_argument("--board", action="store_true", help="check the board side instead of the converter")
@@ -95,39 +113,94 @@ def parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("build", help="compile an ONNX to .rknn in a child process, counting REGTASK")
     b.add_argument("onnx", type=Path)
-    b.add_argument("--target", choices=("rk3588", "rk3566"), default="rk3588")
+    b.add_argument("--target", choices=TARGETS, default="rk3588")
     b.add_argument("--shape", action="append", help="NAME:D0,D1,... (default: the graph's own)")
     b.add_argument("--out", type=Path, help="engine path (default: the cache)")
-    b.add_argument("--optimization-level", type=int, default=3)
-    b.add_argument("--regtask-limit", type=int, default=100_000)
+    b.add_argument("--optimization-level", type=int, choices=(0, 1, 2, 3), default=3)
+    b.add_argument("--regtask-limit", type=positive, default=100_000)
+    b.add_argument("--timeout", type=positive, default=3 * 3600,
+                   help="seconds before a hung compiler child is killed (default 3 h)")
     b.add_argument("--rebuild", action="store_true", help="ignore a cached engine")
     b.set_defaults(func=_cmd_build)
-
-    # Family commands: each family module adds its own subcommand under its group.
-    piper = sub.add_parser("piper", help="Piper (VITS) voice stages").add_subparsers(dest="stage", required=True)
-    from .families import inflect, piper_decoder, piper_encoder
-
-    piper_decoder.add_cli(piper)
-    piper_encoder.add_cli(piper)
-    inflect.add_cli(sub)
 
     k = sub.add_parser("bench", help="record a benchmark under results/benchmarks/")
     k.add_argument("which", choices=("walker", "make-test"))
     k.set_defaults(func=_cmd_bench)
+
+    r = sub.add_parser("results", help="the results index").add_subparsers(dest="what", required=True)
+    i = r.add_parser("index", help="write results/README.md from the committed tables")
+    i.add_argument("--check", action="store_true", help="exit 1 if the committed index differs")
+    i.set_defaults(func=_cmd_results_index)
+
+
+def _add_families(sub, board_sub) -> None:
+    from .families import GROUPS, load_all
+
+    groups = {}
+    for family in load_all().values():
+        if family.command and family.cli:
+            group, stage = family.command
+            if group not in groups:
+                groups[group] = sub.add_parser(group, help=GROUPS.get(group, family.title)).add_subparsers(
+                    dest="stage", required=True)
+            family.resolve("cli")(groups[group])
+        if family.board:
+            family.resolve("board")(board_sub)
+
+
+def parser() -> Parser:
+    p = Parser(prog="rkstudy",
+               description="Single TTS stages on Rockchip NPUs: surgery, builds, gates, walkers, tables.")
+    p.add_argument("--version", action="version", version=f"rkstudy {__version__}")
+    p.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
+    sub = p.add_subparsers(dest="command", required=True)
+    _add_core(sub)
+    board = sub.add_parser("board", help="run on an RK3588/RK3566 board (RKNNLite)")
+    board_cmds = board.add_subparsers(dest="board_command", required=True)
+    run = board_cmds.add_parser("run", help="a family's sidecar on the NPU: audio and one results row")
+    _add_families(sub, run.add_subparsers(dest="family", required=True))
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    from .build import BuildFailed
-    from .gates import GateFailed
-    from .graph import SeamNotFound
+def _error(message: str) -> None:
+    print(f"rkstudy: error: {one_line(message)}", file=sys.stderr)
 
-    args = parser().parse_args(argv)
+
+def main(argv: list[str] | None = None) -> int:
+    from . import cliutil
+
+    p = parser()
+    args = p.parse_args(argv)
+    cliutil.ARGV = list(sys.argv[1:] if argv is None else argv)
+    debug = args.debug or os.environ.get("RKSTUDY_DEBUG") == "1"
     try:
+        if getattr(args, "validate_args", None):
+            args.validate_args(args)  # conflicting flags: refused by the parser (exit 2)
         return args.func(args)
-    except (BuildFailed, GateFailed, SeamNotFound, FileNotFoundError, ValueError, RuntimeError) as exc:
-        # one clear line (the messages name the fix), not a traceback through the toolkit
-        print(f"rkstudy: error: {exc}", file=sys.stderr)
+    except Exception as exc:  # noqa: BLE001 - every error ends here as one line and an exit code
+        if debug:
+            raise
+        if isinstance(exc, RkstudyError):
+            _error(str(exc))
+            return exc.exit_code
+        if isinstance(exc, ModuleNotFoundError) and (exc.name or "").split(".")[0] in HOST_MODULES:
+            _error(f"`rkstudy {args.command}` needs {exc.name}, which is not installed here: on the host run "
+                   "`make venv` (the converter environment); a board runs only `rkstudy doctor --board` and "
+                   "`rkstudy board ...`")
+            return 2
+        if isinstance(exc, (FileNotFoundError, IsADirectoryError, PermissionError)):
+            _error(f"{exc.strerror or exc}: {exc.filename}; check the path")
+            return 2
+        from .runtime.board import BoardUnavailable, RknnError
+
+        if isinstance(exc, BoardUnavailable):
+            _error(str(exc))
+            return 2
+        if isinstance(exc, RknnError):
+            _error(str(exc))
+            return 1
+        _error(f"unexpected {type(exc).__name__}: {exc} (rerun with --debug for the traceback, and please "
+               "report it)")
         return 1
 
 

@@ -1,5 +1,8 @@
 """`rkstudy doctor`: what this environment is, and what to fix when the converter side is broken.
 
+Board side: `rkstudy doctor --board` imports nothing of the converter (only importlib.metadata
+looks the packages up).
+
 The toolkit's own pins (torch<=2.4.0, an old onnx) cannot be resolved on a current Python
 without a multi-GB CUDA torch, so this project installs it with --no-deps over pins of its own.
 That works only while those pins hold; this check says which one broke and how to fix it.
@@ -13,7 +16,8 @@ from dataclasses import dataclass
 from importlib import metadata
 
 from . import __version__
-from .runtime.board import board_available, npu_clock
+from .board import sysfs
+from .runtime.board import board_available
 
 PACKAGES = ("torch", "numpy", "onnx", "onnxruntime", "onnxslim", "protobuf", "setuptools",
             "rknn-toolkit2", "rknn-toolkit-lite2")
@@ -48,8 +52,8 @@ def converter_findings(v: dict[str, str | None]) -> list[Finding]:
     """Checks for the host side (export, convert, simulate). Each failing one names its fix."""
     out = []
     if v["rknn-toolkit2"] is None:
-        out.append(Finding(False, "rknn-toolkit2 is not installed",
-                           "pip install --no-deps rknn-toolkit2==2.5.0 (after the converter extra)"))
+        out.append(Finding(False, "rknn-toolkit2 is not installed", "make toolkit (or pip install --no-deps "
+                           "rknn-toolkit2==2.5.0 after the converter extra)"))
     else:
         out.append(Finding(True, f"rknn-toolkit2 {v['rknn-toolkit2']}"))
     onnx_v = v["onnx"]
@@ -86,6 +90,23 @@ def converter_findings(v: dict[str, str | None]) -> list[Finding]:
     return out
 
 
+def family_lines(side: str) -> list[str]:
+    """Each registered family and whether its side can run here."""
+    import importlib.util
+
+    from .families import load_all
+
+    lines = ["", "families:"]
+    for f in load_all().values():
+        if side == "board":
+            what = f"`rkstudy board run {f.name}`" if f.board else "host only"
+        else:
+            missing = [m for m in f.requires if importlib.util.find_spec(m) is None]
+            what = f"missing {', '.join(missing)} (make models)" if missing else "ready"
+        lines.append(f"  {f.name:<18} {what}")
+    return lines
+
+
 def report(side: str = "converter") -> tuple[str, int]:
     """The doctor's text and exit code (non-zero when the asked-for side is broken)."""
     v = versions()
@@ -94,9 +115,9 @@ def report(side: str = "converter") -> tuple[str, int]:
     present, why = board_available()
     lines += ["", f"board runtime: {'present' if present else 'absent'} ({why})"]
     if present:
-        clock = npu_clock()
-        lines.append(f"  NPU governor {clock['governor']}, cur_freq {clock['cur_freq']} "
-                     "(board figures scale with this clock)")
+        clock = sysfs.npu_clock()
+        lines.append(f"  SoC {sysfs.soc() or 'unknown'}; NPU governor {clock['governor']}, cur_freq "
+                     f"{clock['cur_freq']} (board figures scale with this clock)")
     code = 0
     if side == "converter":
         lines += ["", "converter environment:"]
@@ -104,8 +125,9 @@ def report(side: str = "converter") -> tuple[str, int]:
             lines.append(f"  [{'ok' if f.ok else 'FAIL'}] {f.what}" + (f"\n         fix: {f.fix}" if f.fix else ""))
             code |= 0 if f.ok else 1
     elif side == "board" and not present:
-        lines.append("  fix: on the board, pip install -e '.[board]' and load the rknpu driver")
+        lines.append("  fix: on the board, `make board-env` (or pip install -e '.[board]') and load the rknpu driver")
         code = 1
+    lines += family_lines(side)
     lines.append("")
     lines.append("OK" if code == 0 else "BROKEN: apply the fixes above, then rerun `rkstudy doctor`.")
     return "\n".join(lines), code

@@ -3,6 +3,8 @@
 Every NPU number in this project is a tolerance against a CPU reference, never a bit-exact claim:
 the fp16 engines differ from fp32 (and, on RK3588, per NPU core), so a gate is a metric plus a
 threshold, and its measured value is recorded next to the threshold whether it passes or not.
+
+Board side: numpy only.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+from .errors import Failed
 
 SLICE = 256  # samples per slice for the per-slice SNR, as the seeds measure it
 
@@ -121,8 +125,8 @@ def compare(ref, test, sample_rate: int | None = None) -> dict[str, float]:
     return row
 
 
-class GateFailed(AssertionError):
-    """A measured value missed its gate's threshold."""
+class GateFailed(Failed, AssertionError):
+    """A measured value missed its gate's threshold (exit 1)."""
 
 
 @dataclass(frozen=True)

@@ -1,30 +1,49 @@
-"""Results tables: `results/<study>/<table>.csv` plus a Markdown twin, written atomically.
+"""Results tables: `results/<study>/<table>.csv` plus a Markdown twin, written atomically, and the
+headline numbers each notebook records for the generated index and the notebook tests.
 
-Where a number came from is part of the number, so every row carries its provenance: the
-rkstudy and toolkit versions that produced it, the target SoC, where it ran (fp32 reference,
-the toolkit's simulator, or a board) and the date. A table is validated whole before anything
-is written, and both files are swapped in with os.replace, so a failure never leaves a
-half-written table behind.
+Where a number came from is part of the number, so every row carries its provenance: the rkstudy
+version and the git commit of the code that made it (`-dirty` when the tree had changes outside
+`results/`), the toolkit version, the target SoC, where it ran and the date. `where` and `target`
+come from the thing that produced the numbers (a runner, a BuildReport, or rkstudy.results.HOST
+for a host-side computation), never from a literal typed in a notebook.
+
+Board side: standard library only (plus rkstudy.atomic).
 """
 
 from __future__ import annotations
 
 import csv
 import datetime as _dt
+import functools
 import io
+import json
 import math
-import os
-import tempfile
+import subprocess
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Iterable, Mapping
 
-from . import __version__
+from . import __version__, atomic
+from .paths import REPO, SEEDS, results_root  # noqa: F401  (results_root re-exported for notebooks)
 
-WHERE = ("fp32", "simulator", "board", "host")  # host: a CPU-side measurement that is not a decode
+# fp32: onnxruntime on the host CPU; simulator: the toolkit's PC simulator; board: RKNNLite on a
+# real board; replay: the test double of RKNNLite (never a board number); host: a build, a census
+# or a timing on the host that is not a decode.
+WHERE = ("fp32", "simulator", "board", "replay", "host")
 TARGETS = ("rk3588", "rk3566", "none")
-STAMP = ("rkstudy_version", "toolkit_version", "target", "where", "date")
-REPO = Path(__file__).resolve().parent.parent
+STAMP = ("rkstudy_version", "commit", "toolkit_version", "target", "where", "date")
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a row's numbers came from, for rows no runner produced (a census, a growth fit)."""
+
+    where: str
+    target: str = "none"
+
+
+HOST = Origin("host")
 
 
 def toolkit_version() -> str:
@@ -37,23 +56,41 @@ def toolkit_version() -> str:
     return "none"
 
 
-def stamp(row: Mapping, *, where: str, target: str) -> dict:
-    """`row` plus its provenance columns. `where` is fp32 / simulator / board / host."""
+@functools.lru_cache(maxsize=1)
+def commit() -> str:
+    """The git commit of the code (12 hex digits), `-dirty` when tracked files outside results/
+    differ from it; `unknown` outside a git checkout (an installed package on a board)."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO, capture_output=True,
+                              text=True, timeout=10)
+        if head.returncode != 0:
+            return "unknown"
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                ":(exclude)results"], cwd=REPO, capture_output=True, text=True, timeout=10)
+        return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def stamp(row: Mapping, by=None) -> dict:
+    """`row` plus its provenance columns (last, in STAMP order).
+
+    `where`/`target` come from `by` (a Runner, a BuildReport or an Origin such as HOST) or, when
+    `by` is None, from the row itself: measurement functions copy them from the runner they used.
+    """
+    row = dict(row)
+    where = by.where if by is not None else row.get("where")
+    target = (getattr(by, "target", "none") if by is not None else row.get("target")) or "none"
+    for key in STAMP:
+        row.pop(key, None)
     if where not in WHERE:
-        raise ValueError(f"where={where!r}: must be one of {', '.join(WHERE)}")
+        raise ValueError(f"where={where!r}: must be one of {', '.join(WHERE)} (pass the runner, "
+                         "BuildReport or rkstudy.results.HOST that produced the row)")
     if target not in TARGETS:
         raise ValueError(f"target={target!r}: must be one of {', '.join(TARGETS)} "
                          "(use 'none' for an fp32 or host row that no SoC produced)")
-    return {**row, "rkstudy_version": __version__, "toolkit_version": toolkit_version(),
+    return {**row, "rkstudy_version": __version__, "commit": commit(), "toolkit_version": toolkit_version(),
             "target": target, "where": where, "date": _dt.date.today().isoformat()}
-
-
-def results_root(quick: bool) -> Path:
-    """Where tables go: the committed `results/` in full mode, a scratch folder in quick mode
-    so that a quick test run never overwrites the committed tables. RKSTUDY_RESULTS wins."""
-    if os.environ.get("RKSTUDY_RESULTS"):
-        return Path(os.environ["RKSTUDY_RESULTS"])
-    return REPO / "results" if not quick else REPO / "build" / "quick-results"
 
 
 def _fmt(value) -> str:
@@ -65,6 +102,8 @@ def _fmt(value) -> str:
 
 
 def _validate(rows: list[dict], study: str, table: str) -> list[str]:
+    if any(not part or "/" in part or part.startswith(".") for part in (study, table)):
+        raise ValueError(f"study {study!r} and table {table!r} must be plain names")
     if not rows:
         raise ValueError(f"{study}/{table}: no rows to write; refusing to replace the table "
                          "with an empty one")
@@ -77,21 +116,13 @@ def _validate(rows: list[dict], study: str, table: str) -> list[str]:
         if list(row) != columns:
             raise ValueError(f"{study}/{table} row {i} has columns {list(row)}, row 0 has {columns}; "
                              "every row of a table needs the same columns in the same order")
-    if any(not part or "/" in part or part.startswith(".") for part in (study, table)):
-        raise ValueError(f"study {study!r} and table {table!r} must be plain names")
     return columns
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def to_markdown(rows: list[dict]) -> str:
-    columns = list(rows[0])
+def to_markdown(rows: list[dict], columns: list[str] | None = None) -> str:
+    columns = columns or list(rows[0])
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(_fmt(r[c]) for c in columns) + " |" for r in rows]
+    lines += ["| " + " | ".join(_fmt(r.get(c)) for c in columns) + " |" for r in rows]
     return "\n".join(lines) + "\n"
 
 
@@ -101,39 +132,78 @@ def write_table(study: str, table: str, rows: Iterable[Mapping], *, root: Path |
     rows = [dict(r) for r in rows]
     columns = _validate(rows, study, table)
     folder = Path(root if root is not None else results_root(quick=False)) / study
-    folder.mkdir(parents=True, exist_ok=True)
-
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
     writer.writeheader()
     writer.writerows({c: _fmt(r[c]) for c in columns} for r in rows)
     md = (f"# {title}\n\n" if title else "") + to_markdown(rows)
-
-    staged = []
-    try:
-        for suffix, text in ((".csv", buf.getvalue()), (".md", md)):
-            fd, tmp = tempfile.mkstemp(prefix=f".{table}", suffix=suffix, dir=folder)
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(text)
-            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a table is an ordinary file
-            staged.append((tmp, folder / f"{table}{suffix}"))
-        for tmp, final in staged:
-            os.replace(tmp, final)
-    finally:
-        for tmp, _ in staged:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+    # both twins are staged before either is swapped in, so a failure leaves the old pair
+    with atomic.replacing(folder / f"{table}.csv") as csv_tmp, atomic.replacing(folder / f"{table}.md") as md_tmp:
+        csv_tmp.write_text(buf.getvalue(), encoding="utf-8")
+        md_tmp.write_text(md, encoding="utf-8")
     return folder / f"{table}.csv"
-
-
-def reference(study: str) -> list[dict]:
-    """The design documents' own figures for `study` (data/reference/seeds.csv), each row naming
-    its seed file and section. These are the seeds' numbers, never ours: show them labelled."""
-    rows = read_table(REPO / "data" / "reference" / "seeds.csv")
-    return [r for r in rows if r["study"] == study]
 
 
 def read_table(path: Path | str) -> list[dict]:
     """Rows of a CSV written by write_table (values as strings)."""
     with open(path, newline="", encoding="utf-8") as fh:
         return list(csv.DictReader(fh))
+
+
+def reference(study: str) -> list[dict]:
+    """The design documents' own figures for `study` (data/reference/seeds.csv), each row naming
+    its seed file and section. These are the seeds' numbers, never ours: show them labelled."""
+    return [r for r in read_table(SEEDS) if r["study"] == study]
+
+
+def seed_numbers(study: str, figure: str) -> list[float]:
+    """The numbers in a seeds' figure's value ("+7/+8/-6" -> [7, 8, -6]; "-21…-23" -> [-21, -23]),
+    for plotting their ranges beside ours without retyping them."""
+    import re
+
+    value = seed_figure(study, figure)["value"].replace("−", "-")
+    # a sign counts only where it does not follow a digit: "45.5-48.6" is a range, not 45.5 and -48.6
+    return [float(x) for x in re.findall(r"(?<![\d.])[-+]?\d+(?:\.\d+)?", value)]
+
+
+def seed_figure(study: str, figure: str) -> dict:
+    """One seeds' figure by its exact `figure` text (raises, naming the file, when it is not there)."""
+    for r in reference(study):
+        if r["figure"] == figure:
+            return r
+    raise KeyError(f"no seeds' figure {figure!r} for {study} in {SEEDS}")
+
+
+# --- headline numbers (recorded by each notebook's last cell) ----------------------------------
+def record_headlines(study: str, headlines: Mapping[str, Mapping], *, root: Path) -> Path:
+    """Write `<root>/<study>/headlines.json`: {name: {value, unit, seeds}} — what the notebook tests
+    assert (with tolerances) and what the generated index shows. `seeds` names the seeds' figure
+    (its exact `figure` text in data/reference/seeds.csv) the headline is compared with."""
+    clean = {}
+    for name, h in headlines.items():
+        value = h["value"]
+        if hasattr(value, "item"):
+            value = value.item()  # numpy scalars
+        if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+            value = str(value)
+        if h.get("seeds"):
+            seed_figure(study, h["seeds"])  # a typo in the figure name fails here, not in the index
+        clean[name] = {"value": value, "unit": h.get("unit", ""), "seeds": h.get("seeds", "")}
+    payload = {"study": study, "rkstudy_version": __version__, "commit": commit(),
+               "date": _dt.date.today().isoformat(), "headlines": clean}
+    return atomic.write_text(Path(root) / study / "headlines.json", json.dumps(payload, indent=1) + "\n")
+
+
+def read_headlines(study: str, root: Path) -> dict:
+    path = Path(root) / study / "headlines.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"no headlines at {path}; run the study's notebook first")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def save_figure(fig, study: str, name: str, *, root: Path, dpi: int = 110) -> Path:
+    """Write a matplotlib figure as `<root>/<study>/figures/<name>.png` (atomically)."""
+    path = Path(root) / study / "figures" / f"{name}.png"
+    with atomic.replacing(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=dpi, bbox_inches="tight")
+    return path

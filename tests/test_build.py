@@ -8,7 +8,8 @@ import onnx
 import pytest
 
 from rkstudy import build, graph
-from rkstudy.families import toolchain
+from rkstudy.errors import InputError, UsageError
+from rkstudy.families.toolchain import probes as toolchain
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +25,8 @@ def test_build_produces_an_engine(probe, tmp_path, target):
     report = build.build_engine(probe, target, out=out, reuse=False)
     assert report.status == "ok", report.error
     assert report.engine == str(out) and out.stat().st_size == report.engine_bytes > 10_000
-    assert report.regtask == 0
+    assert report.regtask == 0 and report.peak_rss_mb > 50  # the toolkit child's own peak RSS
+    assert report.row()["where"] == "host"
     assert report.toolkit_version == "rknn-toolkit2 2.5.0"
     assert "rknn building done" in open(report.log).read()  # fd 1/2 of the compiler, captured
 
@@ -69,16 +71,43 @@ def test_a_compiler_crash_comes_back_as_a_report(probe, tmp_path):
 
 
 def test_a_failing_step_is_named(tmp_path):
+    # a graph onnx reads but the toolkit's loader rejects: an input shape the graph does not have
+    path = tmp_path / "probe.onnx"
+    onnx.save(toolchain.vocoder_probe(), str(path))
+    report = build.build_engine(path, "rk3588", {"x": [1, 16, 1, 64], "nosuch": [1, 4]}, out=tmp_path / "bad.rknn",
+                                reuse=False)
+    assert report.status == "failed" and report.failed_step == "load_onnx"
+    with pytest.raises(build.BuildFailed, match="failed at load_onnx") as exc:
+        report.raise_for_status()
+    assert "\n" not in str(exc.value)  # one line, naming the log
+
+
+def test_an_unreadable_graph_is_refused_before_a_child_starts(tmp_path):
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(b"this is not an onnx model")
-    report = build.build_engine(bad, "rk3588", {"x": [1, 4]}, out=tmp_path / "bad.rknn", reuse=False)
-    assert report.status == "failed" and report.failed_step == "load_onnx"
-    with pytest.raises(build.BuildFailed, match="failed at load_onnx"):
-        report.raise_for_status()
+    with pytest.raises(InputError, match="not a readable ONNX model"):
+        build.build_engine(bad, "rk3588", {"x": [1, 4]}, out=tmp_path / "bad.rknn", reuse=False)
+
+
+def test_a_hung_build_is_killed_at_its_timeout(probe, tmp_path):
+    proc = build.EngineProcess(probe, "rk3588", out=tmp_path / "x.rknn", timeout=0.5)
+    report = proc.wait_built()
+    assert report.status == "timeout" and "killed after 0 s" in report.error
+    assert report.engine is None and not (tmp_path / "x.rknn").exists()
+
+
+def test_a_killed_build_leaves_no_partial_engine(probe, tmp_path):
+    out = tmp_path / "x.rknn"
+    out.write_bytes(b"a stale engine from an older build")
+    proc = build.EngineProcess(probe, "rk3588", out=out)
+    threading.Timer(2.0, lambda: os.kill(proc.proc.pid, signal.SIGKILL)).start()
+    report = proc.wait_built()
+    assert report.status == "aborted" and not out.exists()
+    assert not list(tmp_path.glob(".*part*"))
 
 
 def test_unknown_target_is_refused_before_any_work(probe):
-    with pytest.raises(ValueError, match="rk3588, rk3566"):
+    with pytest.raises(UsageError, match="rk3588, rk3566"):
         build.build_engine(probe, "rk3576")
 
 

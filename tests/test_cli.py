@@ -1,17 +1,104 @@
+"""The command line: one parametrized table of argv -> exit code -> message, and the happy paths."""
+
 import json
 
 import onnx
 import pytest
 
-from rkstudy import graph
+from rkstudy import build, graph
 from rkstudy.cli import main, parse_shapes
+from rkstudy.errors import UsageError
+from rkstudy.families.toolchain.probes import long_axis_probe, vocoder_probe
 
 
 def test_parse_shapes():
     assert parse_shapes(["z:1,192,93", "y_mask:1,1,93"]) == {"z": [1, 192, 93], "y_mask": [1, 1, 93]}
     assert parse_shapes(["/enc/Add_output_0:1,2"]) == {"/enc/Add_output_0": [1, 2]}
-    with pytest.raises(SystemExit, match="NAME:D0,D1"):
+    with pytest.raises(UsageError, match="NAME:D0,D1"):
         parse_shapes(["z=1,192"])
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cli")
+    good = d / "probe.onnx"
+    onnx.save(vocoder_probe(), str(good))
+    data = good.read_bytes()
+    (d / "empty.onnx").write_bytes(b"")
+    (d / "truncated.onnx").write_bytes(data[: len(data) // 2])
+    (d / "corrupt.onnx").write_bytes(b"\x08\x07this is not an onnx model at all\xff\xfe" * 40)
+    onnx.save(long_axis_probe(32768), str(d / "long.onnx"))  # overflows the 13-bit field on rk3588
+    return d
+
+
+def run(argv, capsys):
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse refuses bad usage itself
+        code = exc.code
+    return code, capsys.readouterr().err
+
+
+ERRORS = [
+    (["census", "{d}/missing.onnx"], 2, "no ONNX model at"),
+    (["census", "{d}/empty.onnx"], 2, "is empty (0 bytes): not an ONNX model"),
+    (["census", "{d}/truncated.onnx"], 2, "is not a readable ONNX model (truncated or corrupt"),
+    (["census", "{d}/corrupt.onnx"], 2, "not a readable ONNX model"),
+    (["fold", "{d}/corrupt.onnx", "--shape", "x:1,16,1,64", "-o", "{d}/o.onnx"], 2, "not a readable ONNX model"),
+    (["build", "{d}/truncated.onnx"], 2, "is not a readable ONNX model"),
+    (["piper", "decoder", "--onnx", "{d}/corrupt.onnx"], 2, "not a readable ONNX model"),
+    (["piper", "decoder", "--onnx", "{d}/probe.onnx"], 2, "carries no stage contract; produce it with"),
+    (["fold", "{d}/probe.onnx", "--shape", "nosuch:1,4,93", "-o", "{d}/o.onnx"], 2,
+     "no graph input named nosuch; inputs are x"),
+    (["build", "{d}/probe.onnx", "--shape", "x:1,16,,64"], 2, "expected NAME:D0,D1"),
+    (["build", "{d}/probe.onnx", "--shape", "x=1,16"], 2, "expected NAME:D0,D1"),
+    (["piper", "encoder", "--frames", "0", "--skip-rknn"], 2, "0 is not a positive integer"),
+    (["piper", "encoder", "--frames", "-3", "--skip-rknn"], 2, "-3 is not a positive integer"),
+    (["piper", "decoder", "--emit", "0", "--skip-rknn"], 2, "0 is not a positive integer"),
+    (["build", "{d}/probe.onnx", "--target", "rk3576"], 2, "invalid choice: 'rk3576'"),
+    (["piper", "decoder", "--onnx", "{d}/probe.onnx", "--emit", "45"], 2, "--emit belong to stage 1"),
+    (["piper", "encoder", "--onnx", "{d}/probe.onnx", "--frames", "64"], 2, "--frames belong to stage 1"),
+    (["piper", "decoder", "--skip-rknn", "--out", "{d}/e.rknn"], 2,
+     "--out names the engine, and --skip-rknn builds none"),
+    (["inflect", "decoder", "--carve", "--decode-onnx", "{d}/probe.onnx"], 2, "--carve writes a decode.onnx"),
+    (["piper", "encoder", "--skip-rknn"], 2, "give --frames N"),
+    (["board", "run", "piper_decoder", "--engine", "{d}/e.rknn", "--latents", "{d}/l.npz"], 2,
+     "`rkstudy board run` runs on an RK3588/RK3566 board"),
+    (["piper", "decoder", "--voice-onnx", "{d}/none.onnx", "--skip-rknn"], 2, "no voice ONNX at"),
+    (["nosuch"], 2, "invalid choice: 'nosuch'"),
+]
+
+
+@pytest.mark.parametrize("argv,code,fragment", ERRORS,
+                         ids=[" ".join(a[:3]) + f" [{i}]" for i, (a, _, _) in enumerate(ERRORS)])
+def test_error_table(files, capsys, argv, code, fragment):
+    got, err = run([a.format(d=files) for a in argv], capsys)
+    assert got == code
+    assert fragment in err
+    assert err.count("\n") == 1 and "Traceback" not in err  # one line, no traceback
+
+
+def test_a_missing_toolkit_names_make_toolkit(files, capsys, monkeypatch):
+    monkeypatch.setattr(build, "toolkit_available", lambda: False)
+    code, err = run(["build", str(files / "probe.onnx")], capsys)
+    assert code == 2 and "run `make toolkit`" in err and err.count("\n") == 1
+
+
+def test_a_failed_gate_or_build_exits_1(files, capsys):
+    code, err = run(["build", str(files / "long.onnx"), "--regtask-limit", "1", "--rebuild",
+                     "--out", str(files / "long.rknn")], capsys)
+    assert code == 1 and "regtask-limit" in err and err.count("\n") == 1
+
+
+def test_debug_shows_the_traceback(files):
+    with pytest.raises(Exception, match="is empty"):
+        main(["--debug", "census", str(files / "empty.onnx")])
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0 and capsys.readouterr().out.startswith("rkstudy 0.")
 
 
 def test_fold_then_build_from_the_command_line(dynamic_model, tmp_path, capsys):
@@ -23,22 +110,7 @@ def test_fold_then_build_from_the_command_line(dynamic_model, tmp_path, capsys):
     assert main(["build", str(folded), "--target", "rk3566", "--out", str(engine)]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["status"] == "ok" and report["target"] == "rk3566" and engine.exists()
+    assert report["converter_peak_mb"] > 50  # the toolkit child's own peak, from wait4
     assert main(["census", str(folded)]) == 0
     census = json.loads(capsys.readouterr().out)
     assert census["Shape"] == 0 and census["longest_axis"] == 93
-
-
-def test_errors_are_one_line_with_the_fix(tmp_path, capsys):
-    assert main(["piper", "decoder", "--voice-onnx", str(tmp_path / "none.onnx"), "--skip-rknn"]) == 1
-    assert "rkstudy: error: no voice ONNX at" in capsys.readouterr().err
-    bare = tmp_path / "bare.onnx"
-    from rkstudy.families.toolchain import vocoder_probe
-
-    onnx.save(vocoder_probe(), str(bare))
-    from rkstudy.families.piper import default_voice_paths
-
-    config = default_voice_paths()[1]
-    assert main(["piper", "decoder", "--voice-onnx", str(bare), "--voice-config", str(config), "--skip-rknn"]) == 1
-    assert "no /flow/ and /dec/ nodes in this graph; is this a Piper (VITS) voice" in capsys.readouterr().err
-    assert main(["piper", "decoder", "--onnx", str(bare)]) == 1
-    assert "carries no window contract; produce it with `rkstudy piper decoder --voice-onnx" in capsys.readouterr().err

@@ -1,10 +1,10 @@
 """One source of truth for the pins: pyproject.toml. The conda files may only restate them."""
 
 import re
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 from ruamel.yaml import YAML
 
 REPO = Path(__file__).resolve().parent.parent

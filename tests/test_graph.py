@@ -2,7 +2,8 @@ import numpy as np
 import pytest
 
 from rkstudy import graph
-from rkstudy.families import toolchain
+from rkstudy.errors import UsageError
+from rkstudy.families.toolchain import probes as toolchain
 from rkstudy.runtime import OrtRunner
 
 
@@ -45,7 +46,7 @@ def test_fold_removes_shape_plumbing_and_keeps_the_numbers(dynamic_model):
 
 
 def test_pin_shapes_names_the_inputs_it_has(dynamic_model):
-    with pytest.raises(graph.SeamNotFound, match="inputs are x"):
+    with pytest.raises(UsageError, match="inputs are x"):
         graph.pin_shapes(dynamic_model, {"z": (1, 192, 93)})
     with pytest.raises(ValueError, match="dynamic shape"):
         graph.input_shapes(dynamic_model)

@@ -1,46 +1,47 @@
 """The Inflect v2 decode.onnx contract, carved from the Piper voice, through the shared producer."""
 
 import numpy as np
-import onnx
 import pytest
 
 from rkstudy import graph
 from rkstudy.cli import main
-from rkstudy.families import inflect
-from rkstudy.families import piper_decoder as pd
+from rkstudy.families.inflect_decoder import carve, study
+from rkstudy.families.piper_decoder.producer import produce_for_voice, read_contract
 
 
 @pytest.fixture(scope="module")
 def decode(voice):
-    return inflect.DecodeModel(inflect.save_carved(voice))
+    return carve.DecodeModel(carve.save_carved(voice))
 
 
 def test_carved_decode_has_the_contract(decode):
     names = [i.name for i in decode.model.graph.input]
-    assert names == list(inflect.HEAD_INPUTS)
+    assert names == list(carve.HEAD_INPUTS)
     assert (decode.seam.z, decode.seam.y_mask) == ("z", "y_mask")  # the head output, found by structure
     assert (decode.hop, decode.channels) == (256, 192)
 
 
 def test_head_stays_outside_the_engine(decode):
-    produced = pd.produce_for_voice(decode, emit=inflect.EMIT, context=inflect.CONTEXT, dec_mask=True)
+    produced = produce_for_voice(decode, emit=carve.EMIT, context=carve.CONTEXT, dec_mask=True)
     assert graph.input_shapes(produced.model) == {"z": (1, 192, 256), "y_mask": (1, 1, 256)}
     assert not [n.name for n in produced.model.graph.node if n.name.startswith("/head/")]
-    assert pd.Contract.from_model(produced.model).dec_mask
+    c = read_contract(produced.model)
+    assert c.family == "inflect_decoder" and c.params["dec_mask"]
+    assert c.producer.startswith("rkstudy inflect decoder --decode-onnx decode-")
 
 
 def test_context_sweep_on_prior_samples(voice, decode):
-    z = max(inflect.prior_samples(voice, "Call me at 555 0142, extension 7."), key=lambda z: z.shape[1])
+    z = max(carve.prior_samples(voice, "Call me at 555 0142, extension 7."), key=lambda z: z.shape[1])
     assert z.shape == (192, 380)
-    rows = {r["context"]: r for r in inflect.context_sweep(decode, z, (0, 32), progress=False)}
+    rows = {r["context"]: r for r in study.context_sweep(decode, z, (0, 32), progress=False)}
     assert rows[0]["snr_db"] < 30.0
     assert rows[32]["snr_db"] > 100.0 and rows[32]["windows"] == 2
 
 
 def test_decoder_mask_on_by_default_and_needed(decode):
     z = np.random.default_rng(3).standard_normal((192, 47)).astype(np.float32) * 0.5
-    masked = inflect.context_sweep(decode, z, (32,), progress=False)[0]
-    plain = inflect.context_sweep(decode, z, (32,), dec_mask=False, progress=False)[0]
+    masked = study.context_sweep(decode, z, (32,), progress=False)[0]
+    plain = study.context_sweep(decode, z, (32,), dec_mask=False, progress=False)[0]
     assert masked["snr_db"] > 90.0 > 40.0 > plain["snr_db"]
 
 
@@ -50,5 +51,6 @@ def test_command_line_carve_then_produce(tmp_path, capsys):
     assert main(["inflect", "decoder", "--decode-onnx", str(dec), "--skip-rknn", "--output", str(out)]) == 0
     text = capsys.readouterr().out
     assert "self-check: worst window" in text
-    c = pd.Contract.from_model(onnx.load(str(out)))
-    assert (c.window, c.emit, c.context, c.dec_mask, c.family) == (256, 192, 32, True, "inflect_decoder")
+    c = read_contract(out)
+    assert (c.window.frames, c.window.emit, c.window.context, c.params["dec_mask"], c.family) == (
+        256, 192, 32, True, "inflect_decoder")

@@ -4,9 +4,12 @@ import numpy as np
 import onnx
 import pytest
 
-from rkstudy import gates, graph
+from rkstudy import contract, gates, graph
 from rkstudy.cli import main
-from rkstudy.families import piper_decoder as pd
+from rkstudy.errors import EngineMismatch
+from rkstudy.families.piper_decoder import study
+from rkstudy.families.piper_decoder.producer import produce_for_voice, read_contract
+from rkstudy.families.piper_decoder.sidecar import DecoderSidecar
 from rkstudy.runtime import OrtRunner, SimulatorRunner
 
 
@@ -18,7 +21,7 @@ def latent(voice):
 
 @pytest.fixture(scope="module")
 def produced(voice):
-    return pd.produce_for_voice(voice)
+    return produce_for_voice(voice)
 
 
 def test_producer_folds_the_shape_plumbing_and_pins_the_window(produced):
@@ -26,20 +29,26 @@ def test_producer_folds_the_shape_plumbing_and_pins_the_window(produced):
     assert (b.nodes, b.hazards["Shape"], b.hazards["ConstantOfShape"]) == (361, 24, 24)
     assert (a.nodes, a.hazards["Shape"], a.hazards["ConstantOfShape"]) == (281, 0, 0)
     assert graph.input_shapes(produced.model) == {"z": (1, 192, 93), "y_mask": (1, 1, 93)}
-    c = pd.Contract.from_model(produced.model)
-    assert (c.window, c.emit, c.context, c.hop, c.channels, c.dec_mask) == (93, 45, 24, 256, 192, False)
-    assert c.source.startswith("en_US-joe-medium.onnx@")
+    c = read_contract(produced.model)
+    assert c == produced.contract
+    assert (c.window.frames, c.window.emit, c.window.context, c.params["hop"], c.params["channels"],
+            c.params["dec_mask"]) == (93, 45, 24, 256, 192, False)
+    assert c.source.file == "en_US-joe-medium.onnx" and len(c.source.sha256) == 64
+    assert [(t.name, t.role, t.rate) for t in c.inputs + c.outputs] == [
+        ("z", "walked", 1), ("y_mask", "mask", 1), ("audio", "walked", 256)]
+    assert c.target is None and c.engine is None  # stage 1: compiled fields come at stage 2
 
 
 def test_interior_windows_are_exact_and_paroli_window_is_not(voice, latent):
-    rows = pd.window_sweep(voice, [latent], configs=((45, 5), (45, 24)), progress=False)
+    rows = study.window_sweep(voice, [latent], configs=((45, 5), (45, 24)), progress=False)
     interior = lambda w: [r["snr_db"] for r in rows if r["window"] == w and r["kind"] == "interior"]  # noqa: E731
     assert len(interior(93)) == 7 and min(interior(93)) > 80.0
     assert min(interior(55)) < 20.0  # the seeds: 8-60 dB at paroli's 45+5+5
+    assert {r["where"] for r in rows} == {"fp32"}
 
 
 def test_decoder_mask_fixes_the_short_tail(voice, latent):
-    rows = {(r["frames"], r["dec_mask"]): r for r in pd.tail_windows(voice, latent.z)}
+    rows = {(r["frames"], r["dec_mask"]): r for r in study.tail_windows(voice, latent.z)}
     for n in (30, 47):
         assert rows[(n, False)]["snr_db"] < 40.0
         assert rows[(n, False)]["last7_snr_db"] < rows[(n, False)]["first_snr_db"] - 40
@@ -47,7 +56,7 @@ def test_decoder_mask_fixes_the_short_tail(voice, latent):
 
 
 def test_masked_decoder_is_identical_where_the_mask_is_one(voice, produced):
-    masked = pd.produce_for_voice(voice, dec_mask=True)
+    masked = produce_for_voice(voice, dec_mask=True)
     assert masked.after.nodes == produced.after.nodes + 26  # 23 conv Muls + 3 mask upsamplers
     assert masked.after.ops["ConvTranspose"] == produced.after.ops["ConvTranspose"] + 3
     x = {"z": np.random.default_rng(0).standard_normal((1, 192, 93)).astype(np.float32),
@@ -56,29 +65,28 @@ def test_masked_decoder_is_identical_where_the_mask_is_one(voice, produced):
 
 
 def test_wrong_seam_is_quiet(voice, latent):
-    row = pd.wrong_seam(voice, latent.z)
+    row = study.wrong_seam(voice, latent.z)
     assert row["rms_ratio"] < 0.5 and row["snr_db"] < 3.0
 
 
 def test_sidecar_refuses_a_mismatched_engine(produced):
     runner = OrtRunner(produced.model)
-    with pytest.raises(pd.EngineMismatch, match="192 latent channels, the voice has 256.*rkstudy piper decoder --voice-onnx"):
-        pd.DecoderSidecar(runner, produced.contract, channels=256, hop=256)
-    with pytest.raises(pd.EngineMismatch, match="256 samples per frame, the voice 512"):
-        pd.DecoderSidecar(runner, produced.contract, channels=192, hop=512)
-    with pytest.raises(pd.EngineMismatch, match="carries no window contract"):
-        pd.Contract.from_model(onnx.ModelProto())
-    with pytest.raises(pd.EngineMismatch, match="no contract beside"):
-        pd.Contract.from_engine("/nonexistent/engine.rknn")
+    with pytest.raises(EngineMismatch,
+                       match="192 latent channels, the voice has 256.*rkstudy piper decoder --voice-onnx"):
+        DecoderSidecar(runner, produced.contract, channels=256, hop=256)
+    with pytest.raises(EngineMismatch, match="256 samples per frame, the voice 512"):
+        DecoderSidecar(runner, produced.contract, channels=192, hop=512)
+    with pytest.raises(EngineMismatch, match="0-wide speaker embedding, the voice has 256"):
+        DecoderSidecar(runner, produced.contract, channels=192, hop=256, speaker_dims=256)
+    with pytest.raises(EngineMismatch, match="carries no stage contract"):
+        read_contract(onnx.ModelProto())
 
 
 def test_simulator_walk_matches_fp32(voice, latent, produced):
-    path = produced.save()
-    with SimulatorRunner(path, "rk3588") as sim:
+    with SimulatorRunner(produced.save(), "rk3588") as sim:
         assert sim.shapes["z"] == (1, 192, 93)
-        side = pd.DecoderSidecar(sim, produced.contract, channels=voice.channels, hop=voice.hop)
-        test = side.decode(latent.z, progress=False)
-    ref = pd.FullDecoder(voice.model, voice.seam).decode(latent.z)
+        test = study.sidecar(voice, sim, produced.contract).decode(latent.z, progress=False)
+    ref = study.FullDecoder(voice.model, voice.seam).decode(latent.z)
     assert test.shape == ref.shape == (latent.frames * 256,)
     assert gates.snr_db(ref, test) > 35.0
     assert gates.best_lag(ref, test) == 0 and gates.nonfinite_count(test) == 0
@@ -90,10 +98,15 @@ def test_two_stage_command_line(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "361 -> 307 nodes, Shape 24 -> 0, ConstantOfShape 24 -> 0" in text
     assert "self-check: worst window" in text
-    assert pd.Contract.from_model(onnx.load(str(out))).dec_mask
+    c = read_contract(out)
+    assert c.params["dec_mask"] and c.producer.startswith("rkstudy piper decoder --skip-rknn --output")
     engine = tmp_path / "decoder.rknn"
     assert main(["piper", "decoder", "--onnx", str(out), "--target", "rk3566", "--out", str(engine)]) == 0
     text = capsys.readouterr().out
     assert "window 93 = 45 + 2x24, hop 256, 192 channels, dec_mask=True" in text
     assert engine.stat().st_size > 10_000_000
-    assert pd.Contract.from_engine(engine).window == 93
+    compiled = contract.for_engine(engine, family="piper_decoder", soc="rk3566")
+    assert (compiled.target, compiled.window.frames, compiled.onnx.file) == ("rk3566", 93, "decoder_z.onnx")
+    assert compiled.toolkit == "rknn-toolkit2 2.5.0"
+    with pytest.raises(EngineMismatch, match="compiled for rk3566 and this board is rk3588"):
+        contract.for_engine(engine, family="piper_decoder", soc="rk3588")

@@ -4,13 +4,12 @@
 import numpy as np
 import onnx
 import pytest
+from conftest import make_model
 from onnx import TensorProto, helper, numpy_helper
 
 from rkstudy import graph
 from rkstudy.graph import relshift
 from rkstudy.runtime import OrtRunner
-
-from conftest import make_model
 
 
 def _const(name, values):
@@ -132,9 +131,9 @@ def test_shift_indices():
 
 def test_real_voice_encoder_has_two_chains_per_layer(voice):
     """The real folded encoder at width 32: 6 attention layers x (logits, values), all verified."""
-    from rkstudy.families import piper_encoder
+    from rkstudy.families.piper_encoder.seam import encoder_slice, shapes_for
 
-    folded = graph.fold(piper_encoder.encoder_slice(voice.model), piper_encoder.shapes_for(32))
+    folded = graph.fold(encoder_slice(voice.model), shapes_for(32))
     found = relshift.find_relshift(folded)
     assert len(found) == 12
     assert sorted({f.scope for f in found}) == [f"/enc_p/encoder/attn_layers.{i}/" for i in range(6)]

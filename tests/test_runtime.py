@@ -3,7 +3,7 @@ import onnx
 import pytest
 
 from rkstudy import gates, graph
-from rkstudy.families import toolchain
+from rkstudy.families.toolchain import probes as toolchain
 from rkstudy.runtime import BoardRunner, BoardUnavailable, OrtRunner, SimulatorRunner, board_available
 from rkstudy.window import walk_windows
 

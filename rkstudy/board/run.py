@@ -1,0 +1,156 @@
+"""`rkstudy board run <family>`: a family's sidecar on RKNNLite, measured in a dedicated child process.
+
+The parent checks that this is a board, validates the engine's contract (engine bytes unchanged,
+compiled for this SoC, carved from the same source as the inputs), starts a child that loads the
+engine and runs the family's job, and reaps it with wait4, so the peak RSS in the row is the
+child's own (the sidecar, its runtime and its engine), comparable with the seeds' process figure and
+not the notebook kernel's. The parent then writes the audio and appends one results row: wall time,
+audio seconds, RTF, peak RSS, NPU governor and frequency, driver and runtime versions, engine and
+contract digests, and where it ran (`board`, or `replay` through the test double).
+
+Board side: standard library, numpy and psutil only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import wave
+from pathlib import Path
+
+import numpy as np
+
+from .. import atomic, results
+from ..cache import sha256_file
+from ..contract import Contract, beside, for_engine
+from ..errors import InputError, UsageError
+from ..runtime.board import BoardUnavailable, board_available
+from . import sysfs
+
+NO_BOARD = ("`rkstudy board run` runs on an RK3588/RK3566 board with rknn-toolkit-lite2 and the rknpu "
+            "driver, and this machine has {why}; on the host use the simulator (the study notebooks)")
+
+
+def require_board() -> None:
+    present, why = board_available()
+    if not present:
+        raise BoardUnavailable(NO_BOARD.format(why=why[0].lower() + why[1:]))
+
+
+def write_wav(path: Path | str, pcm: np.ndarray, sample_rate: int) -> Path:
+    """16-bit mono WAV with the standard library (the board needs no soundfile)."""
+    data = (np.clip(np.asarray(pcm, np.float64).ravel(), -1.0, 1.0) * 32767).astype("<i2").tobytes()
+    with atomic.replacing(path) as tmp:
+        with wave.open(str(tmp), "wb") as w:
+            w.setnchannels(1)
+            w.setsampwidth(2)
+            w.setframerate(int(sample_rate))
+            w.writeframes(data)
+    return Path(path)
+
+
+def append_row(study: str, table: str, row: dict, root: Path) -> Path:
+    """Add one stamped row to `<root>/<study>/<table>.csv` (rewritten whole, atomically); a table
+    whose columns differ from the row's is refused rather than mixed."""
+    path = Path(root) / study / f"{table}.csv"
+    rows = results.read_table(path) if path.is_file() else []
+    if rows and list(rows[0]) != list(row):
+        raise InputError(f"{path} has other columns than this run's row; pass --results DIR for a fresh table")
+    return results.write_table(study, table, rows + [row], root=root, title=f"Board runs: {table}")
+
+
+def measure(family: str, *, engine: Path, job: str, payload: dict, cores: str = "0_1_2",
+            audio_out: Path | None = None, outputs_out: Path | None = None, results_dir: Path | None = None,
+            source_sha256: str | None = None, extra: dict | None = None) -> dict:
+    """Run `job` ("module:function") for `family` on `engine` in a dedicated child; return the row.
+
+    `payload` is the job's input (JSON-able: paths, not arrays); `source_sha256` is the digest of the
+    model the inputs came from, checked against the contract's source.
+    """
+    require_board()
+    soc = sysfs.soc()
+    contract = for_engine(engine, family=family, soc=soc)
+    if source_sha256 is not None and source_sha256 != contract.source.sha256:
+        from ..errors import EngineMismatch
+
+        raise EngineMismatch(f"the inputs come from a model with sha256 {source_sha256[:12]} and the engine was "
+                             f"made from {contract.source.file} ({contract.source.sha256[:12]}); make inputs "
+                             f"from {contract.source.file}, or an engine from theirs with `{contract.remake}`")
+    with tempfile.TemporaryDirectory(prefix="rkstudy-board-") as tmp:
+        spec = {"job": job, "engine": str(Path(engine).resolve()), "cores": cores, "payload": payload,
+                "result": str(Path(tmp) / "result.json"), "arrays": str(Path(tmp) / "arrays.npz")}
+        spec_path = Path(tmp) / "spec.json"
+        spec_path.write_text(json.dumps(spec))
+        proc = subprocess.Popen([sys.executable, "-m", "rkstudy.board.run", str(spec_path)], env=os.environ.copy())
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        result_path = Path(spec["result"])
+        if proc.returncode != 0 or not result_path.is_file():
+            raise BoardUnavailable(f"the board run of {Path(engine).name} failed (child exit {proc.returncode}); "
+                                   "its error is printed above")
+        result = json.loads(result_path.read_text())
+        with np.load(spec["arrays"]) as data:
+            arrays = {k: data[k] for k in data.files}
+        pcm = arrays.pop("audio", np.zeros(0, np.float32))
+    clock = sysfs.npu_clock()
+    row = {"family": family, "engine": Path(engine).name, "engine_sha256": contract.engine.sha256[:16],
+           "contract_sha256": sha256_file(beside(engine))[:16], "source": contract.source.file,
+           **(extra or {}), **result.get("row", {}), "wall_s": round(result["seconds"], 4),
+           "audio_s": round(result["audio_s"], 3),
+           "rtf": result["seconds"] / result["audio_s"] if result["audio_s"] else float("nan"),
+           "peak_rss_mb": round(usage.ru_maxrss / 1024, 1), "cores": result["cores"],
+           "npu_governor": clock["governor"] or "", "npu_freq_hz": clock["cur_freq"] or "",
+           "driver": sysfs.npu_driver_version() or "", "runtime": result.get("runtime") or "",
+           "where": result["where"], "target": result["target"]}
+    row = results.stamp(row)
+    if audio_out is not None and pcm.size:
+        write_wav(audio_out, pcm, result["sample_rate"])
+        print(f"wrote {audio_out} ({result['audio_s']:.2f} s at {result['sample_rate']} Hz)")
+    if outputs_out is not None:
+        import io
+
+        buf = io.BytesIO()
+        np.savez(buf, audio=pcm, **arrays)
+        atomic.write_bytes(outputs_out, buf.getvalue())
+        print(f"wrote {outputs_out} (the engine's outputs, float32)")
+    root = Path(results_dir) if results_dir else results.results_root(quick=False)
+    table = append_row("board", family, row, root)
+    audio = f"RTF {row['rtf']:.4f}, {row['audio_s']:.2f} s of audio, " if row["audio_s"] else ""
+    print(f"{family} on {row['where']} ({row['target']}, cores {row['cores']}): {audio}{row['wall_s']:.3f} s, "
+          f"peak RSS {row['peak_rss_mb']} MB -> {table}")
+    return row
+
+
+def _child(spec_path: str) -> int:
+    """The child: run the job, write its audio and its result; the parent reaps it for the RSS."""
+    import importlib
+
+    spec = json.loads(Path(spec_path).read_text())
+    module, _, attr = spec["job"].partition(":")
+    job = getattr(importlib.import_module(module), attr)
+    contract: Contract = for_engine(spec["engine"])  # already validated by the parent; re-read here
+    out = job(contract=contract, engine=Path(spec["engine"]), cores=spec["cores"], payload=spec["payload"])
+    arrays = {"audio": np.asarray(out.pop("audio"), np.float32), **out.pop("arrays", {})}
+    np.savez(spec["arrays"], **arrays)
+    Path(spec["result"]).write_text(json.dumps(out))
+    return 0
+
+
+def main(argv=None) -> int:
+    from ..errors import RkstudyError
+
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        raise UsageError("usage: python -m rkstudy.board.run SPEC_JSON (started by `rkstudy board run`)")
+    try:
+        return _child(argv[0])
+    except (RkstudyError, RuntimeError) as exc:
+        print(f"rkstudy board run: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""Command-line pieces every family command shares (board side: argparse only).
+
+Exit codes and messages follow rkstudy.errors: one line on stderr naming the fix; 2 for bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .contract import TARGETS
+from .errors import UsageError
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line (no usage block) and exit 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+def positive(text: str) -> int:
+    """An argparse type: an integer >= 1 (a width of 0 or -3 is refused by the parser)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
+    return value
+
+
+def add_stage_args(p: argparse.ArgumentParser, *, output_help: str = "where stage 1 writes the graph") -> None:
+    """The two-stage flags every producer takes: stage 1 writes a graph (--skip-rknn --output X),
+    stage 2 converts one (--onnx X --target T [--out E])."""
+    p.add_argument("--onnx", type=Path, help="stage 2: a produced graph; its contract is read from it")
+    p.add_argument("--output", type=Path, help=output_help + " (always rewritten)")
+    p.add_argument("--skip-rknn", action="store_true", help="stage 1 only: produce and self-check the graph")
+    p.add_argument("--target", choices=TARGETS, default="rk3588")
+    p.add_argument("--out", type=Path,
+                   help="engine path (default: beside the graph, <family>-w<frames>-<target>-<graph digest>.rknn)")
+
+
+def refuse_mixed(p: argparse.ArgumentParser, args, stage1: tuple[str, ...]) -> None:
+    """Stage-1 flags with --onnx (stage 2) are a usage error, not silently ignored."""
+    if args.onnx is None:
+        if args.out is not None and args.skip_rknn:
+            p.error("--out names the engine, and --skip-rknn builds none")
+        return
+    given = [f"--{name.replace('_', '-')}" for name in stage1 + ("output", "skip_rknn")
+             if getattr(args, name, None) not in (None, False)]
+    if given:
+        p.error(f"--onnx converts a produced graph (stage 2); {', '.join(given)} belong to stage 1")
+
+
+ARGV: list[str] = []  # the arguments of the command being run (set by rkstudy.cli.main)
+
+
+def command_line() -> str:
+    """The command as typed (recorded in a contract as the producer)."""
+    return "rkstudy " + " ".join(ARGV or sys.argv[1:])
+
+
+def print_build(report) -> None:
+    print(json.dumps({**report.row(), "engine": report.engine, "log": report.log}, indent=1))
+
+
+def require(condition: bool, message: str) -> None:
+    if not condition:
+        raise UsageError(message)

@@ -1,0 +1,341 @@
+"""The versioned stage contract: what a produced graph and its compiled engine promise, for every family.
+
+A stage is compiled for fixed shapes (RKNN has no dynamic shapes), so whoever runs the engine has to
+know how to feed it: which inputs are walked over a latent (and at what rate per latent frame),
+which are padded to a fixed width, which are masks the walker makes, which are constants, and which
+feed back from an output (a stateful step's cache). The producer writes this contract into the ONNX
+metadata at stage 1; the conversion stage completes it (target, toolkit, the ONNX it compiled, the
+engine's digest) and writes it beside the `.rknn`, because a board cannot read ONNX metadata.
+
+Everything is validated at load and every refusal is an EngineMismatch whose one sentence names the
+command that makes a matching engine: a missing or unknown field, another schema version, an engine
+whose bytes changed after conversion, a target that is not the board's SoC, a source model that is
+not the one passed in.
+
+Board side: standard library only (numpy-free, onnx-free).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import atomic
+from .cache import sha256_file
+from .errors import EngineMismatch
+
+SCHEMA = 1
+METADATA_KEY = "rkstudy.contract"
+TARGETS = ("rk3588", "rk3566")  # the SoCs this project builds for (rk3588s and rk3568 run the same engines)
+# walked: sliced per window along `axis` at `rate` elements per latent frame (+ `extra`);
+# padded: right-padded to the compiled width; mask: 1 over real frames, 0 over padding, made by
+# the walker at its rate; length: the real count of a padded input; constant: the same every step
+# (a speaker or style vector); state: fed back from the output that `state` pairs it with.
+ROLES = ("walked", "padded", "mask", "length", "constant", "state")
+DTYPES = ("float32", "int64")
+FIELDS = ("schema", "family", "stage", "target", "toolkit", "inputs", "outputs", "window", "state",
+          "source", "onnx", "engine", "producer", "params")
+TENSOR_FIELDS = ("name", "shape", "dtype", "role", "axis", "rate", "extra")
+WINDOW_FIELDS = ("frames", "emit", "context", "hop")
+DIGEST_FIELDS = ("file", "sha256")
+DEFAULT_REMAKE = "the family's producer (rkstudy <family> <stage> --help)"
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """One graph input or output. For walked, padded and mask tensors `axis` is the frame axis and
+    its length is `rate * frames + extra` (Kokoro's harmonic input: rate 60, extra 1)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+    role: str = "constant"
+    axis: int | None = None
+    rate: int = 1
+    extra: int = 0
+
+    @property
+    def frames(self) -> int | None:
+        """Latent frames this tensor spans (None for tensors without a frame axis)."""
+        if self.axis is None:
+            return None
+        return (self.shape[self.axis] - self.extra) // self.rate
+
+
+@dataclass(frozen=True)
+class Window:
+    """A fixed window walked over a latent: `frames = emit + 2 * context`, advancing `hop` frames a step."""
+
+    frames: int
+    emit: int
+    context: int
+    hop: int
+
+
+@dataclass(frozen=True)
+class Digest:
+    """A file by name and content (sha256 of its bytes)."""
+
+    file: str
+    sha256: str
+
+    @classmethod
+    def of(cls, path: Path | str) -> Digest:
+        return cls(file=Path(path).name, sha256=sha256_file(path))
+
+
+@dataclass(frozen=True)
+class Contract:
+    family: str                      # the registry name, e.g. piper_decoder
+    stage: str                       # decoder, encoder, generator, vocoder, estimator
+    inputs: tuple[Tensor, ...]
+    outputs: tuple[Tensor, ...]
+    source: Digest                   # the model the stage was carved from
+    producer: str                    # the stage-1 command that made the graph
+    params: Mapping[str, Any] = field(default_factory=dict)  # family-specific (hop, dec_mask, ...)
+    window: Window | None = None
+    state: tuple[tuple[str, str], ...] = ()  # (input, output) pairs carried from step to step
+    target: str | None = None        # stage 2: the SoC the engine was compiled for
+    toolkit: str | None = None       # stage 2: the toolkit that compiled it
+    onnx: Digest | None = None       # stage 2: the graph the engine was compiled from
+    engine: Digest | None = None     # stage 2: the engine's own bytes
+    schema: int = SCHEMA
+
+    # --- reading ------------------------------------------------------------------------
+    def tensor(self, name: str) -> Tensor:
+        for t in self.inputs + self.outputs:
+            if t.name == name:
+                return t
+        raise KeyError(f"the {self.family} contract has no tensor {name!r}")
+
+    def role(self, role: str, outputs: bool = False) -> list[Tensor]:
+        return [t for t in (self.outputs if outputs else self.inputs) if t.role == role]
+
+    @property
+    def input_names(self) -> list[str]:
+        return [t.name for t in self.inputs]
+
+    @property
+    def remake(self) -> str:
+        """The command that makes a matching graph (stage 1), then an engine (stage 2 with --onnx)."""
+        return self.producer
+
+    def engine_name(self, target: str, key: str) -> str:
+        """The one naming scheme for engines: family, compiled frame width, target, and a key (the
+        compiled graph's digest beside a stage-1 graph; the build's digest in the cache)."""
+        width = self.window.frames if self.window else next(
+            (t.frames for t in self.inputs if t.frames is not None), None)
+        tag = f"w{width}" if width is not None else "fixed"
+        return f"{self.family}-{tag}-{target}-{key}.rknn"
+
+    # --- writing ------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["inputs"] = [asdict(t) for t in self.inputs]
+        d["outputs"] = [asdict(t) for t in self.outputs]
+        d["state"] = [{"input": i, "output": o} for i, o in self.state]
+        d["params"] = dict(self.params)
+        return {k: d[k] for k in FIELDS}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, indent=1)
+
+    def compiled(self, *, target: str, toolkit: str, onnx_path: Path | str, engine_path: Path | str) -> Contract:
+        """The stage-2 contract: this one plus the target, toolkit, compiled graph and engine digests."""
+        from dataclasses import replace
+
+        return replace(self, target=target, toolkit=toolkit, onnx=Digest.of(onnx_path),
+                       engine=Digest.of(engine_path))
+
+    def write_beside(self, engine_path: Path | str) -> Path:
+        """`<engine>.contract.json`, the file the board side reads."""
+        return atomic.write_text(beside(engine_path), self.to_json() + "\n")
+
+    # --- checks at load -----------------------------------------------------------------
+    def check_engine(self, engine_path: Path | str) -> None:
+        """The engine's bytes are the ones this contract was written for."""
+        if self.engine is None or self.target is None:
+            raise EngineMismatch(f"the contract beside {Path(engine_path).name} is a stage-1 contract "
+                                 f"(no target, no engine digest); convert the graph with `{self.remake_engine()}`")
+        actual = sha256_file(engine_path)
+        if actual != self.engine.sha256:
+            raise EngineMismatch(f"{Path(engine_path).name} has changed since it was converted (sha256 "
+                                 f"{actual[:12]}, the contract says {self.engine.sha256[:12]}); "
+                                 f"convert it again with `{self.remake_engine()}`")
+
+    def check_target(self, soc: str | None) -> None:
+        """The engine was compiled for this board's SoC (an .rknn is not portable between chips)."""
+        if soc is not None and self.target is not None and soc != self.target:
+            raise EngineMismatch(f"this engine was compiled for {self.target} and this board is {soc}; "
+                                 f"convert the graph for it with `{self.remake_engine(target=soc)}`")
+
+    def check_source(self, model_path: Path | str) -> None:
+        """The model passed in is the one the stage was carved from."""
+        actual = sha256_file(model_path)
+        if actual != self.source.sha256:
+            raise EngineMismatch(f"{Path(model_path).name} (sha256 {actual[:12]}) is not the model this "
+                                 f"engine was made from ({self.source.file}, sha256 {self.source.sha256[:12]}); "
+                                 f"make one from it with `{self.remake}`")
+
+    def check_family(self, family: str) -> None:
+        if self.family != family:
+            raise EngineMismatch(f"this is a {self.family} engine, not a {family} one; make a {family} "
+                                 f"engine with `rkstudy {family.replace('_', ' ', 1)} --help`")
+
+    def remake_engine(self, target: str | None = None) -> str:
+        cmd = self.family.replace("_", " ", 1)
+        graph = self.onnx.file if self.onnx else "slice.onnx"
+        return f"rkstudy {cmd} --onnx <{graph}> --target {target or self.target or 'rk3588'}"
+
+
+def beside(engine_path: Path | str) -> Path:
+    return Path(engine_path).with_suffix(".contract.json")
+
+
+# --- parsing and validation --------------------------------------------------------------------
+def _refuse(what: str, remake: str) -> EngineMismatch:
+    return EngineMismatch(f"{what}; make a matching one with `{remake}`")
+
+
+def _keys(obj, expected: Sequence[str], where: str, remake: str, optional: Sequence[str] = ()) -> dict:
+    if not isinstance(obj, dict):
+        raise _refuse(f"{where} is {type(obj).__name__}, not an object", remake)
+    missing = [k for k in expected if k not in obj and k not in optional]
+    unknown = [k for k in obj if k not in expected]
+    if missing:
+        raise _refuse(f"{where} has no {', '.join(missing)}", remake)
+    if unknown:
+        raise _refuse(f"{where} has unknown field(s) {', '.join(unknown)} (written by another rkstudy?)", remake)
+    return obj
+
+
+def _int(value, what: str, remake: str, minimum: int = 0) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise _refuse(f"{what} is {value!r}, not an integer >= {minimum}", remake)
+    return value
+
+
+def _tensor(d, where: str, remake: str) -> Tensor:
+    d = _keys(d, TENSOR_FIELDS, where, remake)
+    name = d["name"]
+    if not isinstance(name, str) or not name:
+        raise _refuse(f"{where} has no name", remake)
+    if not isinstance(d["shape"], list) or not d["shape"]:
+        raise _refuse(f"{where} ({name}) has no shape", remake)
+    shape = tuple(_int(x, f"{where} ({name}) shape entry", remake, 1) for x in d["shape"])
+    if d["dtype"] not in DTYPES:
+        raise _refuse(f"{where} ({name}) has dtype {d['dtype']!r}; known: {', '.join(DTYPES)}", remake)
+    if d["role"] not in ROLES:
+        raise _refuse(f"{where} ({name}) has role {d['role']!r}; known: {', '.join(ROLES)}", remake)
+    axis = d["axis"]
+    if d["role"] in ("walked", "padded", "mask"):
+        if not isinstance(axis, int) or not -len(shape) <= axis < len(shape):
+            raise _refuse(f"{where} ({name}) is {d['role']} but has no valid frame axis ({axis!r})", remake)
+        axis %= len(shape)
+    elif axis is not None:
+        raise _refuse(f"{where} ({name}) is {d['role']} and cannot have a frame axis", remake)
+    t = Tensor(name=name, shape=shape, dtype=d["dtype"], role=d["role"], axis=axis,
+               rate=_int(d["rate"], f"{where} ({name}) rate", remake, 1),
+               extra=_int(d["extra"], f"{where} ({name}) extra", remake, 0))
+    if t.axis is not None and (shape[t.axis] - t.extra) % t.rate:
+        raise _refuse(f"{where} ({name}) length {shape[t.axis]} is not {t.rate} x frames + {t.extra}", remake)
+    return t
+
+
+def _digest(d, where: str, remake: str) -> Digest | None:
+    if d is None:
+        return None
+    d = _keys(d, DIGEST_FIELDS, where, remake)
+    if not (isinstance(d["sha256"], str) and len(d["sha256"]) == 64):
+        raise _refuse(f"{where} has no sha256", remake)
+    return Digest(file=str(d["file"]), sha256=d["sha256"])
+
+
+def from_dict(d: Mapping, *, remake: str = DEFAULT_REMAKE) -> Contract:
+    """A validated Contract from its JSON form; EngineMismatch naming `remake` when anything is off."""
+    if not isinstance(d, dict):
+        raise _refuse("the contract is not a JSON object", remake)
+    remake = d.get("producer") if isinstance(d.get("producer"), str) and d.get("producer") else remake
+    if d.get("schema") != SCHEMA:
+        raise _refuse(f"the contract has schema version {d.get('schema')!r} and this rkstudy reads {SCHEMA}",
+                      remake)
+    _keys(d, FIELDS, "the contract", remake)
+    for key in ("family", "stage", "producer"):
+        if not isinstance(d[key], str) or not d[key]:
+            raise _refuse(f"the contract's {key} is {d[key]!r}", remake)
+    for key in ("inputs", "outputs"):
+        if not isinstance(d[key], list) or not d[key]:
+            raise _refuse(f"the contract lists no {key}", remake)
+    inputs = tuple(_tensor(t, f"input {i}", remake) for i, t in enumerate(d["inputs"]))
+    outputs = tuple(_tensor(t, f"output {i}", remake) for i, t in enumerate(d["outputs"]))
+    names = [t.name for t in inputs + outputs]
+    if len(set(names)) != len(names):
+        raise _refuse(f"the contract names a tensor twice ({', '.join(sorted(names))})", remake)
+    window = None
+    if d["window"] is not None:
+        w = _keys(d["window"], WINDOW_FIELDS, "the window", remake)
+        window = Window(**{k: _int(w[k], f"window {k}", remake, 0) for k in WINDOW_FIELDS})
+        if window.frames != window.emit + 2 * window.context or window.emit < 1 or not 1 <= window.hop <= window.emit:
+            raise _refuse(f"the window {w} is not frames = emit + 2 x context with 1 <= hop <= emit", remake)
+    if not isinstance(d["state"], list):
+        raise _refuse("the contract's state is not a list", remake)
+    state = []
+    for i, s in enumerate(d["state"]):
+        s = _keys(s, ("input", "output"), f"state {i}", remake)
+        ins, outs = {t.name: t for t in inputs}, {t.name: t for t in outputs}
+        if s["input"] not in ins or s["output"] not in outs:
+            raise _refuse(f"state {i} pairs {s['input']!r} with {s['output']!r}, which are not an input and "
+                          "an output of this contract", remake)
+        if ins[s["input"]].shape != outs[s["output"]].shape or ins[s["input"]].role != "state":
+            raise _refuse(f"state {i}: {s['input']} and {s['output']} must both be state tensors of one shape", remake)
+        state.append((s["input"], s["output"]))
+    if not isinstance(d["params"], dict):
+        raise _refuse("the contract's params is not an object", remake)
+    for key in ("target", "toolkit"):
+        if d[key] is not None and not isinstance(d[key], str):
+            raise _refuse(f"the contract's {key} is {d[key]!r}", remake)
+    return Contract(family=d["family"], stage=d["stage"], inputs=inputs, outputs=outputs,
+                    source=_digest(d["source"], "the source", remake), producer=d["producer"],
+                    params=dict(d["params"]), window=window, state=tuple(state), target=d["target"],
+                    toolkit=d["toolkit"], onnx=_digest(d["onnx"], "the compiled graph", remake),
+                    engine=_digest(d["engine"], "the engine", remake), schema=d["schema"])
+
+
+def from_json(text: str, *, where: str, remake: str = DEFAULT_REMAKE) -> Contract:
+    try:
+        d = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise _refuse(f"{where} is not valid JSON ({exc.msg} at line {exc.lineno})", remake) from None
+    return from_dict(d, remake=remake)
+
+
+def from_metadata(props: Mapping[str, str], *, where: str, remake: str) -> Contract:
+    """The contract stored in an ONNX graph's metadata_props (as a plain dict: no onnx import here)."""
+    if METADATA_KEY not in props:
+        raise EngineMismatch(f"{where} carries no stage contract; produce it with `{remake}`")
+    return from_json(props[METADATA_KEY], where=f"the contract in {where}", remake=remake)
+
+
+def for_engine(engine_path: Path | str, *, family: str | None = None, soc: str | None = None,
+               source: Path | str | None = None, remake: str | None = None) -> Contract:
+    """Load and check the contract beside an engine: present, valid, this family, the engine's bytes
+    unchanged, compiled for `soc` (when given) and carved from `source` (when given)."""
+    engine_path = Path(engine_path)
+    remake = remake or (f"rkstudy {family.replace('_', ' ', 1)} --help" if family else "rkstudy --help")
+    if not engine_path.is_file():
+        raise EngineMismatch(f"no engine at {engine_path}; make one with `{remake}`")
+    path = beside(engine_path)
+    if not path.is_file():
+        raise EngineMismatch(f"no contract beside {engine_path.name} ({path.name}); the conversion stage writes "
+                             f"it: make the engine with `{remake}`")
+    c = from_json(path.read_text(encoding="utf-8"), where=path.name, remake=remake)
+    if family:
+        c.check_family(family)
+    c.check_engine(engine_path)
+    c.check_target(soc)
+    if source is not None:
+        c.check_source(source)
+    return c

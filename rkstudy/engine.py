@@ -1,0 +1,130 @@
+"""One engine path for every family (host): gate the simulator against fp32, and stage 2 (convert a
+produced graph: compile, gate, write the compiled contract beside the engine).
+
+Building is rkstudy.build.build_engine (its BuildReport.row() is every family's build row); running
+on a board is rkstudy.board.run. Families supply only their inputs and, where white noise is not a
+valid input (token ids), a probe of their own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from . import gates, graph
+from .build import BuildReport
+from .cache import sha256_file
+from .contract import Contract, from_metadata
+from .results import toolkit_version
+from .runtime import OrtRunner, SimulatorRunner
+
+ALIVE_GATE = gates.Gate("simulator_vs_fp32_probe", 15.0)  # the fp16 noise floor sits at 22-36 dB on real decoders
+
+
+@dataclass
+class Simulated:
+    """What simulator_vs_fp32 measured: one row per item, the build, and both sides' outputs."""
+
+    rows: list[dict]
+    report: BuildReport
+    fp32: list = field(default_factory=list)
+    simulator: list = field(default_factory=list)
+    seconds: list = field(default_factory=list)
+
+    @property
+    def worst_snr_db(self) -> float:
+        return min((r["snr_db"] for r in self.rows), default=float("inf"))
+
+
+def compare_outputs(ref: Sequence[np.ndarray], test: Sequence[np.ndarray], names: Sequence[str] | None = None) -> dict:
+    """SNR, max |diff|, non-finite count and RMS ratio of each output pair, and the worst SNR."""
+    row = {}
+    names = names or [f"out{i}" for i in range(len(ref))]
+    for name, a, b in zip(names, ref, test):
+        row[f"{name}_snr_db"] = gates.snr_db(a, b)
+        row[f"{name}_max_diff"] = float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
+        row[f"{name}_nonfinite"] = gates.nonfinite_count(b)
+    row["snr_db"] = min(row[f"{n}_snr_db"] for n in names)
+    return row
+
+
+def simulator_vs_fp32(onnx_path: Path | str, target: str, items: Iterable, *,
+                      run: Callable | None = None, compare: Callable | None = None, out=None,
+                      gate: gates.Gate | None = None, keep: bool = False) -> Simulated:
+    """Build `onnx_path` for `target` in a simulator child and run every item through the simulator
+    and through onnxruntime fp32 on the same graph.
+
+    `run(runner, item) -> list of outputs` says how an item runs (default: `runner.run(item)`; a
+    family walks a latent through its sidecar here); `compare(ref, test, item) -> row` scores a
+    pair (default: compare_outputs). Each row carries where/target from the simulator; with
+    `gate`, the worst row's `snr_db` is checked (GateFailed names both numbers).
+    """
+    import time
+
+    run = run or (lambda runner, item: runner.run(item))
+    compare = compare or (lambda ref, test, item: compare_outputs(ref, test))
+    ref_runner = OrtRunner(onnx_path)
+    result = Simulated(rows=[], report=None)
+    with SimulatorRunner(onnx_path, target, out=out) as sim:
+        result.report = sim.report
+        for item in items:
+            ref = run(ref_runner, item)
+            t0 = time.perf_counter()
+            test = run(sim, item)
+            result.seconds.append(time.perf_counter() - t0)
+            result.rows.append({**compare(ref, test, item), "where": sim.where, "target": sim.target})
+            if keep:
+                result.fp32.append(ref)
+                result.simulator.append(test)
+    if gate is not None:
+        gate.check(result.worst_snr_db, context=f"{target} simulator vs fp32, worst of {len(result.rows)}")
+    return result
+
+
+def probe_feeds(contract: Contract, seed: int = 0) -> list[dict]:
+    """One input set for a contract whose inputs are all floats: white noise on walked, padded and
+    constant inputs, ones on masks, a zero cache on state inputs. Families with token inputs pass
+    their own probe to convert()."""
+    rng = np.random.default_rng(seed)
+    feed = {}
+    for t in contract.inputs:
+        if t.dtype != "float32":
+            raise ValueError(f"{t.name} is {t.dtype}: white noise is no valid input; pass a probe")
+        if t.role == "mask":
+            feed[t.name] = np.ones(t.shape, np.float32)
+        elif t.role == "state":
+            feed[t.name] = np.zeros(t.shape, np.float32)
+        else:
+            feed[t.name] = rng.standard_normal(t.shape).astype(np.float32)
+    return [feed]
+
+
+@dataclass
+class Converted:
+    engine: Path
+    contract: Contract
+    simulated: Simulated
+
+
+def convert(onnx_path: Path | str, target: str, out: Path | str | None = None, *,
+            probe: Callable[[Contract], list] | None = None, run: Callable | None = None,
+            gate: gates.Gate = ALIVE_GATE, remake: str = "the family's stage-1 command") -> Converted:
+    """Stage 2 for every family: read the contract back out of the graph (restating nothing), build
+    the engine and, in the same child, gate the simulator against fp32 on the probe inputs, then
+    write the compiled contract (target, toolkit, graph and engine digests) beside the engine."""
+    onnx_path = Path(onnx_path)
+    contract = from_metadata(graph.metadata(onnx_path), where=onnx_path.name, remake=remake)
+    engine = Path(out) if out else onnx_path.parent / contract.engine_name(target, sha256_file(onnx_path)[:12])
+    items = (probe or probe_feeds)(contract)
+    simulated = simulator_vs_fp32(onnx_path, target, items, run=run, out=engine)
+    try:
+        gate.check(simulated.worst_snr_db, context=f"{target} simulator vs fp32 on the probe")
+    except gates.GateFailed:
+        engine.unlink(missing_ok=True)  # an engine that failed its gate gets no contract and is not kept
+        raise
+    compiled = contract.compiled(target=target, toolkit=toolkit_version(), onnx_path=onnx_path, engine_path=engine)
+    compiled.write_beside(engine)
+    return Converted(engine=engine, contract=compiled, simulated=simulated)

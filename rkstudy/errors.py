@@ -1,0 +1,51 @@
+"""The error classes a command can end in, and the exit code each means.
+
+Exit 0: everything passed. Exit 1: a gate or a build failed (the measurement is the answer, and it
+says no). Exit 2: bad usage or input that cannot be used (a missing or corrupt file, a wrong name, a
+shape that does not parse, an engine that does not match). Every message is one line naming the fix.
+
+Board side: standard library only.
+"""
+
+from __future__ import annotations
+
+
+class RkstudyError(Exception):
+    """Base of the errors the command line turns into one line and an exit code."""
+
+    exit_code = 1
+
+
+class UsageError(RkstudyError, ValueError):
+    """Bad arguments: conflicting flags, a value out of range, a name that is not there."""
+
+    exit_code = 2
+
+
+class InputError(RkstudyError, ValueError):
+    """An input that cannot be used: a missing, empty, truncated or corrupt file."""
+
+    exit_code = 2
+
+
+class EngineMismatch(InputError):
+    """An engine, slice or contract that does not fit what it is used with (another voice, another
+    SoC, another schema, bytes changed after conversion). The message names the command that makes
+    a matching one."""
+
+
+class NeedsConverter(UsageError):
+    """A host-only step (graph surgery, a build, the simulator) asked for where the converter
+    environment is not installed, such as on a board."""
+
+
+class Failed(RkstudyError):
+    """A gate or a build said no. Exit 1."""
+
+    exit_code = 1
+
+
+def one_line(text: str, limit: int = 400) -> str:
+    """`text` folded onto one line (compiler and protobuf messages span many)."""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"

@@ -1,0 +1,13 @@
+"""The Inflect v2 decode.onnx contract: the same seam inside a decode.onnx with a noise head, carved
+from the Piper voice, through the shared decoder producer and sidecar.
+
+carve.py (host: the decode.onnx, prior samples) · study.py (context sweep, notebook 01) ·
+cli.py (`rkstudy inflect decoder`). Its engines run on a board through the Piper decoder sidecar.
+"""
+
+from .. import Family, register
+
+FAMILY = register(Family(
+    name="inflect_decoder", title="Inflect v2 decode.onnx contract, carved from the Piper voice (256-frame window)",
+    notebook="01_piper_decoder.ipynb", command=("inflect", "decoder"),
+    cli="rkstudy.families.inflect_decoder.cli:add_cli"))

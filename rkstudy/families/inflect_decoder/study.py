@@ -1,0 +1,32 @@
+"""The Inflect v2 contract's measurements (host): the context sweep on the model's own prior samples."""
+
+from __future__ import annotations
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from ... import gates
+from ...runtime import OrtRunner
+from ..piper_decoder.producer import produce_for_voice
+from ..piper_decoder.study import FullDecoder, per_window_rows, sidecar
+from .carve import EMIT, DecodeModel
+
+CONTEXT_SWEEP = (0, 20, 24, 32)       # the seeds' measured points
+SWEEP_FRAMES = 480                    # the seeds measured the sweep on 480-slice prior samples
+
+
+def context_sweep(decode: DecodeModel, z: np.ndarray, contexts=CONTEXT_SWEEP, emit: int = EMIT,
+                  dec_mask: bool = True, progress: bool = True) -> list[dict]:
+    """Windowed fp32 decode of one prior sample at each context against a full-length decode."""
+    ref = FullDecoder(decode.model, decode.seam).decode(z)
+    rows = []
+    for context in tqdm(contexts, desc="contexts", disable=not progress):
+        produced = produce_for_voice(decode, emit=emit, context=context, dec_mask=dec_mask)
+        runner = OrtRunner(produced.model)
+        test = sidecar(decode, runner, produced.contract).decode(z, progress=False)
+        per = per_window_rows(ref, test, z.shape[1], emit, context, decode.hop)
+        rows.append({"frames": z.shape[1], "emit": emit, "context": context, "window": emit + 2 * context,
+                     "dec_mask": dec_mask, "snr_db": gates.snr_db(ref, test),
+                     "min_window_snr_db": min(r["snr_db"] for r in per), "windows": len(per),
+                     "where": runner.where})
+    return rows

@@ -1,0 +1,13 @@
+"""Piper (VITS) decoder on the NPU: the pre-flow latent and its mask in, audio out, walked by window.
+
+seam and front end: rkstudy.families.piper.voice · producer.py (host) · sidecar.py (board side) ·
+study.py (host measurements, notebook 01) · cli.py (`rkstudy piper decoder`, `rkstudy piper latents`) ·
+board.py (`rkstudy board run piper_decoder`).
+"""
+
+from .. import Family, register
+
+FAMILY = register(Family(
+    name="piper_decoder", title="Piper (VITS) decoder: pre-flow latent -> audio, fixed-window walk",
+    notebook="01_piper_decoder.ipynb", command=("piper", "decoder"),
+    cli="rkstudy.families.piper_decoder.cli:add_cli", board="rkstudy.families.piper_decoder.board:add_board"))

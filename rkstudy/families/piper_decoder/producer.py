@@ -1,0 +1,139 @@
+"""Stage 1 of the Piper (VITS) decoder (host): slice at the inverse-flow input, pin, fold, mask,
+and write the stage contract into the graph.
+
+The seam is the pre-flow latent z [1,C,N] and its frame mask y_mask [1,1,N] (plus g for a
+multi-speaker voice): the flow belongs to the decoder half, and the latent a runtime has on
+hand is the pre-flow one. The slice is pinned to one window (RKNN has no dynamic shapes),
+folded with onnxslim (the export sizes tensors through Shape -> ConstantOfShape, which the
+compiler cannot fold), optionally given the decoder mask (rkstudy.graph.decmask), and stamped
+with its contract in the ONNX metadata, so the conversion stage and the sidecar read the window,
+hop and channels back out of the graph instead of restating them.
+
+What is Piper-specific here is only the seam and the defaults; the Inflect v2 decoder
+(rkstudy.families.inflect_decoder) runs the same producer with its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+
+from ... import atomic, cache, graph
+from ...contract import METADATA_KEY, Contract, Digest, Tensor, Window, from_metadata
+from ...graph.decmask import mask_decoder
+from ..piper.voice import DecoderModel, DecoderSeam, decoder_hop, find_decoder_seam, latent_channels
+
+FAMILY = "piper_decoder"
+DEFAULT_EMIT, DEFAULT_CONTEXT = 45, 24      # the seeds' 93-frame window (measured, not inherited)
+PRODUCER = "rkstudy piper decoder --voice-onnx <voice.onnx> --skip-rknn --output decoder_z.onnx"
+
+
+@dataclass
+class Produced:
+    """A produced slice: the graph (contract in its metadata), the contract, census before/after."""
+
+    model: onnx.ModelProto
+    contract: Contract
+    before: graph.Census
+    after: graph.Census
+
+    def save(self, path=None) -> Path:
+        """Write the slice (default: the cache, keyed by its bytes) and return the path. An explicit
+        path is always rewritten; both go through a temporary file and a rename."""
+        data = self.model.SerializeToString()
+        if path is None:
+            c = self.contract
+            p = c.params
+            name = (f"{c.family}_w{c.window.frames}_e{c.window.emit}{'_decmask' if p['dec_mask'] else ''}"
+                    f"{'_resize' if p['upsampler'] == 'resize' else ''}")
+            return cache.cached_bytes("slices", name, data, ".onnx")
+        return atomic.write_bytes(path, data)
+
+
+def decoder_graph(model: onnx.ModelProto, seam: DecoderSeam, window: int | None = None) -> onnx.ModelProto:
+    """The decoder half with inputs named z / y_mask (/ g) and output audio; pinned to
+    `window` frames when given, dynamic (any length, onnxruntime only) otherwise."""
+    names = {seam.z: "z", seam.y_mask: "y_mask", seam.audio: "audio", **({seam.g: "g"} if seam.g else {})}
+    sliced = graph.rename(graph.slice_at(model, seam.inputs, [seam.audio]), names)
+    if window is None:
+        return sliced
+    return graph.pin_shapes(sliced, window_shapes(sliced, window))
+
+
+def speaker_dims(model: onnx.ModelProto) -> int | None:
+    """gin, the speaker embedding's width, when the slice has a `g` input."""
+    g = next((i for i in model.graph.input if i.name == "g"), None)
+    if g is None:
+        return None
+    dims = g.type.tensor_type.shape.dim
+    if len(dims) < 2 or not dims[1].HasField("dim_value"):
+        raise graph.SeamNotFound("the speaker input g has no fixed width; is this a VITS multi-speaker voice?")
+    return dims[1].dim_value
+
+
+def window_shapes(model: onnx.ModelProto, window: int) -> dict[str, tuple[int, ...]]:
+    shapes = {"z": (1, latent_channels(model), window), "y_mask": (1, 1, window)}
+    gin = speaker_dims(model)
+    if gin is not None:
+        shapes["g"] = (1, gin, 1)
+    return shapes
+
+
+def source_digest(path) -> Digest:
+    return Digest.of(path)
+
+
+def decoder_contract(*, family: str, window: int, emit: int, context: int, hop: int, channels: int,
+                     gin: int | None, sample_rate: int, dec_mask: bool, upsampler: str, source: Digest,
+                     producer: str) -> Contract:
+    """The stage contract of a windowed VITS decoder: z walked at 1/frame, y_mask made by the walker,
+    g a constant (multi-speaker voices), audio out at `hop` samples per frame."""
+    inputs = [Tensor("z", (1, channels, window), role="walked", axis=2),
+              Tensor("y_mask", (1, 1, window), role="mask", axis=2)]
+    if gin is not None:
+        inputs.append(Tensor("g", (1, gin, 1), role="constant"))
+    return Contract(family=family, stage="decoder", inputs=tuple(inputs),
+                    outputs=(Tensor("audio", (1, 1, window * hop), role="walked", axis=2, rate=hop),),
+                    source=source, producer=producer,
+                    params={"hop": hop, "channels": channels, "sample_rate": sample_rate, "dec_mask": dec_mask,
+                            "upsampler": upsampler if dec_mask else "", "speaker_dims": gin or 0},
+                    window=Window(frames=window, emit=emit, context=context, hop=emit))
+
+
+def produce(model: onnx.ModelProto, *, source: Digest, emit: int = DEFAULT_EMIT, context: int = DEFAULT_CONTEXT,
+            dec_mask: bool = False, upsampler: str = "convtranspose", sample_rate: int = 22050,
+            family: str = FAMILY, seam: DecoderSeam | None = None, producer: str = PRODUCER) -> Produced:
+    """Slice at the decoder seam, pin to one window, fold, optionally mask the decoder, and write
+    the contract into the graph."""
+    seam = seam or find_decoder_seam(model)
+    window = emit + 2 * context
+    pinned = decoder_graph(model, seam, window)
+    before = graph.census(pinned)
+    folded = graph.fold(pinned, window_shapes(pinned, window))
+    if dec_mask:
+        folded = mask_decoder(folded, "y_mask", upsampler=upsampler)
+    after = graph.census(folded)
+    contract = decoder_contract(family=family, window=window, emit=emit, context=context, hop=decoder_hop(model),
+                                channels=latent_channels(model), gin=speaker_dims(pinned),
+                                sample_rate=sample_rate, dec_mask=dec_mask, upsampler=upsampler,
+                                source=source, producer=producer)
+    return Produced(graph.with_metadata(folded, **{METADATA_KEY: contract.to_json()}), contract, before, after)
+
+
+def produce_for_voice(voice: DecoderModel, **kw) -> Produced:
+    """`produce` for anything with a model, seam, ONNX path and sample rate (a Voice, a DecodeModel);
+    the contract records the command that makes the same slice."""
+    kw.setdefault("family", voice.family)
+    kw.setdefault("producer", voice.producer_command(emit=kw.get("emit", DEFAULT_EMIT),
+                                                     context=kw.get("context", DEFAULT_CONTEXT),
+                                                     dec_mask=kw.get("dec_mask", False)))
+    return produce(voice.model, source=source_digest(voice.onnx_path), sample_rate=voice.sample_rate,
+                   seam=voice.seam, **kw)
+
+
+def read_contract(model, remake: str = PRODUCER) -> Contract:
+    """The contract a produced slice carries (EngineMismatch naming `remake` when it has none)."""
+    name = Path(model).name if isinstance(model, (str, Path)) else "this ONNX"
+    return from_metadata(graph.metadata(model), where=name, remake=remake)

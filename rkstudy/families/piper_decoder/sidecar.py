@@ -1,0 +1,44 @@
+"""The Piper decoder sidecar (board side): a latent of any length in, PCM out, through any runner
+of a produced window engine (fp32, simulator, board, replay).
+
+Board side: numpy and tqdm only.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...contract import Contract
+from ...errors import EngineMismatch
+from ...sidecar import WindowSidecar
+
+
+class DecoderSidecar:
+    """Validates the engine against the voice at init (channels, hop; the window against the
+    runner's shapes) and refuses a mismatch with the command that produces a matching one."""
+
+    def __init__(self, runner, contract: Contract, *, channels: int, hop: int, speaker_dims: int = 0):
+        p = contract.params
+        problems = []
+        if p.get("channels") != channels:
+            problems.append(f"the engine takes {p.get('channels')} latent channels, the voice has {channels}")
+        if p.get("hop") != hop:
+            problems.append(f"the engine voices {p.get('hop')} samples per frame, the voice {hop}")
+        if p.get("speaker_dims", 0) != speaker_dims:
+            problems.append(f"the engine takes a {p.get('speaker_dims', 0)}-wide speaker embedding, the voice "
+                            f"has {speaker_dims}")
+        if problems:
+            raise EngineMismatch("; ".join(problems) + f". Produce an engine for this voice with `{contract.remake}`")
+        self.window = WindowSidecar(runner, contract)
+        self.runner, self.contract = runner, contract
+
+    def decode(self, z: np.ndarray, g: np.ndarray | None = None, progress: bool = True) -> np.ndarray:
+        """PCM (float, [-1, 1]) for a pre-flow latent z [C, N] (and speaker embedding g [gin, 1])."""
+        c = self.contract
+        if z.ndim != 2 or z.shape[0] != c.params["channels"]:
+            raise EngineMismatch(f"latent has shape {z.shape}; this engine takes [{c.params['channels']}, N]")
+        if c.params.get("speaker_dims") and g is None:
+            raise EngineMismatch("this engine was produced from a multi-speaker voice: pass the speaker embedding g")
+        (audio,) = self.window.run(z.shape[1], {"z": z}, {"g": g} if g is not None else None,
+                                   progress=progress, desc="decoder windows")
+        return audio.reshape(-1)

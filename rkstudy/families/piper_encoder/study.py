@@ -1,0 +1,333 @@
+"""The duration encoder's measurements (host): what notebook 02 calls.
+
+Fidelity per width in the simulator, the rewrite's cost in bytes (growth in the width), the fp16
+duration drift in latent frames per chunk, and the ladder end to end. Rows carry where/target
+from the runner that produced them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from ... import gates, graph
+from ...build import build_engine
+from ...cache import cache_dir, sha256_file
+from ...engine import simulator_vs_fp32
+from ...results import HOST
+from ...runtime import OrtRunner, SimulatorRunner
+from ..piper import voice as piper
+from .producer import Product, both, counts_for, produce
+from .seam import encoder_slice, find_encoder_seam
+from .sidecar import FALLBACK, Ladder, LadderEngine
+from .tokens import chunk_ids, pad_ids, real_tokens
+
+SIM_GATE = gates.Gate("simulator_vs_fp32", 30.0)  # seeds' board: 40-48 dB; simulator 55-61 dB
+QUICK_WIDTHS = (32, 64)
+FULL_WIDTHS = (64, 96, 128, 192)
+# Built for the growth fit only (no simulator run). The converter's peak RSS grows with the
+# engine: ~5 GB at 192, ~6.7 GB at 256, ~12.3 GB (11.5 GiB) at 320; 384 (the seeds' 2.9 GB
+# engine) would pass the ~12 GiB a build may take on this shared 24 GiB machine.
+SIZE_ONLY_WIDTHS = (256, 320)
+SEEDS_LADDER = (128, 192)
+
+
+def config(quick: bool) -> dict:
+    """Widths and chunkings per mode. Quick (CI, 2 cores, well under 5 minutes): two narrow
+    widths and short chunks. Full: the seeds' widths up to 192 simulated, wider ones built for
+    the size fit while the converter stays under ~12 GiB (see SIZE_ONLY_WIDTHS). The full ladder
+    text is chunked at 100 characters: 8 chunks of 17-225 tokens, like the seeds' 8 chunks, so
+    the {128, 192} ladder has chunks on both rungs and one above."""
+    if quick:
+        return {"widths": QUICK_WIDTHS, "size_only": (), "chunk_chars": (20,),
+                "ladder": QUICK_WIDTHS, "ladder_chars": 20, "census_width": 64,
+                "sensitivity_chunks": 3, "sensitivity_draws": 1}
+    return {"widths": FULL_WIDTHS, "size_only": SIZE_ONLY_WIDTHS, "chunk_chars": (25, 40, 60, 120),
+            "ladder": SEEDS_LADDER, "ladder_chars": 100, "census_width": 128,
+            "sensitivity_chunks": 12, "sensitivity_draws": 3}
+
+
+def study_text() -> str:
+    """A long multi-sentence text: every shipped text back to back."""
+    return " ".join(piper.read_text(name) for name in ("paragraph", "phone", "short"))
+
+
+def drift_chunks(voice: piper.Voice, text: str, sizes: Sequence[int]) -> list[tuple[str, list[int]]]:
+    """Chunks of `text` at several chunk sizes (duplicates dropped), so every width sees real
+    chunks of several lengths."""
+    seen, out = set(), []
+    for size in sizes:
+        for chunk, ids in chunk_ids(voice, text, size):
+            if tuple(ids) not in seen:
+                seen.add(tuple(ids))
+                out.append((chunk, ids))
+    return sorted(out, key=lambda c: len(c[1]))
+
+
+# --- fidelity and size per width ----------------------------------------------------------
+def simulate_width(voice: piper.Voice, frames: int, target: str = "rk3588",
+                   counts: Sequence[int] | None = None, chunks: Sequence[Sequence[int]] = ()) -> dict:
+    """Build the width-N engine in a simulator child, run the fidelity counts (against the raw
+    dynamic slice at exact length) and the given chunks (kept for the drift).
+
+    Returns {"fidelity": rows, "size": row, "outputs": {chunk index: (stats, cond)}}.
+    """
+    product = produce(voice, frames)
+    raw = OrtRunner(product.raw)
+    items = [("count", n, real_tokens(voice, n)) for n in counts or counts_for(frames)]
+    items += [("chunk", k, list(ids)) for k, ids in enumerate(chunks) if len(ids) <= frames]
+
+    def run(runner, item):
+        kind, n, ids = item
+        got = runner.run(pad_ids(ids, frames))
+        return [o[..., : len(ids)] for o in got]
+
+    def compare(ref_unused, test, item):
+        kind, n, ids = item
+        m = both(raw.run(piper.ids_feed(ids)), test, len(ids))
+        return {"kind": kind, "key": n, "frames": frames, "tokens": len(ids), "stats_snr_db": m["stats_snr_db"],
+                "cond_snr_db": m["cond_snr_db"], "snr_db": min(m["stats_snr_db"], m["cond_snr_db"]),
+                "nonfinite": gates.nonfinite_count(test[0]) + gates.nonfinite_count(test[1])}
+
+    engine = cache_dir("engines") / product.contract.engine_name(target, sha256_file(product.path)[:12])
+    sim = simulator_vs_fp32(product.path, target, items, run=run, compare=compare, keep=True, out=engine)
+    fid = [{k: r[k] for k in ("frames", "tokens", "stats_snr_db", "cond_snr_db", "nonfinite")}
+           | SIM_GATE.row(r["snr_db"]) | {"where": r["where"], "target": r["target"]}
+           for r in sim.rows if r["kind"] == "count"]
+    outputs = {item[1]: (out[0], out[1]) for item, out in zip(items, sim.simulator) if item[0] == "chunk"}
+    return {"fidelity": fid, "size": size_row(product, sim.report), "outputs": outputs, "product": product}
+
+
+def size_row(product: Product, report) -> dict:
+    c = graph.census(product.rewritten, with_axis=False)
+    return {"frames": product.frames, "onnx_initializer_bytes": c.initializer_bytes,
+            "engine_bytes": report.engine_bytes,
+            "build_s": round(report.seconds, 1), "regtask": report.regtask,
+            "converter_peak_gb": round(report.peak_rss_mb / 1024, 2), "status": report.status,
+            "where": report.where, "target": report.target}
+
+
+def build_size(voice: piper.Voice, frames: int, target: str = "rk3588") -> dict:
+    """Compile and report sizes only: for widths too slow to simulate. Always a fresh build
+    (reuse=False): the converter's peak memory is part of the measurement."""
+    product = produce(voice, frames)
+    return size_row(product, build_engine(product.path, target, reuse=False))
+
+
+def measure_widths(voice: piper.Voice, widths: Sequence[int], chunks: Sequence[tuple[str, Sequence[int]]],
+                   target: str = "rk3588") -> dict:
+    """One simulator child per width, one at a time (never two builds at once): fidelity rows,
+    size rows, and each chunk's simulator outputs for the drift."""
+    fid, size, outputs = [], [], {}
+    for frames in tqdm(sorted(widths), desc="widths (build + simulate)"):
+        got = simulate_width(voice, frames, target, chunks=[ids for _, ids in chunks])
+        fid += got["fidelity"]
+        size.append(got["size"])
+        outputs[frames] = got["outputs"]
+    return {"fidelity": fid, "size": size, "outputs": outputs}
+
+
+def measure_sizes(voice: piper.Voice, widths: Sequence[int], target: str = "rk3588") -> list[dict]:
+    return [build_size(voice, frames, target) for frames in tqdm(sorted(widths), desc="size-only builds")]
+
+
+def growth_exponent(rows: Sequence[dict], key: str) -> float:
+    """Least-squares slope of log(key) against log(frames): bytes ~ N^k."""
+    pts = [(r["frames"], r[key]) for r in rows if r.get(key)]
+    if len(pts) < 2:
+        return float("nan")
+    x, y = np.log([p[0] for p in pts]), np.log([p[1] for p in pts])
+    return float(np.polyfit(x, y, 1)[0])
+
+
+def growth_exponent_excess(rows: Sequence[dict], key: str, base: float) -> float:
+    """Slope of log(key - base) against log(frames): the growth of what the width adds on top
+    of the voice's own (width-independent) weights."""
+    pts = [(r["frames"], r[key] - base) for r in rows if r.get(key) and r[key] > base]
+    if len(pts) < 2:
+        return float("nan")
+    return float(np.polyfit(np.log([p[0] for p in pts]), np.log([p[1] for p in pts]), 1)[0])
+
+
+def growth_rows(size_rows: Sequence[dict], base_bytes: int) -> list[dict]:
+    """Growth exponents of engine bytes and ONNX initializer bytes in N: over all built widths
+    (total, and on top of the width-independent weights `base_bytes`, the voice's fp16
+    weights), and between the two widest (the local slope, which is what the next width costs)."""
+    ok = sorted((r for r in size_rows if r["status"] == "ok"), key=lambda r: r["frames"])
+    out = []
+    for key, base in (("engine_bytes", base_bytes), ("onnx_initializer_bytes", 2 * base_bytes)):
+        out.append({"quantity": key, "widths": ",".join(str(r["frames"]) for r in ok),
+                    "exponent_total": growth_exponent(ok, key),
+                    "exponent_over_weights": growth_exponent_excess(ok, key, base),
+                    "exponent_widest_pair": growth_exponent(ok[-2:], key), "base_bytes": base,
+                    "where": HOST.where})
+    return out
+
+
+# --- duration: stats/cond -> latent frames ------------------------------------------------
+class Durations:
+    """The voice after the seam, to the latent-frame total of one chunk, seeded.
+
+    A seeded onnxruntime random node advances between runs of one session, so each call makes
+    a fresh session: the same (cond, ids, seed) always gives the same frames, and fp32 and
+    simulator conditioning are compared under identical noise.
+    """
+
+    def __init__(self, voice: piper.Voice):
+        self.voice = voice
+        self.seam = find_encoder_seam(voice.model)
+        self._tail = graph.slice_at(voice.model, [self.seam.cond, self.seam.ids, self.seam.lengths,
+                                                  self.seam.scales], [self.seam.frames])
+
+    def frames(self, cond: np.ndarray, ids: Sequence[int], seed: int) -> float:
+        runner = OrtRunner(piper.seed_random_nodes(self._tail, seed))
+        out = runner.session.run(None, {self.seam.cond: np.ascontiguousarray(cond, np.float32),
+                                        **piper.ids_feed(ids), self.seam.scales: self.voice.scales})
+        return float(np.asarray(out[0]).ravel()[0])
+
+
+def drift_rows(voice: piper.Voice, chunks: Sequence[tuple[str, Sequence[int]]],
+               test_outputs: dict[int, dict[int, tuple]], seed: int = 1234, origin=None) -> list[dict]:
+    """Per chunk and width: latent frames from fp32 cond vs from the tested cond (the simulator's,
+    or any perturbed conditioning) under the same seed, and (the sampling's own scale) fp32 at
+    seed vs fp32 at seed+1. `origin` (a runner, or the rows' where/target) stamps the rows."""
+    raw = OrtRunner(encoder_slice(voice.model))
+    dur = Durations(voice)
+    where = getattr(origin, "where", "simulator")
+    target = getattr(origin, "target", "none")
+    rows = []
+    for k, (text, ids) in enumerate(chunks):
+        cond = raw.run(piper.ids_feed(ids))[1]
+        ref = dur.frames(cond, ids, seed)
+        other = dur.frames(cond, ids, seed + 1)
+        for frames in sorted(test_outputs):
+            if k not in test_outputs[frames]:
+                continue
+            got = dur.frames(test_outputs[frames][k][1], ids, seed)
+            rows.append({"frames": frames, "chunk": k, "tokens": len(ids), "fp32_frames": ref,
+                         "test_frames": got, "drift_pct": 100.0 * (got - ref) / ref,
+                         "fp32_reseed_pct": 100.0 * (other - ref) / ref, "text": text[:40],
+                         "where": where, "target": target})
+    return rows
+
+
+def drift_summary(rows: Sequence[dict]) -> list[dict]:
+    out = []
+    for frames in sorted({r["frames"] for r in rows}):
+        sel = [r for r in rows if r["frames"] == frames]
+        d = [r["drift_pct"] for r in sel]
+        s = [r["fp32_reseed_pct"] for r in sel]
+        out.append({"frames": frames, "chunks": len(d), "drift_min_pct": min(d),
+                    "drift_max_pct": max(d), "drift_mean_pct": float(np.mean(d)),
+                    "abs_drift_mean_pct": float(np.mean(np.abs(d))),
+                    "reseed_abs_mean_pct": float(np.mean(np.abs(s))),
+                    "where": sel[0]["where"], "target": sel[0]["target"]})
+    return out
+
+
+def drift_sensitivity(voice: piper.Voice, chunks: Sequence[tuple[str, Sequence[int]]],
+                      snrs: Sequence[float] = (30, 40, 45, 50, 60), draws: int = 3,
+                      seed: int = 1234) -> list[dict]:
+    """How much duration drift a given conditioning SNR buys: fp32 conditioning plus white
+    noise scaled to each SNR, frames under the same flow seed as the clean run.
+
+    A model, not an engine measurement (rows are `host`): it says where the simulator's
+    ~63 dB and the seeds' 40-48 dB board engines should land, since the drift is the duration
+    flows integrating the conditioning error across a chunk.
+    """
+    raw = OrtRunner(encoder_slice(voice.model))
+    dur = Durations(voice)
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _, ids in tqdm(chunks, desc="drift sensitivity"):
+        cond = raw.run(piper.ids_feed(ids))[1]
+        ref = dur.frames(cond, ids, seed)
+        power = float(np.mean(cond.astype(np.float64) ** 2))
+        for snr in snrs:
+            for k in range(draws):
+                noise = rng.standard_normal(cond.shape) * math.sqrt(power / 10 ** (snr / 10))
+                got = dur.frames((cond + noise).astype(np.float32), ids, seed)
+                rows.append({"snr_db": float(snr), "draw": k, "tokens": len(ids), "fp32_frames": ref,
+                             "noisy_frames": got, "drift_pct": 100.0 * (got - ref) / ref, "where": HOST.where})
+    return rows
+
+
+def spread(chunks: Sequence, k: int) -> list:
+    """`k` chunks evenly spread over a list sorted by length (short to long)."""
+    if len(chunks) <= k:
+        return list(chunks)
+    return [chunks[int(i)] for i in np.linspace(0, len(chunks) - 1, k).round()]
+
+
+def sensitivity_summary(rows: Sequence[dict]) -> list[dict]:
+    out = []
+    for snr in sorted({r["snr_db"] for r in rows}):
+        d = [r["drift_pct"] for r in rows if r["snr_db"] == snr]
+        out.append({"snr_db": snr, "runs": len(d), "drift_min_pct": min(d), "drift_max_pct": max(d),
+                    "abs_drift_mean_pct": float(np.mean(np.abs(d))), "where": HOST.where})
+    return out
+
+
+# --- the ladder --------------------------------------------------------------------------------
+def voice_channels(voice: piper.Voice) -> tuple[int, int]:
+    """(stats, cond) channels of the voice: 2 x inter_channels and dp.proj's width."""
+    w = {i.name: tuple(i.dims) for i in voice.model.graph.initializer}
+    return 2 * voice.channels, w["dp.proj.weight"][0]
+
+
+def ladder_for(voice: piper.Voice, engines: Sequence[LadderEngine], fallback=True) -> Ladder:
+    """A ladder validated against `voice` (channel counts), with the fp32 encoder slice as the
+    fallback above the widest rung."""
+    return Ladder(engines, OrtRunner(encoder_slice(voice.model)) if fallback else None,
+                  channels=voice_channels(voice),
+                  remake=f"rkstudy piper encoder --voice-onnx {voice.onnx_path.name} --frames N")
+
+
+def ladder_summary(rows: Sequence[dict], key: str = "lands") -> list[dict]:
+    """Chunks per rung (plan rows: key `lands`; run rows: key `ran_on`), with their drift
+    when the rows carry it."""
+    out = []
+    for lands in sorted({r[key] for r in rows}, key=lambda s: (s == FALLBACK, len(s), s)):
+        sel = [r for r in rows if r[key] == lands]
+        t = [r["tokens"] for r in sel]
+        row = {"lands": lands, "chunks": len(t), "tokens_min": min(t), "tokens_max": max(t)}
+        if all("drift_pct" in r for r in sel):
+            d = [r["drift_pct"] for r in sel]
+            row.update({"drift_min_pct": min(d), "drift_max_pct": max(d)})
+        out.append({**row, "where": sel[0].get("where", HOST.where), "target": sel[0].get("target", "none")})
+    return out
+
+
+def run_ladder(voice: piper.Voice, widths: Sequence[int], chunks: Sequence[tuple[str, Sequence[int]]],
+               target: str = "rk3588", seed: int = 1234) -> list[dict]:
+    """The sidecar end to end: simulator engines at `widths` (built one after another), fp32
+    fallback above; per chunk, where it ran, stats/cond SNR against fp32 and the frame drift."""
+    runners = []
+    try:
+        engines = []
+        for w in sorted(widths):
+            product = produce(voice, w)
+            runner = SimulatorRunner(product.path, target)
+            runners.append(runner)
+            engines.append(LadderEngine(runner, product.contract))
+        ladder = ladder_for(voice, engines)
+        raw = OrtRunner(encoder_slice(voice.model))
+        dur = Durations(voice)
+        rows = []
+        for k, (text, ids) in enumerate(tqdm(chunks, desc="ladder chunks")):
+            stats, cond, where = ladder.run(ids)
+            ref = raw.run(piper.ids_feed(ids))
+            f_ref, f_got = dur.frames(ref[1], ids, seed), dur.frames(cond, ids, seed)
+            origin = raw if where == FALLBACK else runners[0]
+            rows.append({"chunk": k, "tokens": len(ids), "ran_on": where,
+                         "stats_snr_db": gates.snr_db(ref[0], stats), "cond_snr_db": gates.snr_db(ref[1], cond),
+                         "fp32_frames": f_ref, "ladder_frames": f_got,
+                         "drift_pct": 100.0 * (f_got - f_ref) / f_ref, "text": text[:48],
+                         "where": origin.where, "target": origin.target})
+        return rows
+    finally:
+        for r in runners:
+            r.close()

@@ -1,0 +1,63 @@
+"""The toolchain study's measurements (host): what notebook 00 calls."""
+
+from __future__ import annotations
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from ... import gates
+from ...build import build_engine
+from ...engine import simulator_vs_fp32
+from ...graph import REGISTER_FIELD_MAX
+from .probes import long_axis_probe, save_probe, vocoder_probe
+
+SNR_GATE = gates.Gate("simulator_vs_fp32_probe", 40.0)  # the seeds' export gates sit at 40 dB and up
+
+
+def simulate_probe(target: str, frames: int = 64, seed: int = 1) -> tuple[dict, np.ndarray, np.ndarray]:
+    """Build the vocoder probe for `target`, run it in the simulator and in onnxruntime on the
+    same input, gate the SNR. Returns (results row, fp32 output, simulator output)."""
+    path = save_probe(vocoder_probe(frames=frames), f"vocoder_probe_t{frames}")
+    x = np.random.default_rng(seed).standard_normal((1, 16, 1, frames)).astype(np.float32)
+    sim = simulator_vs_fp32(path, target, [{"x": x}], keep=True,
+                            compare=lambda ref, test, _: gates.compare(ref[0], test[0]))
+    ref, test = sim.fp32[0][0].ravel(), sim.simulator[0][0].ravel()
+    r = sim.rows[0]
+    row = {"graph": "vocoder_probe", "frames": frames, "build_s": round(sim.report.seconds, 1),
+           "regtask": sim.report.regtask,
+           **{k: r[k] for k in ("snr_db", "median_slice_snr_db", "best_lag", "nonfinite", "rms_ratio")},
+           **SNR_GATE.check(r["snr_db"], context=f"vocoder probe on {target}"),
+           "where": r["where"], "target": r["target"]}
+    return row, ref, test
+
+
+def build_probe(target: str) -> dict:
+    """Compile the vocoder probe to an engine file and report it."""
+    report = build_engine(save_probe(vocoder_probe(), "vocoder_probe_t64"), target).raise_for_status()
+    return {"graph": "vocoder_probe", **report.row()}
+
+
+def regtask_row(length: int, target: str, channels: int = 256, simulate: bool = True) -> dict:
+    """Build the long-axis probe at `length`, count the compiler's REGTASK lines and, with
+    `simulate`, score the simulator against onnxruntime on the same graph.
+
+    256 channels, because the overflow depends on the conv's tiling and not on the axis alone:
+    the same 30720-frame conv at 64 channels logs nothing.
+    """
+    path = save_probe(long_axis_probe(length, channels=channels), f"long_axis_c{channels}_t{length}")
+    report = build_engine(path, target)
+    row = {"graph": "long_axis_probe", "channels": channels, "length": length,
+           "past_13_bit_field": length > REGISTER_FIELD_MAX, **report.row()}
+    if simulate:
+        row["simulator_snr_db"] = float("nan")  # stays nan when the build did not produce an engine
+    if simulate and report.ok:
+        x = np.random.default_rng(0).standard_normal((1, channels, length)).astype(np.float32)
+        sim = simulator_vs_fp32(path, target, [[x]]).rows[0]
+        row["simulator_snr_db"], row["where"] = sim["snr_db"], sim["where"]
+    return row
+
+
+def regtask_sweep(lengths, targets, channels: int = 256, progress: bool = True) -> list[dict]:
+    """regtask_row for every target and length (one build and one simulator run each)."""
+    jobs = [(t, n) for t in targets for n in lengths]
+    return [regtask_row(n, t, channels) for t, n in tqdm(jobs, desc="builds", disable=not progress)]

@@ -1,0 +1,49 @@
+"""rknn-toolkit2's PC simulator (host only: the toolkit imports torch and onnx).
+
+The simulator can only run a model built in the same process, so it lives in one long-lived toolkit
+child per engine (rkstudy.build.EngineProcess with serve=True): a walk over many windows builds once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from .base import Runner
+
+
+class SimulatorRunner(Runner):
+    """Build `onnx_path` for `target` in a toolkit child and run the simulator there.
+
+    `report` is the BuildReport (REGTASK count, seconds, engine size when `out` is given).
+    Raises BuildFailed if the build does not succeed.
+    """
+
+    where = "simulator"
+
+    def __init__(self, onnx_path, target: str = "rk3588",
+                 shapes: Mapping[str, Sequence[int]] | None = None, out=None, **build_kwargs):
+        from .. import graph
+        from ..build import EngineProcess
+
+        self.target = target
+        self.shapes = dict(shapes) if shapes is not None else graph.input_shapes(Path(onnx_path))
+        self.input_names = list(self.shapes)
+        self._proc = EngineProcess(onnx_path, target, self.shapes, out, serve=True, **build_kwargs)
+        self.report = self._proc.wait_built()
+        if not self.report.ok:
+            self._proc.close()
+            self.report.raise_for_status()
+
+    def run(self, inputs) -> list[np.ndarray]:
+        arrays = self._ordered(inputs)
+        for name, x in zip(self.input_names, arrays):
+            if tuple(x.shape) != tuple(self.shapes[name]):
+                raise ValueError(f"input {name!r} has shape {x.shape}; the engine was built for "
+                                 f"{tuple(self.shapes[name])} (RKNN engines have fixed shapes)")
+        return [np.asarray(o, dtype=np.float32) for o in self._proc.run(arrays)]
+
+    def close(self) -> None:
+        self._proc.close()

@@ -1,0 +1,75 @@
+"""The contract-driven window sidecar: a fixed-window engine, any runner, inputs of any length.
+
+The contract says everything the walk needs: which inputs are walked (and at what rate per latent
+frame), which are masks the walker makes, which are constants, the window, and the rate of each
+output. A family's sidecar adds only its own checks against the model it serves (latent channels,
+hop, spectrogram rows) and its own entry point (decode a latent, generate a spectrogram).
+
+Board side: numpy and tqdm only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from .contract import Contract
+from .errors import EngineMismatch
+from .window import Rate, walk
+
+
+class WindowSidecar:
+    """Walk `runner` (fp32, simulator, board or replay) over inputs of any length per `contract`."""
+
+    def __init__(self, runner, contract: Contract):
+        if contract.window is None:
+            raise EngineMismatch(f"the {contract.family} contract has no window; it is not a walked engine "
+                                 f"(make one with `{contract.remake}`)")
+        names = list(getattr(runner, "input_names", contract.input_names))
+        if names != contract.input_names:
+            raise EngineMismatch(f"the engine takes inputs {names} but its contract lists "
+                                 f"{contract.input_names}; make a matching one with `{contract.remake}`")
+        shapes = getattr(runner, "shapes", None) or {}
+        for t in contract.inputs:
+            got = shapes.get(t.name)
+            if got is not None and all(isinstance(d, int) for d in got) and tuple(got) != t.shape:
+                raise EngineMismatch(f"the engine's {t.name} is {tuple(got)} but its contract says {t.shape}; "
+                                     f"make a matching one with `{contract.remake}`")
+        self.runner, self.contract = runner, contract
+
+    @property
+    def where(self) -> str:
+        return self.runner.where
+
+    @property
+    def target(self) -> str:
+        return self.runner.target
+
+    def run(self, n_frames: int, walked: Mapping[str, np.ndarray], constants: Mapping[str, np.ndarray] | None = None,
+            *, progress: bool = True, desc: str = "windows") -> list[np.ndarray]:
+        """The walked outputs, stitched over `n_frames` latent frames.
+
+        `walked` maps each walked input to its full-length array without the batch axis (frame axis
+        last, `rate * n_frames + extra` long); `constants` maps each constant input to its value.
+        """
+        c, constants = self.contract, dict(constants or {})
+        missing = [t.name for t in c.role("walked") if t.name not in walked]
+        missing += [t.name for t in c.role("constant") if t.name not in constants]
+        if missing:
+            raise EngineMismatch(f"the {c.family} engine needs {', '.join(missing)} as well")
+        fixed = {t.name: np.reshape(np.asarray(constants[t.name], np.float32), t.shape) for t in c.role("constant")}
+        outputs = [t for t in c.outputs if t.role == "walked"]
+        index = [c.outputs.index(t) for t in outputs]
+
+        def one_window(feed):
+            full = {t.name: fixed[t.name] if t.name in fixed else np.reshape(feed[t.name], t.shape)
+                    for t in c.inputs}
+            got = self.runner.run(full)
+            return [got[i][0] for i in index]  # drop the batch axis
+
+        w = c.window
+        return walk(n_frames, one_window, emit=w.emit, context=w.context,
+                    walked={t.name: (walked[t.name], Rate(t.rate, t.extra)) for t in c.role("walked")},
+                    masks={t.name: Rate(t.rate, t.extra) for t in c.role("mask")},
+                    outputs=[Rate(t.rate, t.extra) for t in outputs], progress=progress, desc=desc)

@@ -1,0 +1,158 @@
+"""The versioned stage contract: round trip, and every refusal at load with the command that fixes it."""
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from rkstudy import contract
+from rkstudy.contract import Contract, Digest, Tensor, Window
+from rkstudy.errors import EngineMismatch
+
+PRODUCER = "rkstudy piper decoder --voice-onnx v.onnx --skip-rknn --output decoder_z.onnx"
+
+
+def decoder(**kw) -> Contract:
+    c = Contract(family="piper_decoder", stage="decoder",
+                 inputs=(Tensor("z", (1, 192, 93), role="walked", axis=2),
+                         Tensor("y_mask", (1, 1, 93), role="mask", axis=2)),
+                 outputs=(Tensor("audio", (1, 1, 93 * 256), role="walked", axis=2, rate=256),),
+                 source=Digest("v.onnx", "a" * 64), producer=PRODUCER, params={"hop": 256},
+                 window=Window(frames=93, emit=45, context=24, hop=45))
+    return replace(c, **kw)
+
+
+def kokoro_like() -> Contract:
+    """Two walked inputs at different rates (the latent at 1/frame, har at 60/frame + 1)."""
+    return Contract(family="kokoro_generator", stage="generator",
+                    inputs=(Tensor("x", (1, 512, 128), role="walked", axis=2),
+                            Tensor("har", (1, 22, 60 * 128 + 1), role="walked", axis=2, rate=60, extra=1),
+                            Tensor("s", (1, 128), role="constant")),
+                    outputs=(Tensor("spec", (1, 22, 60 * 128 + 1), role="walked", axis=2, rate=60, extra=1),),
+                    source=Digest("k.onnx", "b" * 64), producer="rkstudy kokoro generator --frames 128",
+                    window=Window(128, 72, 28, 72))
+
+
+def stateful() -> Contract:
+    return Contract(family="qwen3_vocoder", stage="vocoder",
+                    inputs=(Tensor("codes", (1, 16, 64)), Tensor("cache_in", (1, 1303424), role="state")),
+                    outputs=(Tensor("audio", (1, 1, 122880)), Tensor("cache_out", (1, 1303424), role="state")),
+                    source=Digest("q.safetensors", "c" * 64), producer="rkstudy qwen3 vocoder --codes-length 64",
+                    state=(("cache_in", "cache_out"),))
+
+
+@pytest.mark.parametrize("make", [decoder, kokoro_like, stateful])
+def test_round_trip(make):
+    c = make()
+    assert contract.from_json(c.to_json(), where="t") == c
+    assert c.tensor(c.inputs[0].name).frames == (c.inputs[0].frames)
+
+
+def test_rates_and_frames():
+    k = kokoro_like()
+    assert [t.frames for t in k.inputs] == [128, 128, None]
+    assert k.tensor("spec").frames == 128
+
+
+def mutate(change) -> str:
+    d = json.loads(decoder().to_json())
+    change(d)
+    return json.dumps(d)
+
+
+REFUSALS = [
+    ("missing field", lambda d: d.pop("window"), "the contract has no window"),
+    ("unknown field", lambda d: d.update(colour="blue"), "unknown field(s) colour"),
+    ("other schema", lambda d: d.update(schema=2), "schema version 2 and this rkstudy reads 1"),
+    ("no schema", lambda d: d.pop("schema"), "schema version None"),
+    ("bad role", lambda d: d["inputs"][0].update(role="magic"), "role 'magic'"),
+    ("walked without axis", lambda d: d["inputs"][0].update(axis=None), "no valid frame axis"),
+    ("bad window", lambda d: d["window"].update(frames=90), "frames = emit + 2 x context"),
+    ("rate mismatch", lambda d: d["outputs"][0].update(shape=[1, 1, 1000]), "is not 256 x frames"),
+    ("bad state", lambda d: d.update(state=[{"input": "z", "output": "nope"}]), "which are not an input and an output"),
+    ("tensor field", lambda d: d["inputs"][0].pop("dtype"), "input 0 has no dtype"),
+]
+
+
+@pytest.mark.parametrize("what,change,fragment", REFUSALS, ids=[r[0] for r in REFUSALS])
+def test_refused_at_load_naming_the_producer(what, change, fragment):
+    with pytest.raises(EngineMismatch, match="make a matching one with `rkstudy piper decoder") as exc:
+        contract.from_json(mutate(change), where="t")
+    assert fragment in str(exc.value)
+    assert "\n" not in str(exc.value)
+
+
+def test_not_json_at_all():
+    with pytest.raises(EngineMismatch, match="is not valid JSON"):
+        contract.from_json("{nope", where="x.contract.json")
+
+
+@pytest.fixture
+def engine(tmp_path):
+    """A compiled-looking engine: bytes plus a stage-2 contract beside them."""
+    source = tmp_path / "voice.onnx"
+    source.write_bytes(b"the voice")
+    slice_ = tmp_path / "decoder_z.onnx"
+    slice_.write_bytes(b"the slice")
+    path = tmp_path / "decoder.rknn"
+    path.write_bytes(b"the engine bytes")
+    c = decoder(source=Digest.of(source)).compiled(target="rk3588", toolkit="rknn-toolkit2 2.5.0",
+                                                   onnx_path=slice_, engine_path=path)
+    c.write_beside(path)
+    return path, source, c
+
+
+def test_an_engine_loads_with_every_check_passing(engine):
+    path, source, c = engine
+    assert contract.for_engine(path, family="piper_decoder", soc="rk3588", source=source) == c
+    assert c.engine_name("rk3588", "0123abcd") == "piper_decoder-w93-rk3588-0123abcd.rknn"
+
+
+def test_changed_engine_bytes_are_refused(engine):
+    path, _, _ = engine
+    path.write_bytes(b"the engine bytes, edited")
+    with pytest.raises(EngineMismatch, match="has changed since it was converted .* `rkstudy piper decoder --onnx"):
+        contract.for_engine(path)
+
+
+def test_another_soc_is_refused(engine):
+    path, _, _ = engine
+    with pytest.raises(EngineMismatch, match="compiled for rk3588 and this board is rk3566; .* --target rk3566"):
+        contract.for_engine(path, soc="rk3566")
+
+
+def test_another_source_model_is_refused(engine, tmp_path):
+    path, _, _ = engine
+    other = tmp_path / "other.onnx"
+    other.write_bytes(b"another voice")
+    with pytest.raises(EngineMismatch, match="other.onnx .* is not the model this engine was made from .*voice.onnx"):
+        contract.for_engine(path, source=other)
+
+
+def test_another_family_and_a_missing_contract_are_refused(engine):
+    path, _, _ = engine
+    with pytest.raises(EngineMismatch, match="this is a piper_decoder engine, not a piper_encoder one"):
+        contract.for_engine(path, family="piper_encoder")
+    contract.beside(path).unlink()
+    with pytest.raises(EngineMismatch, match="no contract beside decoder.rknn"):
+        contract.for_engine(path, family="piper_decoder")
+
+
+def test_a_stage1_contract_beside_an_engine_is_refused(tmp_path):
+    path = tmp_path / "e.rknn"
+    path.write_bytes(b"x")
+    decoder().write_beside(path)
+    with pytest.raises(EngineMismatch, match="stage-1 contract"):
+        contract.for_engine(path)
+
+
+def test_board_soc_from_the_device_tree(monkeypatch):
+    from rkstudy.board import sysfs
+    from rkstudy.paths import REPO
+
+    boards = REPO / "tests" / "fixtures" / "boards"
+    for name in ("rk3588", "rk3566"):
+        monkeypatch.setenv("RKSTUDY_SYSROOT", str(boards / name))
+        assert sysfs.soc() == name
+    monkeypatch.setenv("RKSTUDY_SYSROOT", str(boards / "nowhere"))
+    assert sysfs.soc() is None

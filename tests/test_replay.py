@@ -1,0 +1,107 @@
+"""`rkstudy board run` end to end through BoardRunner, on a recorded board tree, with the replay double
+of RKNNLite (tests/doubles): every board-only line executes, and the outputs equal the fp32 walk of the
+same slice exactly. Rows say `replay`, never `board`."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from rkstudy import results
+from rkstudy.families.piper import latents as latent_files
+from rkstudy.families.piper_decoder.producer import read_contract
+from rkstudy.families.piper_decoder.sidecar import DecoderSidecar
+from rkstudy.families.piper_encoder.sidecar import Ladder, LadderEngine
+from rkstudy.paths import REPO
+from rkstudy.runtime import OrtRunner
+
+TEXT = "Call me at 555 0142, extension 7. Thank you."
+
+
+def rkstudy(*argv, board="rk3588", cores=None, check=True):
+    """The CLI in a subprocess that sees a board: the recorded tree and the RKNNLite double."""
+    env = {**os.environ, "RKSTUDY_SYSROOT": str(REPO / "tests" / "fixtures" / "boards" / board),
+           "PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "doubles"), str(REPO)])}
+    if cores:
+        env["RKNNLITE_REPLAY_CORES"] = cores
+    proc = subprocess.run([sys.executable, "-m", "rkstudy", *map(str, argv)], capture_output=True, text=True,
+                          env=env, cwd=REPO, timeout=900)
+    if check:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    d = tmp_path_factory.mktemp("replay")
+    rkstudy("piper", "latents", "--text", TEXT, "-o", d / "latents.npz")
+    rkstudy("piper", "decoder", "--skip-rknn", "--output", d / "decoder_z.onnx")
+    rkstudy("piper", "decoder", "--onnx", d / "decoder_z.onnx", "--target", "rk3588", "--out", d / "decoder.rknn")
+    return d
+
+
+def test_board_run_piper_decoder_equals_the_fp32_walk(work):
+    proc = rkstudy("board", "run", "piper_decoder", "--engine", work / "decoder.rknn", "--latents",
+                   work / "latents.npz", "--outputs", work / "out.npz", "--audio", work / "out.wav",
+                   "--results", work / "results")
+    assert "piper_decoder on replay (rk3588, cores 0_1_2)" in proc.stdout
+    with np.load(work / "out.npz") as data:
+        audio = data["audio"]
+    lat = latent_files.load(work / "latents.npz")
+    c = read_contract(work / "decoder_z.onnx")
+    side = DecoderSidecar(OrtRunner(work / "decoder_z.onnx"), c, channels=192, hop=256)
+    ref = np.concatenate([side.decode(z, progress=False) for z in lat.z])
+    np.testing.assert_array_equal(audio, ref)  # the same slice through the same walk: exact
+    (row,) = results.read_table(work / "results" / "board" / "piper_decoder.csv")
+    assert (row["where"], row["target"], row["cores"]) == ("replay", "rk3588", "0_1_2")
+    assert row["npu_governor"] == "rknpu_ondemand" and row["driver"] == "RKNPU driver: v0.9.8"
+    assert row["runtime"].startswith("API: replay double") and float(row["peak_rss_mb"]) > 20
+    assert float(row["audio_s"]) == pytest.approx(ref.size / 22050, abs=1e-3) and float(row["rtf"]) > 0
+    assert (work / "out.wav").stat().st_size == 44 + 2 * ref.size
+
+
+def test_a_single_core_board_falls_back_to_auto_and_other_socs_are_refused(work):
+    proc = rkstudy("board", "run", "piper_decoder", "--engine", work / "decoder.rknn", "--latents",
+                   work / "latents.npz", "--results", work / "results1", cores="1")
+    assert "cores auto" in proc.stdout
+    proc = rkstudy("board", "run", "piper_decoder", "--engine", work / "decoder.rknn", "--latents",
+                   work / "latents.npz", "--results", work / "results2", board="rk3566", check=False)
+    assert proc.returncode == 2
+    assert "compiled for rk3588 and this board is rk3566" in proc.stderr and proc.stderr.count("\n") == 1
+
+
+def test_board_run_refuses_latents_of_another_voice(work, tmp_path):
+    lat = latent_files.load(work / "latents.npz")
+    from rkstudy.families.piper.voice import Latent
+
+    fake = [Latent(text="x", ids=i, z=z) for i, z in zip(lat.ids, lat.z)]
+    latent_files.save(tmp_path / "other.npz", fake, source={"file": "other.onnx", "sha256": "f" * 64},
+                      sample_rate=22050)
+    proc = rkstudy("board", "run", "piper_decoder", "--engine", work / "decoder.rknn", "--latents",
+                   tmp_path / "other.npz", check=False)
+    assert proc.returncode == 2 and "make inputs from en_US-joe-medium.onnx" in proc.stderr
+
+
+def test_board_run_piper_encoder_ladder_equals_fp32(work, voice):
+    from rkstudy.families.piper_encoder.seam import encoder_slice
+
+    rkstudy("piper", "encoder", "--frames", 32, "--skip-rknn", "--output", work / "enc_n32.onnx")
+    rkstudy("piper", "encoder", "--onnx", work / "enc_n32.onnx", "--out", work / "enc_n32.rknn")
+    (work / "enc_fp32.onnx").write_bytes(encoder_slice(voice.model).SerializeToString())
+    proc = rkstudy("board", "run", "piper_encoder", "--engine", work / "enc_n32.rknn", "--latents",
+                   work / "latents.npz", "--fallback", work / "enc_fp32.onnx", "--outputs", work / "enc.npz",
+                   "--results", work / "results")
+    assert "piper_encoder on replay" in proc.stdout
+    lat = latent_files.load(work / "latents.npz")
+    rung = LadderEngine(OrtRunner(work / "enc_n32.onnx"), read_contract(work / "enc_n32.onnx"))
+    ladder = Ladder([rung], OrtRunner(work / "enc_fp32.onnx"))
+    with np.load(work / "enc.npz") as data:
+        for k, ids in enumerate(lat.ids):
+            stats, cond, _ = ladder.run(ids)
+            np.testing.assert_array_equal(data[f"stats_{k}"], stats)
+            np.testing.assert_array_equal(data[f"cond_{k}"], cond)
+    (row,) = results.read_table(work / "results" / "board" / "piper_encoder.csv")
+    assert row["where"] == "replay" and row["ran_on"].split("/") == [
+        "n32" if len(i) <= 32 else "fp32 fallback" for i in lat.ids]
