@@ -88,6 +88,43 @@ def _cmd_bench(args) -> int:
     return bench.main(args.which)
 
 
+def _cmd_plan_window(args) -> int:
+    from . import planner, results
+    from .families import get
+
+    family = get(args.family)
+    if not family.planner:
+        raise UsageError(f"{family.name} is not a walked decoder; plan-window takes "
+                         f"{', '.join(n for n, f in load_families().items() if f.planner)}")
+    budgets = {args.target: tuple(args.budget)} if args.budget else None
+    tables = planner.plan(family.resolve("planner")(), [args.target], args.snr, max_window=args.max_window,
+                          budgets=budgets)
+    root = args.results or results.results_root(quick=False)
+    for name, rows in tables.items():
+        table = "window_plan" if name == "plan" else f"window_plan_{name}"
+        results.write_table(family.study, table, [results.stamp(r) for r in rows], root=root,
+                            title=f"{family.name}: window plan ({name.replace('_', ' ')})")
+    rf = tables["receptive_field"][0]
+    print(f"{family.name}: receptive field {rf['left_frames']} frames left, {rf['right_frames']} right "
+          f"(output change above {rf['level_db']:g} dB of its peak)")
+    for r in tables["plan"]:
+        if r["emit"]:
+            print(f"{r['target']} at {r['snr_target_db']:g} dB: context {r['min_context_speech']} (white noise needs "
+                  f"{r['min_context_white_noise']}), largest clean window {r['largest_clean_window']}, emit {r['emit']}, "
+                  f"compute ratio {r['compute_ratio']:.2f} -> --emit {r['emit']} --context {r['min_context_speech']}")
+        else:
+            print(f"{r['target']} at {r['snr_target_db']:g} dB: no plan (context {r['min_context_speech']}, "
+                  f"largest clean window {r['largest_clean_window']})")
+    print(f"wrote {root / family.study}/window_plan*.csv")
+    return 0
+
+
+def load_families():
+    from .families import load_all
+
+    return load_all()
+
+
 def _cmd_results_index(args) -> int:
     from . import report
 
@@ -126,6 +163,17 @@ def _add_core(sub) -> None:
     k = sub.add_parser("bench", help="record a benchmark under results/benchmarks/")
     k.add_argument("which", choices=("walker", "make-test"))
     k.set_defaults(func=_cmd_bench)
+
+    w = sub.add_parser("plan-window", help="measure a walked decoder's window: receptive field, minimum "
+                       "context for an SNR, largest window within a REGTASK budget")
+    w.add_argument("family", choices=sorted(n for n, f in load_families().items() if f.planner))
+    w.add_argument("--target", choices=TARGETS, default="rk3588")
+    w.add_argument("--snr", type=float, action="append", help="SNR targets in dB (repeat; default 60, 80, 100)")
+    w.add_argument("--budget", type=positive, nargs=2, metavar=("LINES", "VALUE"),
+                   help="REGTASK budget (default: what today's window's build logs on this target)")
+    w.add_argument("--max-window", type=positive, help="upper end of the search (default: twice today's window)")
+    w.add_argument("--results", type=Path, help="results root (default: results/)")
+    w.set_defaults(func=_cmd_plan_window, validate_args=lambda a: setattr(a, "snr", a.snr or [60.0, 80.0, 100.0]))
 
     r = sub.add_parser("results", help="the results index").add_subparsers(dest="what", required=True)
     i = r.add_parser("index", help="write results/README.md from the committed tables")

@@ -30,7 +30,9 @@ EXPECT = {
         "simulator rk3588: best lag": (0, 0),
         "rk3588 engine, 93-frame window": (20.0, 22.5),
         "REGTASK lines, rk3588 93-frame engine": (18, 18),
-        "CPU RTF, windowed / monolithic": (1.2, 5.0)}),
+        "CPU RTF, windowed / monolithic": (1.2, 5.0),
+        "receptive field, frames left / right of a perturbed frame (max)": (20, 45),
+        "minimum context for 80 dB on speech (emit 45)": (16, 32)}),
     "inflect_decoder": ("01_piper_decoder.ipynb", {
         "context 32 at 480 frames (fp32)": (100, math.inf),
         "rk3588 engine, 256-frame window": (24.0, 27.0)}),
@@ -84,3 +86,25 @@ def test_notebooks_name_the_project_kernel_and_a_parameters_cell():
         assert nb["metadata"]["kernelspec"]["name"] == "rkstudy", path.name
         tagged = [c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", [])]
         assert len(tagged) == 1 and "QUICK = True" in "".join(tagged[0]["source"]), path.name
+
+
+def test_executed_notebooks_stay_readable_on_a_code_host():
+    """`make reproduce` keeps the executed notebooks under results/notebooks/: at most 3 MB each, and
+    every embedded audio clip at most 5 s (the full renders go to the cache)."""
+    import base64
+    import io
+    import wave
+
+    from rkstudy.paths import RESULTS
+
+    for path in sorted((RESULTS / "notebooks").glob("*.ipynb")):
+        assert path.stat().st_size <= 3_000_000, f"{path.name} is {path.stat().st_size / 1e6:.1f} MB"
+        nb = json.loads(path.read_text())
+        for cell in nb["cells"]:
+            for out in cell.get("outputs", []):
+                html = out.get("data", {}).get("text/html", "")
+                html = "".join(html) if isinstance(html, list) else html
+                for b64 in html.split('base64,')[1:]:
+                    data = base64.b64decode(b64.split('"')[0])
+                    with wave.open(io.BytesIO(data)) as w:
+                        assert w.getnframes() / w.getframerate() <= 5.0 + 1e-6, path.name

@@ -38,6 +38,7 @@ class Family:
     cli: str | None = None                 # "module:function(subparsers)" adding the stage command
     board: str | None = None               # "module:function(subparsers)" adding `board run <name>`
     requires: tuple[str, ...] = ()         # modules its host side needs beyond the converter (doctor checks)
+    planner: str | None = None             # "module:function() -> rkstudy.planner.PlanTarget" (walked decoders)
 
     @property
     def study(self) -> str:

@@ -30,3 +30,16 @@ def context_sweep(decode: DecodeModel, z: np.ndarray, contexts=CONTEXT_SWEEP, em
                      "min_window_snr_db": min(r["snr_db"] for r in per), "windows": len(per),
                      "where": runner.where})
     return rows
+
+
+def plan_target():
+    """The Inflect contract as rkstudy.planner sees it: the carved decode.onnx, its own prior samples
+    from the shipped texts as the real latents, today's 256 = 192 + 2 x 32 window, decoder mask on."""
+    from ..piper.voice import Voice, read_text
+    from ..piper_decoder.study import PLAN_TEXTS, plan_target as decoder_plan_target
+    from .carve import CONTEXT, prior_samples, save_carved
+
+    voice = Voice()
+    decode = DecodeModel(save_carved(voice))
+    latents = [z for name in PLAN_TEXTS for z in prior_samples(voice, read_text(name))]
+    return decoder_plan_target(decode, latents=latents, emit=EMIT, context=CONTEXT, dec_mask=True)

@@ -10,4 +10,5 @@ from .. import Family, register
 FAMILY = register(Family(
     name="piper_decoder", title="Piper (VITS) decoder: pre-flow latent -> audio, fixed-window walk",
     notebook="01_piper_decoder.ipynb", command=("piper", "decoder"),
-    cli="rkstudy.families.piper_decoder.cli:add_cli", board="rkstudy.families.piper_decoder.board:add_board"))
+    cli="rkstudy.families.piper_decoder.cli:add_cli", board="rkstudy.families.piper_decoder.board:add_board",
+    planner="rkstudy.families.piper_decoder.study:plan_target"))

@@ -7,6 +7,7 @@ SimulatorRunner: simulator, a BuildReport: host), so a notebook never types them
 from __future__ import annotations
 
 import time
+from typing import Sequence
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -14,6 +15,7 @@ from tqdm.auto import tqdm
 from ... import gates, graph
 from ...build import build_engine
 from ...engine import simulator_vs_fp32
+from ...planner import PlanTarget
 from ...runtime import OrtRunner
 from ...window import Window, plan_windows, window_inputs
 from ..piper.voice import DecoderModel, DecoderSeam, Voice, find_decoder_seam
@@ -269,3 +271,26 @@ def self_check(model: DecoderModel, produced: Produced, latents) -> dict:
                                      lat.frames, w.emit, w.context, model.hop) if r["kind"] != "padded"]
     worst = min((r["snr_db"] for r in rows), default=float("inf"))
     return INTERIOR_GATE.check(worst, context=f"{w.frames}-frame window, worst of {len(rows)} windows")
+
+
+# --- the window planner's view of this decoder ----------------------------------------------------
+PLAN_TEXTS = ("short", "phone", "paragraph")
+
+
+def plan_target(model: DecoderModel | None = None, latents=None, texts: Sequence[str] = PLAN_TEXTS,
+                emit: int = DEFAULT_EMIT, context: int = DEFAULT_CONTEXT, dec_mask: bool = False) -> PlanTarget:
+    """The decoder as rkstudy.planner sees it: the dynamic full-length decode, the produced slice at
+    any window length (compiled engines depend only on the length), real-speech latents from the
+    shipped texts, and today's window."""
+    from ..piper.voice import read_text
+
+    model = model or Voice()
+    full = FullDecoder(model.model, model.seam)
+    if latents is None:
+        latents = [lat.z for name in texts for lat in model.latents(read_text(name))]
+
+    def engine(window: int):
+        return produce_for_voice(model, emit=window, context=0, dec_mask=dec_mask).save()
+
+    return PlanTarget(family=model.family, hop=model.hop, decode=full.decode, engine=engine, latents=latents,
+                      default_emit=emit, default_context=context)
