@@ -109,9 +109,10 @@ def _cmd_plan_window(args) -> int:
           f"(output change above {rf['level_db']:g} dB of its peak)")
     for r in tables["plan"]:
         if r["emit"]:
-            print(f"{r['target']} at {r['snr_target_db']:g} dB: context {r['min_context_speech']} (white noise needs "
-                  f"{r['min_context_white_noise']}), largest clean window {r['largest_clean_window']}, emit {r['emit']}, "
-                  f"compute ratio {r['compute_ratio']:.2f} -> --emit {r['emit']} --context {r['min_context_speech']}")
+            print(f"{r['target']} at {r['snr_target_db']:g} dB: context {r['min_context_speech']} (white noise "
+                  f"needs {r['min_context_white_noise']}), largest clean window {r['largest_clean_window']}, "
+                  f"emit {r['emit']}, compute ratio {r['compute_ratio']:.2f} -> --emit {r['emit']} "
+                  f"--context {r['min_context_speech']}")
         else:
             print(f"{r['target']} at {r['snr_target_db']:g} dB: no plan (context {r['min_context_speech']}, "
                   f"largest clean window {r['largest_clean_window']})")

@@ -19,8 +19,8 @@ ratio emit / window (the seeds' hand-picked Piper window: 45 / 93 = 0.48).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import numpy as np
 from tqdm.auto import tqdm

@@ -3,7 +3,6 @@
 from types import SimpleNamespace
 
 import numpy as np
-import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from rkstudy import planner

@@ -36,7 +36,8 @@ def plan_target():
     """The Inflect contract as rkstudy.planner sees it: the carved decode.onnx, its own prior samples
     from the shipped texts as the real latents, today's 256 = 192 + 2 x 32 window, decoder mask on."""
     from ..piper.voice import Voice, read_text
-    from ..piper_decoder.study import PLAN_TEXTS, plan_target as decoder_plan_target
+    from ..piper_decoder.study import PLAN_TEXTS
+    from ..piper_decoder.study import plan_target as decoder_plan_target
     from .carve import CONTEXT, prior_samples, save_carved
 
     voice = Voice()

@@ -7,7 +7,7 @@ SimulatorRunner: simulator, a BuildReport: host), so a notebook never types them
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from tqdm.auto import tqdm
