@@ -62,6 +62,22 @@ def test_board_run_piper_decoder_equals_the_fp32_walk(work):
     assert (work / "out.wav").stat().st_size == 44 + 2 * ref.size
 
 
+def test_board_run_from_text_synthesizes_the_latent_on_the_board(work):
+    from rkstudy.families.piper.voice import default_voice_paths
+
+    voice_onnx, _ = default_voice_paths()
+    proc = rkstudy("board", "run", "piper_decoder", "--engine", work / "decoder.rknn", "--text", TEXT,
+                   "--voice-onnx", voice_onnx, "--outputs", work / "text.npz", "--results", work / "results_text")
+    assert "piper_decoder on replay" in proc.stdout
+    (row,) = results.read_table(work / "results_text" / "board" / "piper_decoder.csv")
+    assert row["sentences"] == "2" and float(row["audio_s"]) > 1.5  # the voice's own (unseeded) durations
+    with np.load(work / "text.npz") as data:
+        assert data["audio"].size == int(row["frames"]) * 256 and np.abs(data["audio"]).max() > 0.05
+    other = rkstudy("board", "run", "piper_decoder", "--engine", work / "decoder.rknn", "--text", TEXT,
+                    "--voice-onnx", work / "decoder_z.onnx", check=False)
+    assert other.returncode == 2 and "is not the model this engine was made from" in other.stderr
+
+
 def test_a_single_core_board_falls_back_to_auto_and_other_socs_are_refused(work):
     proc = rkstudy("board", "run", "piper_decoder", "--engine", work / "decoder.rknn", "--latents",
                    work / "latents.npz", "--results", work / "results1", cores="1")

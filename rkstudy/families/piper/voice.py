@@ -10,8 +10,6 @@ reproducible bit for bit.
 from __future__ import annotations
 
 import copy
-import json
-import unicodedata
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -23,6 +21,7 @@ from onnx import helper
 from ... import graph
 from ...errors import InputError
 from ...paths import TEXTS
+from .frontend import Latent, TextFront, ids_feed  # noqa: F401  (re-exported: the voice's id feed and latents)
 
 FLOW, DEC = "/flow/", "/dec/"
 
@@ -33,11 +32,6 @@ class VoiceNotInstalled(InputError):
 
 class SeamNotFound(graph.SeamNotFound):
     """The graph does not have the structure a Piper/VITS seam is found by."""
-
-
-def ids_feed(ids) -> dict[str, np.ndarray]:
-    """The voice's id inputs for one exact-length sentence or chunk (batch 1)."""
-    return {"input": np.array([ids], dtype=np.int64), "input_lengths": np.array([len(ids)], dtype=np.int64)}
 
 
 def default_voice_paths() -> tuple[Path, Path]:
@@ -148,21 +142,6 @@ def seed_random_nodes(model: onnx.ModelProto, seed: int) -> onnx.ModelProto:
     return model
 
 
-@dataclass(frozen=True)
-class Latent:
-    """The decoder's real input for one sentence: z [C, N], the phoneme ids it came from, and for a
-    multi-speaker voice the speaker embedding g [gin, 1] the decoder is conditioned on."""
-
-    text: str
-    ids: list[int]
-    z: np.ndarray
-    g: np.ndarray | None = None
-
-    @property
-    def frames(self) -> int:
-        return self.z.shape[1]
-
-
 class DecoderModel:
     """A graph that holds a VITS decoder half, and what the shared decoder producer reads off it:
     the graph, its seam, hop and latent channels. Subclasses set onnx_path and sample_rate."""
@@ -204,38 +183,15 @@ class Voice(DecoderModel):
         if not self.onnx_path.is_file():
             raise InputError(f"no voice ONNX at {self.onnx_path}; pass --voice-onnx PATH (or run "
                              "`make models` for the default voice)")
-        self.config_path = Path(config_path) if config_path else Path(f"{self.onnx_path}.json")
-        if not self.config_path.is_file():
-            raise InputError(f"no voice config at {self.config_path} (piper keeps it beside "
-                             "the ONNX as <voice>.onnx.json); pass --voice-config PATH")
-        self.config = json.loads(self.config_path.read_text())
-        self.sample_rate = int(self.config["audio"]["sample_rate"])
-        inference = self.config.get("inference", {})
-        self.scales = np.array([inference.get("noise_scale", 0.667), inference.get("length_scale", 1.0),
-                                inference.get("noise_w", 0.8)], dtype=np.float32)
-
-    # --- text front end -------------------------------------------------------------------
-    def phonemes(self, text: str) -> list[list[str]]:
-        """Sentences of espeak-ng phonemes (piper-tts' bundled espeak-ng and its data)."""
-        from piper.phonemize_espeak import EspeakPhonemizer
-
-        return EspeakPhonemizer().phonemize(self.config["espeak"]["voice"], text)
-
-    def ids(self, phonemes: list[str]) -> list[int]:
-        """Phoneme ids with the voice's own phoneme_id_map (BOS, pads between, EOS)."""
-        from piper.phoneme_ids import phonemes_to_ids
-
-        return phonemes_to_ids(phonemes, self.config["phoneme_id_map"])
+        self.text_front = TextFront(config_path or f"{self.onnx_path}.json")
+        self.config_path, self.config = self.text_front.config_path, self.text_front.config
+        self.sample_rate, self.scales = self.text_front.sample_rate, self.text_front.scales
 
     def sentences(self, text: str) -> list[list[int]]:
-        return [self.ids(p) for p in self.phonemes(unicodedata.normalize("NFC", text))]
+        """Sentences of phoneme ids, as piper synthesizes them (rkstudy.families.piper.frontend)."""
+        return self.text_front.sentences(text)
 
     # --- the front of the graph, up to the decoder seam -----------------------------------
-    @property
-    def speakers(self) -> int:
-        """Speakers of a multi-speaker voice (its `sid` input), 1 otherwise."""
-        return int(self.config.get("num_speakers", 1)) if "sid" in self.input_names else 1
-
     @cached_property
     def input_names(self) -> list[str]:
         return [i.name for i in self.model.graph.input]

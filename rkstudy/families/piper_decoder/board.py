@@ -1,7 +1,8 @@
 """`rkstudy board run piper_decoder`: the decoder sidecar on RKNNLite.
 
-Input: a latent file the host writes (`rkstudy piper latents --text ... -o latents.npz`), checked
-against the engine's source voice by digest. Board side: numpy only (the job runs in the child
+Input: a latent file the host writes (`rkstudy piper latents --text ... -o latents.npz`), or text
+synthesized up to the latent on the board itself (piper-tts + the voice); either is checked against the
+engine's source voice by digest. Board side: numpy only (the job runs in the child
 that rkstudy.board.run measures).
 """
 
@@ -36,17 +37,37 @@ def decode_job(*, contract, engine: Path, cores: str, payload: dict) -> dict:
             "cores": runner.cores, "runtime": runtime_versions(), "sentences": len(pcm)}
 
 
+def text_latents(args, path: Path) -> Path:
+    """Latents for `--text`, synthesized here by the voice itself (rkstudy.families.piper.boardfront),
+    written to `path` with the voice's digest; the engine's contract names the seam and must come
+    from this voice."""
+    from ...contract import Digest, for_engine
+    from ..piper import latents
+    from ..piper.boardfront import latents_from_text
+    from ..piper.frontend import Latent
+
+    contract = for_engine(args.engine, family="piper_decoder", source=args.voice_onnx)
+    got, front = latents_from_text(args.voice_onnx, args.text, seam_z=contract.params["seam_z"],
+                                   seam_g=contract.params["seam_g"], config=args.voice_config, speaker=args.speaker)
+    source = Digest.of(args.voice_onnx)
+    return latents.save(path, [Latent(text=args.text, ids=ids, z=z, g=g) for ids, z, g in got],
+                        source={"file": source.file, "sha256": source.sha256}, sample_rate=front.sample_rate)
+
+
 def _run(args) -> int:
+    import tempfile
+
     from ...board.run import measure, require_board
     from ..piper import latents
 
     require_board()  # before reading any input: off a board, that is the one thing to say
-    lat = latents.load(args.latents)
-    measure("piper_decoder", engine=args.engine, job="rkstudy.families.piper_decoder.board:decode_job",
-            payload={"latents": str(Path(args.latents).resolve())}, cores=args.cores, audio_out=args.audio,
-            outputs_out=args.outputs,
-            results_dir=args.results, source_sha256=lat.source["sha256"],
-            extra={"sentences": len(lat.z), "frames": sum(z.shape[1] for z in lat.z)})
+    with tempfile.TemporaryDirectory(prefix="rkstudy-text-") as tmp:
+        path = Path(args.latents).resolve() if args.latents else text_latents(args, Path(tmp) / "latents.npz")
+        lat = latents.load(path)
+        measure("piper_decoder", engine=args.engine, job="rkstudy.families.piper_decoder.board:decode_job",
+                payload={"latents": str(path)}, cores=args.cores, audio_out=args.audio,
+                outputs_out=args.outputs, results_dir=args.results, source_sha256=lat.source["sha256"],
+                extra={"sentences": len(lat.z), "frames": sum(z.shape[1] for z in lat.z)})
     return 0
 
 
@@ -54,11 +75,21 @@ def add_board(sub) -> None:
     """Register `rkstudy board run piper_decoder`."""
     p = sub.add_parser("piper_decoder", help="the decoder sidecar on RKNNLite: audio and one results row")
     p.add_argument("--engine", type=Path, required=True, help="the .rknn (its .contract.json beside it)")
-    p.add_argument("--latents", type=Path, required=True,
-                   help="latents written on the host by `rkstudy piper latents --text ... -o latents.npz`")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--latents", type=Path,
+                     help="latents written on the host by `rkstudy piper latents --text ... -o latents.npz`")
+    src.add_argument("--text", help="text to speak, synthesized here up to the latent by the voice itself "
+                     "(needs piper-tts and --voice-onnx)")
+    p.add_argument("--voice-onnx", type=Path, help="with --text: the voice the engine was made from")
+    p.add_argument("--voice-config", type=Path, help="with --text: its .onnx.json (default: beside it)")
+    p.add_argument("--speaker", type=int, default=0, help="with --text: speaker id of a multi-speaker voice")
     p.add_argument("--audio", type=Path, help="write the decoded audio here (16-bit WAV)")
     p.add_argument("--outputs", type=Path, help="write the decoded audio here as float32 (.npz)")
     p.add_argument("--results", type=Path, help="results root for the row (default: results/)")
     p.add_argument("--cores", choices=("0_1_2", "0", "auto"), default="0_1_2",
                    help="NPU core mask (0_1_2 falls back to auto where the driver refuses it)")
-    p.set_defaults(func=_run)
+    def check(args):
+        if args.text and not args.voice_onnx:
+            p.error("--text needs --voice-onnx (the voice the engine was made from)")
+
+    p.set_defaults(func=_run, validate_args=check)

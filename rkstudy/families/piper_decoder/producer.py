@@ -87,7 +87,7 @@ def source_digest(path) -> Digest:
 
 def decoder_contract(*, family: str, window: int, emit: int, context: int, hop: int, channels: int,
                      gin: int | None, sample_rate: int, dec_mask: bool, upsampler: str, source: Digest,
-                     producer: str) -> Contract:
+                     producer: str, seam: DecoderSeam | None = None) -> Contract:
     """The stage contract of a windowed VITS decoder: z walked at 1/frame, y_mask made by the walker,
     g a constant (multi-speaker voices), audio out at `hop` samples per frame."""
     inputs = [Tensor("z", (1, channels, window), role="walked", axis=2),
@@ -98,7 +98,9 @@ def decoder_contract(*, family: str, window: int, emit: int, context: int, hop: 
                     outputs=(Tensor("audio", (1, 1, window * hop), role="walked", axis=2, rate=hop),),
                     source=source, producer=producer,
                     params={"hop": hop, "channels": channels, "sample_rate": sample_rate, "dec_mask": dec_mask,
-                            "upsampler": upsampler if dec_mask else "", "speaker_dims": gin or 0},
+                            "upsampler": upsampler if dec_mask else "", "speaker_dims": gin or 0,
+                            # the seam's names in the source model: a board exposes them to get latents
+                            "seam_z": seam.z if seam else "", "seam_g": (seam.g or "") if seam else ""},
                     window=Window(frames=window, emit=emit, context=context, hop=emit))
 
 
@@ -118,7 +120,7 @@ def produce(model: onnx.ModelProto, *, source: Digest, emit: int = DEFAULT_EMIT,
     contract = decoder_contract(family=family, window=window, emit=emit, context=context, hop=decoder_hop(model),
                                 channels=latent_channels(model), gin=speaker_dims(pinned),
                                 sample_rate=sample_rate, dec_mask=dec_mask, upsampler=upsampler,
-                                source=source, producer=producer)
+                                source=source, producer=producer, seam=seam)
     return Produced(graph.with_metadata(folded, **{METADATA_KEY: contract.to_json()}), contract, before, after)
 
 
