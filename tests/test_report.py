@@ -30,3 +30,12 @@ def test_the_index_lists_tables_headlines_with_the_seeds_figure_and_figures(tmp_
     assert report.main(root=tmp_path) == 0 and report.main(check=True, root=tmp_path) == 0
     recorded = json.loads((tmp_path / "piper_decoder" / "headlines.json").read_text())["headlines"]
     assert recorded["interior SNR"]["value"] == 73.25
+
+
+def test_family_order_does_not_depend_on_import_order(monkeypatch):
+    from rkstudy import families
+
+    registered = families.load_all()
+    shuffled = dict(reversed(list(registered.items())))  # as if the last family had been imported first
+    monkeypatch.setattr(families, "REGISTRY", shuffled)
+    assert list(families.load_all()) == list(families.FAMILIES)

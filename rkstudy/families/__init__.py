@@ -65,10 +65,12 @@ def register(family: Family) -> Family:
 
 
 def load_all() -> dict[str, Family]:
-    """Import every family package (each registers itself) and return the registry."""
+    """Import every family package (each registers itself) and return the registry in FAMILIES order
+    (not import order, which depends on what was imported first: the CLI and the index stay stable)."""
     for name in FAMILIES:
         importlib.import_module(f"{__name__}.{name}")
-    return REGISTRY
+    order = {name: i for i, name in enumerate(FAMILIES)}
+    return dict(sorted(REGISTRY.items(), key=lambda item: order.get(item[0], len(order))))
 
 
 def get(name: str) -> Family:
