@@ -12,7 +12,9 @@ BOARD_MODULES = [
     "rkstudy", "rkstudy.paths", "rkstudy.errors", "rkstudy.atomic", "rkstudy.cache", "rkstudy.contract",
     "rkstudy.window", "rkstudy.gates", "rkstudy.results", "rkstudy.sidecar", "rkstudy.report",
     "rkstudy.cliutil", "rkstudy.cli", "rkstudy.doctor", "rkstudy.runtime", "rkstudy.runtime.board",
-    "rkstudy.runtime.ort", "rkstudy.board", "rkstudy.board.sysfs", "rkstudy.board.run", "rkstudy.families",
+    "rkstudy.runtime.ort", "rkstudy.board", "rkstudy.board.sysfs", "rkstudy.board.run", "rkstudy.board.memory",
+    "rkstudy.board.dmesg", "rkstudy.board.rknnrt", "rkstudy.board.check", "rkstudy.board.load", "rkstudy.board.dram",
+    "rkstudy.families",
     "rkstudy.families.piper.latents", "rkstudy.families.piper_decoder", "rkstudy.families.piper_decoder.sidecar",
     "rkstudy.families.piper_decoder.board", "rkstudy.families.piper_decoder.cli",
     "rkstudy.families.piper_encoder", "rkstudy.families.piper_encoder.sidecar",
@@ -51,7 +53,8 @@ def test_every_board_side_module_imports_without_the_converter():
 
 @pytest.mark.parametrize("argv", [["doctor", "--board"], ["board", "--help"],
                                   ["board", "run", "piper_decoder", "--help"],
-                                  ["board", "run", "piper_encoder", "--help"], ["--help"],
+                                  ["board", "run", "piper_encoder", "--help"], ["--help"], ["board", "check"],
+                                  ["board", "memory", "--help"], ["board", "dram", "--help"],
                                   ["piper", "decoder", "--help"]])
 def test_board_commands_run_without_the_converter(argv):
     proc = run_guarded(f"from rkstudy.cli import main\nimport sys\nsys.exit(main({argv!r}))")

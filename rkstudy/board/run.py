@@ -4,9 +4,12 @@ The parent checks that this is a board, validates the engine's contract (engine 
 compiled for this SoC, carved from the same source as the inputs), starts a child that loads the
 engine and runs the family's job, and reaps it with wait4, so the peak RSS in the row is the
 child's own (the sidecar, its runtime and its engine), comparable with the seeds' process figure and
-not the notebook kernel's. The parent then writes the audio and appends one results row: wall time,
-audio seconds, RTF, peak RSS, NPU governor and frequency, driver and runtime versions, engine and
-contract digests, and where it ran (`board`, or `replay` through the test double).
+not the notebook kernel's. While the job runs, the child samples the driver's per-core NPU load in a
+background thread (rkstudy.board.load; the seeds read that file to find that the AUTO mask leaves
+two cores idle). The parent then writes the audio and appends one results row: wall time, audio
+seconds, RTF, peak RSS, per-core NPU load (mean and max), NPU governor and frequency, driver and
+runtime versions, engine and contract digests, and where it ran (`board`, or `replay` through the
+test double).
 
 Board side: standard library, numpy and psutil only.
 """
@@ -28,7 +31,7 @@ from ..cache import sha256_file
 from ..contract import Contract, beside, for_engine
 from ..errors import InputError, UsageError
 from ..runtime.board import BoardUnavailable, board_available
-from . import sysfs
+from . import load, sysfs
 
 NO_BOARD = ("`rkstudy board run` runs on an RK3588/RK3566 board with rknn-toolkit-lite2 and the rknpu "
             "driver, and this machine has {why}; on the host use the simulator (the study notebooks)")
@@ -101,7 +104,7 @@ def measure(family: str, *, engine: Path, job: str, payload: dict, cores: str = 
            **(extra or {}), **result.get("row", {}), "wall_s": round(result["seconds"], 4),
            "audio_s": round(result["audio_s"], 3),
            "rtf": result["seconds"] / result["audio_s"] if result["audio_s"] else float("nan"),
-           "peak_rss_mb": round(usage.ru_maxrss / 1024, 1), "cores": result["cores"],
+           "peak_rss_mb": round(usage.ru_maxrss / 1024, 1), **result["npu_load"], "cores": result["cores"],
            "npu_governor": clock["governor"] or "", "npu_freq_hz": clock["cur_freq"] or "",
            "driver": sysfs.npu_driver_version() or "", "runtime": result.get("runtime") or "",
            "where": result["where"], "target": result["target"]}
@@ -119,8 +122,10 @@ def measure(family: str, *, engine: Path, job: str, payload: dict, cores: str = 
     root = Path(results_dir) if results_dir else results.results_root(quick=False)
     table = append_row("board", family, row, root)
     audio = f"RTF {row['rtf']:.4f}, {row['audio_s']:.2f} s of audio, " if row["audio_s"] else ""
+    npu = (f", NPU load mean {row['npu_load_mean_pct']} % max {row['npu_load_max_pct']} % per core"
+           if row["npu_load_samples"] else "")
     print(f"{family} on {row['where']} ({row['target']}, cores {row['cores']}): {audio}{row['wall_s']:.3f} s, "
-          f"peak RSS {row['peak_rss_mb']} MB -> {table}")
+          f"peak RSS {row['peak_rss_mb']} MB{npu} -> {table}")
     return row
 
 
@@ -132,7 +137,9 @@ def _child(spec_path: str) -> int:
     module, _, attr = spec["job"].partition(":")
     job = getattr(importlib.import_module(module), attr)
     contract: Contract = for_engine(spec["engine"])  # already validated by the parent; re-read here
-    out = job(contract=contract, engine=Path(spec["engine"]), cores=spec["cores"], payload=spec["payload"])
+    with load.sampled() as sampler:
+        out = job(contract=contract, engine=Path(spec["engine"]), cores=spec["cores"], payload=spec["payload"])
+    out["npu_load"] = load.row_fields(sampler.summary() if sampler else None)
     arrays = {"audio": np.asarray(out.pop("audio"), np.float32), **out.pop("arrays", {})}
     np.savez(spec["arrays"], **arrays)
     Path(spec["result"]).write_text(json.dumps(out))
