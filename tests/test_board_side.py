@@ -20,7 +20,7 @@ BOARD_MODULES = [
     "rkstudy.families.piper_encoder", "rkstudy.families.piper_encoder.sidecar",
     "rkstudy.families.piper_encoder.tokens", "rkstudy.families.piper_encoder.board",
     "rkstudy.families.piper_encoder.cli", "rkstudy.families.inflect_decoder", "rkstudy.families.inflect_decoder.cli",
-    "rkstudy.families.toolchain",
+    "rkstudy.families.toolchain", "rkstudy.families.flow_estimator", "rkstudy.families.flow_estimator.cli",
 ]
 
 # A meta-path finder that refuses the converter's packages, as a board without them would.
@@ -55,6 +55,7 @@ def test_every_board_side_module_imports_without_the_converter():
                                   ["board", "run", "piper_decoder", "--help"],
                                   ["board", "run", "piper_encoder", "--help"], ["--help"], ["board", "check"],
                                   ["board", "memory", "--help"], ["board", "dram", "--help"],
+                                  ["cosyvoice3", "estimator", "--help"],
                                   ["piper", "decoder", "--help"]])
 def test_board_commands_run_without_the_converter(argv):
     proc = run_guarded(f"from rkstudy.cli import main\nimport sys\nsys.exit(main({argv!r}))")

@@ -141,3 +141,13 @@ def test_growth_fit_recovers_a_known_curve_and_its_crossing():
     assert a + b * s + c * s * s == pytest.approx(2**32)
     assert quad["longest_S_built"] == 2000
     assert not study.growth_rows(builds[:2])  # two points fit no line honestly
+
+
+def test_the_command_refuses_mixed_stages_and_a_missing_length(capsys):
+    from rkstudy.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["cosyvoice3", "estimator", "--onnx", "est.onnx", "--frames", "250"])
+    assert exit_.value.code == 2 and "--frames belong to stage 1" in capsys.readouterr().err
+    assert main(["cosyvoice3", "estimator"]) == 2
+    assert "give --frames S" in capsys.readouterr().err
