@@ -182,8 +182,8 @@ def layer_ops(log_text: str) -> Counter:
 
 def build_row(frames: int, *, depth: int, attn_form: str = "sdpa", simulate: bool = False,
               target: str = "rk3588") -> tuple[list[dict], Contract]:
-    """Export, fold and build the stand-in at `frames` (verbose, a fresh build: the converter's own
-    peak RSS is measured by wait4), read the plan; optionally build again in a simulator child and
+    """Export, fold and build the stand-in at `frames` (verbose, a fresh build: the converter child
+    reports its own peak RSS), read the plan; optionally build again in a simulator child and
     score it against fp32. The graph and engine go to a temporary folder. Returns the build row and
     (when simulated) the simulator row, and the graph's stage contract."""
     with tempfile.TemporaryDirectory(prefix="rkstudy-flow-") as tmp:
