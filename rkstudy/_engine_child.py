@@ -15,8 +15,16 @@ import traceback
 from multiprocessing.connection import Connection
 
 
+def _send(conn: Connection, msg: dict) -> None:
+    """Every message carries this process's own peak RSS so far (the parent's only honest source
+    for it: see rkstudy.build.EngineProcess._recv)."""
+    from rkstudy.board.run import peak_rss_kb
+
+    conn.send({**msg, "peak_rss_kb": peak_rss_kb()})
+
+
 def _step(conn: Connection, name: str, rc) -> None:
-    conn.send({"event": "step", "step": name, "rc": rc})
+    _send(conn, {"event": "step", "step": name, "rc": rc})
     if rc not in (0, None):
         raise RuntimeError(f"rknn.{name} returned {rc}")
 
@@ -46,7 +54,7 @@ def main(spec_path: str, fd: str) -> int:
         if spec.get("serve"):
             step = "init_runtime"
             _step(conn, step, rknn.init_runtime(target=None))
-            conn.send({"event": "ready"})
+            _send(conn, {"event": "ready"})
             while True:
                 msg = conn.recv()
                 if msg is None:
@@ -56,16 +64,16 @@ def main(spec_path: str, fd: str) -> int:
                     outs = rknn.inference(inputs=list(msg), data_format=fmt if any(fmt) else None)
                     if outs is None:
                         raise RuntimeError("rknn.inference returned None (see the engine log)")
-                    conn.send({"event": "outputs", "outputs": [o for o in outs]})
+                    _send(conn, {"event": "outputs", "outputs": [o for o in outs]})
                 except Exception as exc:  # report and keep serving: one bad input is not fatal
-                    conn.send({"event": "error", "error": f"{type(exc).__name__}: {exc}"})
+                    _send(conn, {"event": "error", "error": f"{type(exc).__name__}: {exc}"})
         step = "release"
         rknn.release()
-        conn.send({"event": "done"})
+        _send(conn, {"event": "done"})
         return 0
     except Exception as exc:
         traceback.print_exc()
-        conn.send({"event": "failed", "step": step, "error": f"{type(exc).__name__}: {exc}"})
+        _send(conn, {"event": "failed", "step": step, "error": f"{type(exc).__name__}: {exc}"})
         return 1
 
 

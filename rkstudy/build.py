@@ -69,7 +69,8 @@ def require_toolkit() -> None:
 class BuildReport:
     """What one build did. `status` is ok, failed (a toolkit step returned an error),
     aborted (the compiler died on a signal), regtask-limit (killed past the REGTASK limit) or
-    timeout (killed past the build timeout). `peak_rss_mb` is the toolkit child's own peak."""
+    timeout (killed past the build timeout). `peak_rss_mb` is the toolkit child's own peak
+    (its VmHWM, as it last reported it; see EngineProcess._recv)."""
 
     status: str
     target: str
@@ -200,15 +201,23 @@ class EngineProcess:
 
     def _recv(self, timeout: float | None = None):
         """Next message from the child, or None when it has gone away (or `timeout` passed: then
-        the child is killed, since a compiler that hangs never answers)."""
+        the child is killed, since a compiler that hangs never answers).
+
+        Every message carries the child's own peak RSS (VmHWM of its post-exec address space).
+        wait4's ru_maxrss cannot give it: a child started by fork/vfork + exec inherits the
+        parent's high-water mark at exec, so from a notebook kernel holding gigabytes every build
+        would report at least the kernel's peak."""
         try:
             if timeout is not None and not self.conn.poll(max(0.0, timeout)):
                 self.timed_out = True
                 self._kill()
                 return None
-            return self.conn.recv()
+            msg = self.conn.recv()
         except (EOFError, ConnectionResetError, OSError):
             return None
+        if isinstance(msg, dict) and msg.get("peak_rss_kb"):
+            self.peak_rss_mb = max(self.peak_rss_mb, msg["peak_rss_kb"] / 1024)
+        return msg
 
     def wait_built(self) -> BuildReport:
         """Block until the engine is built (and, when serving, the simulator is up), at most
@@ -229,19 +238,17 @@ class EngineProcess:
                 return report
 
     def _reap(self, timeout: float) -> int:
-        """Wait for the child (killing it past `timeout`) with wait4, which also returns the
-        child's own peak RSS: the converter's memory, measured on the process that used it."""
+        """Wait for the child (killing it past `timeout`); its exit code."""
         deadline = time.monotonic() + timeout
         while True:
-            pid, status, usage = os.wait4(self.proc.pid, os.WNOHANG)
+            pid, status = os.waitpid(self.proc.pid, os.WNOHANG)
             if pid:
                 break
             if time.monotonic() > deadline:
                 self._kill()
-                pid, status, usage = os.wait4(self.proc.pid, 0)
+                pid, status = os.waitpid(self.proc.pid, 0)
                 break
             time.sleep(0.05)
-        self.peak_rss_mb = usage.ru_maxrss / 1024  # kB on Linux
         rc = os.waitstatus_to_exitcode(status)
         self.proc.returncode = rc  # reaped here, so Popen must not wait for it again
         return rc

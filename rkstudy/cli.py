@@ -132,6 +132,66 @@ def _cmd_results_index(args) -> int:
     return report.main(check=args.check)
 
 
+def _cmd_board_check(args) -> int:
+    from dataclasses import asdict
+
+    from .board import check
+
+    c = check.board_check()
+    print(json.dumps(asdict(c), indent=1) if args.json else check.render(c))
+    return 0 if c.verdict.comparable else 1
+
+
+def _cmd_board_memory(args) -> int:
+    from .board import rknnrt
+    from .board.memory import Budget
+
+    budget = Budget(args.budget_mib, source="--budget-mib") if args.budget_mib else Budget.seeds()
+    lines, verdict = rknnrt.memory_report(args.engines, budget, rknnrt.load_library(args.library))
+    print("\n".join(lines))
+    if not args.budget_mib:
+        print(f"(budget {budget.mib:g} MiB: the {budget.source}; measure yours and pass --budget-mib)")
+    return 0 if verdict.admit else 1
+
+
+def _cmd_board_dram(args) -> int:
+    from dataclasses import asdict
+
+    from .board import dram
+
+    for threads in args.threads:
+        r = dram.read_bandwidth(args.mib * 2**20 if args.mib else None, threads=threads, repeats=args.repeats,
+                                factor=args.factor, cpus=args.cpus, label=args.label)
+        print(json.dumps(asdict(r)) if args.json else r.line(), flush=True)
+    return 0
+
+
+def _add_board_kit(board_cmds) -> None:
+    """`rkstudy board check | memory | dram`: the board measurement kit (board side, stdlib/numpy/ctypes)."""
+    c = board_cmds.add_parser("check", help="governor, NPU clock, driver, librknnrt, CPU clusters, and whether "
+                              "this board's figures compare with the seeds' (exit 0 only when they do)")
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(func=_cmd_board_check)
+
+    m = board_cmds.add_parser("memory", help="each engine's NPU context cost (librknnrt, no network built) and "
+                              "whether the set fits one process (exit 0 admit, 1 refuse)")
+    m.add_argument("engines", type=Path, nargs="+", help=".rknn engines to hold resident at once")
+    m.add_argument("--budget-mib", type=float, help="per-process budget (default: the seeds' figure, "
+                   "measured on their board)")
+    m.add_argument("--library", type=Path, help="librknnrt.so to use (default $LIBRKNNRT_PATH, else /usr/lib)")
+    m.set_defaults(func=_cmd_board_memory)
+
+    d = board_cmds.add_parser("dram", help="DRAM read ceiling with a working set far larger than the LLC")
+    d.add_argument("--label", default="host", help="whose figure this is (printed with it)")
+    d.add_argument("--threads", type=positive, nargs="+", default=[1])
+    d.add_argument("--repeats", type=positive, default=5)
+    d.add_argument("--factor", type=positive, default=8, help="working set as a multiple of the LLC")
+    d.add_argument("--mib", type=positive, help="working set in MiB (default: factor x LLC)")
+    d.add_argument("--cpus", type=int, nargs="+", help="pin to these CPUs (RK3588 A76 cluster: 4 5 6 7)")
+    d.add_argument("--json", action="store_true")
+    d.set_defaults(func=_cmd_board_dram)
+
+
 def _add_core(sub) -> None:
     from .contract import TARGETS
 
@@ -208,6 +268,7 @@ def parser() -> Parser:
     board_cmds = board.add_subparsers(dest="board_command", required=True)
     run = board_cmds.add_parser("run", help="a family's sidecar on the NPU: audio and one results row")
     _add_families(sub, run.add_subparsers(dest="family", required=True))
+    _add_board_kit(board_cmds)
     return p
 
 

@@ -183,12 +183,21 @@ class Contract:
     def check_family(self, family: str) -> None:
         if self.family != family:
             raise EngineMismatch(f"this is a {self.family} engine, not a {family} one; make a {family} "
-                                 f"engine with `rkstudy {family.replace('_', ' ', 1)} --help`")
+                                 f"engine with `rkstudy {command(family)} --help`")
 
     def remake_engine(self, target: str | None = None) -> str:
-        cmd = self.family.replace("_", " ", 1)
+        cmd = command(self.family)
         graph = self.onnx.file if self.onnx else "slice.onnx"
         return f"rkstudy {cmd} --onnx <{graph}> --target {target or self.target or 'rk3588'}"
+
+
+def command(family: str) -> str:
+    """The `rkstudy <group> <stage>` words that make a family's graphs (`cosyvoice3 estimator` for
+    flow_estimator), from the family registry."""
+    from .families import REGISTRY, load_all
+
+    f = (REGISTRY if family in REGISTRY else load_all()).get(family)
+    return " ".join(f.command) if f is not None and f.command else family.replace("_", " ", 1)
 
 
 def beside(engine_path: Path | str) -> Path:
@@ -324,7 +333,7 @@ def for_engine(engine_path: Path | str, *, family: str | None = None, soc: str |
     """Load and check the contract beside an engine: present, valid, this family, the engine's bytes
     unchanged, compiled for `soc` (when given) and carved from `source` (when given)."""
     engine_path = Path(engine_path)
-    remake = remake or (f"rkstudy {family.replace('_', ' ', 1)} --help" if family else "rkstudy --help")
+    remake = remake or (f"rkstudy {command(family)} --help" if family else "rkstudy --help")
     if not engine_path.is_file():
         raise EngineMismatch(f"no engine at {engine_path}; make one with `{remake}`")
     path = beside(engine_path)

@@ -12,14 +12,16 @@ BOARD_MODULES = [
     "rkstudy", "rkstudy.paths", "rkstudy.errors", "rkstudy.atomic", "rkstudy.cache", "rkstudy.contract",
     "rkstudy.window", "rkstudy.gates", "rkstudy.results", "rkstudy.sidecar", "rkstudy.report",
     "rkstudy.cliutil", "rkstudy.cli", "rkstudy.doctor", "rkstudy.runtime", "rkstudy.runtime.board",
-    "rkstudy.runtime.ort", "rkstudy.board", "rkstudy.board.sysfs", "rkstudy.board.run", "rkstudy.families",
+    "rkstudy.runtime.ort", "rkstudy.board", "rkstudy.board.sysfs", "rkstudy.board.run", "rkstudy.board.memory",
+    "rkstudy.board.dmesg", "rkstudy.board.rknnrt", "rkstudy.board.check", "rkstudy.board.load", "rkstudy.board.dram",
+    "rkstudy.families",
     "rkstudy.families.piper.latents", "rkstudy.families.piper.frontend", "rkstudy.families.piper.boardfront",
     "rkstudy.protowire", "rkstudy.families.piper_decoder", "rkstudy.families.piper_decoder.sidecar",
     "rkstudy.families.piper_decoder.board", "rkstudy.families.piper_decoder.cli",
     "rkstudy.families.piper_encoder", "rkstudy.families.piper_encoder.sidecar",
     "rkstudy.families.piper_encoder.tokens", "rkstudy.families.piper_encoder.board",
     "rkstudy.families.piper_encoder.cli", "rkstudy.families.inflect_decoder", "rkstudy.families.inflect_decoder.cli",
-    "rkstudy.families.toolchain",
+    "rkstudy.families.toolchain", "rkstudy.families.flow_estimator", "rkstudy.families.flow_estimator.cli",
 ]
 
 # A meta-path finder that refuses the converter's packages, as a board without them would.
@@ -52,7 +54,9 @@ def test_every_board_side_module_imports_without_the_converter():
 
 @pytest.mark.parametrize("argv", [["doctor", "--board"], ["board", "--help"],
                                   ["board", "run", "piper_decoder", "--help"],
-                                  ["board", "run", "piper_encoder", "--help"], ["--help"],
+                                  ["board", "run", "piper_encoder", "--help"], ["--help"], ["board", "check"],
+                                  ["board", "memory", "--help"], ["board", "dram", "--help"],
+                                  ["cosyvoice3", "estimator", "--help"],
                                   ["piper", "decoder", "--help"]])
 def test_board_commands_run_without_the_converter(argv):
     proc = run_guarded(f"from rkstudy.cli import main\nimport sys\nsys.exit(main({argv!r}))")

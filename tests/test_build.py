@@ -120,3 +120,16 @@ def test_the_toolkit_leaves_nothing_in_the_callers_directory(probe, tmp_path, mo
     report = build.build_engine(probe, "rk3588", out=tmp_path / "out" / "e.rknn", reuse=False)
     assert report.ok
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no check*.onnx beside the caller
+
+
+def test_the_peak_rss_is_the_childs_own_not_the_callers(probe, tmp_path):
+    """wait4's ru_maxrss of a fork/vfork+exec child is floored by the parent's high-water mark at
+    exec; the child's own VmHWM is not. A caller holding 1.5 GB must not show up in the build."""
+    import resource
+
+    ballast = bytearray(1536 << 20)
+    ballast[::4096] = b"\1" * len(ballast[::4096])  # touch every page: resident, not just reserved
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 > 1536
+    report = build.build_engine(probe, "rk3588", out=tmp_path / "p.rknn", reuse=False)
+    del ballast
+    assert report.ok and 50 < report.peak_rss_mb < 1400, report.peak_rss_mb

@@ -43,6 +43,17 @@ EXPECT = {
         "simulator vs fp32, worst over widths": (50, math.inf),
         "rk3588 engine at width 64": (30, 36),
         "duration drift in the simulator, largest |%|": (0, 5.0)}),
+    "flow_estimator": ("05_flow_estimator_memory.ipynb", {
+        "seeds' measured sets the model reproduces": (8, 8),
+        "admit/refuse rows agreeing, with S>=900 sets": (17, 17),
+        "ladder walk: requests on the CPU path": (2, 2),
+        "ladder walk: most resident at once": (3752, 3752),  # S=500 alone, under the seeds' 3900 MiB
+        "seeds' context fit: S where it reaches their budget": (511, 513),
+        "stand-in simulator vs fp32, worst": (40, math.inf),
+        "stand-in engine at S=64, depth 2": (70, 85),
+        "stand-in planned internal arena at S=64": (1.0, 2.5),
+        "stand-in converter peak RSS, largest build": (200, 8000),
+        "DRAM read on this host, 1 thread, wall clock (host, not a board)": (0.05, 200)}),
 }
 
 

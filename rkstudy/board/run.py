@@ -2,11 +2,13 @@
 
 The parent checks that this is a board, validates the engine's contract (engine bytes unchanged,
 compiled for this SoC, carved from the same source as the inputs), starts a child that loads the
-engine and runs the family's job, and reaps it with wait4, so the peak RSS in the row is the
-child's own (the sidecar, its runtime and its engine), comparable with the seeds' process figure and
-not the notebook kernel's. The parent then writes the audio and appends one results row: wall time,
-audio seconds, RTF, peak RSS, NPU governor and frequency, driver and runtime versions, engine and
-contract digests, and where it ran (`board`, or `replay` through the test double).
+engine and runs the family's job; the child reports its own peak RSS (VmHWM: the sidecar, its
+runtime and its engine), comparable with the seeds' process figure and not the notebook kernel's.
+While the job runs, the child samples the driver's per-core NPU load in a background thread
+(rkstudy.board.load; the seeds read that file to find that the AUTO mask leaves two cores idle).
+The parent then writes the audio and appends one results row: wall time, audio seconds, RTF, peak
+RSS, per-core NPU load (mean and max), NPU governor and frequency, driver and runtime versions,
+engine and contract digests, and where it ran (`board`, or `replay` through the test double).
 
 Board side: standard library, numpy and psutil only.
 """
@@ -28,7 +30,7 @@ from ..cache import sha256_file
 from ..contract import Contract, beside, for_engine
 from ..errors import InputError, UsageError
 from ..runtime.board import BoardUnavailable, board_available
-from . import sysfs
+from . import load, sysfs
 
 NO_BOARD = ("`rkstudy board run` runs on an RK3588/RK3566 board with rknn-toolkit-lite2 and the rknpu "
             "driver, and this machine has {why}; on the host use the simulator (the study notebooks)")
@@ -38,6 +40,20 @@ def require_board() -> None:
     present, why = board_available()
     if not present:
         raise BoardUnavailable(NO_BOARD.format(why=why[0].lower() + why[1:]))
+
+
+def peak_rss_kb() -> int:
+    """This process's own peak resident set (VmHWM, kB) since its exec; 0 where /proc has none.
+
+    The measured children report it themselves: wait4's ru_maxrss is floored by the parent's
+    high-water mark (a fork/vfork child inherits it at exec), so it is not the child's own."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 def write_wav(path: Path | str, pcm: np.ndarray, sample_rate: int) -> Path:
@@ -85,8 +101,7 @@ def measure(family: str, *, engine: Path, job: str, payload: dict, cores: str = 
         spec_path = Path(tmp) / "spec.json"
         spec_path.write_text(json.dumps(spec))
         proc = subprocess.Popen([sys.executable, "-m", "rkstudy.board.run", str(spec_path)], env=os.environ.copy())
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
+        proc.wait()
         result_path = Path(spec["result"])
         if proc.returncode != 0 or not result_path.is_file():
             raise BoardUnavailable(f"the board run of {Path(engine).name} failed (child exit {proc.returncode}); "
@@ -101,7 +116,7 @@ def measure(family: str, *, engine: Path, job: str, payload: dict, cores: str = 
            **(extra or {}), **result.get("row", {}), "wall_s": round(result["seconds"], 4),
            "audio_s": round(result["audio_s"], 3),
            "rtf": result["seconds"] / result["audio_s"] if result["audio_s"] else float("nan"),
-           "peak_rss_mb": round(usage.ru_maxrss / 1024, 1), "cores": result["cores"],
+           "peak_rss_mb": round(result["peak_rss_kb"] / 1024, 1), **result["npu_load"], "cores": result["cores"],
            "npu_governor": clock["governor"] or "", "npu_freq_hz": clock["cur_freq"] or "",
            "driver": sysfs.npu_driver_version() or "", "runtime": result.get("runtime") or "",
            "where": result["where"], "target": result["target"]}
@@ -119,20 +134,25 @@ def measure(family: str, *, engine: Path, job: str, payload: dict, cores: str = 
     root = Path(results_dir) if results_dir else results.results_root(quick=False)
     table = append_row("board", family, row, root)
     audio = f"RTF {row['rtf']:.4f}, {row['audio_s']:.2f} s of audio, " if row["audio_s"] else ""
+    npu = (f", NPU load mean {row['npu_load_mean_pct']} % max {row['npu_load_max_pct']} % per core"
+           if row["npu_load_samples"] else "")
     print(f"{family} on {row['where']} ({row['target']}, cores {row['cores']}): {audio}{row['wall_s']:.3f} s, "
-          f"peak RSS {row['peak_rss_mb']} MB -> {table}")
+          f"peak RSS {row['peak_rss_mb']} MB{npu} -> {table}")
     return row
 
 
 def _child(spec_path: str) -> int:
-    """The child: run the job, write its audio and its result; the parent reaps it for the RSS."""
+    """The child: run the job, write its audio and its result, with its own peak RSS."""
     import importlib
 
     spec = json.loads(Path(spec_path).read_text())
     module, _, attr = spec["job"].partition(":")
     job = getattr(importlib.import_module(module), attr)
     contract: Contract = for_engine(spec["engine"])  # already validated by the parent; re-read here
-    out = job(contract=contract, engine=Path(spec["engine"]), cores=spec["cores"], payload=spec["payload"])
+    with load.sampled() as sampler:
+        out = job(contract=contract, engine=Path(spec["engine"]), cores=spec["cores"], payload=spec["payload"])
+    out["npu_load"] = load.row_fields(sampler.summary() if sampler else None)
+    out["peak_rss_kb"] = peak_rss_kb()
     arrays = {"audio": np.asarray(out.pop("audio"), np.float32), **out.pop("arrays", {})}
     np.savez(spec["arrays"], **arrays)
     Path(spec["result"]).write_text(json.dumps(out))

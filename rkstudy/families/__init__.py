@@ -17,10 +17,11 @@ import importlib
 from dataclasses import dataclass
 
 # The one registry line per family: the packages under rkstudy/families/ that register themselves.
-FAMILIES = ("toolchain", "piper_decoder", "piper_encoder", "inflect_decoder")
+FAMILIES = ("toolchain", "piper_decoder", "piper_encoder", "inflect_decoder", "flow_estimator")
 
 # Help for the first word of a family command (`rkstudy piper ...`).
-GROUPS = {"piper": "Piper (VITS) voice stages", "inflect": "Inflect v2 decode.onnx contract"}
+GROUPS = {"piper": "Piper (VITS) voice stages", "inflect": "Inflect v2 decode.onnx contract",
+          "cosyvoice3": "CosyVoice3 stages (a DiT stand-in with random weights where the model is not obtainable)"}
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,18 @@
 """RKNNLite on a board. Real code, exercised on a board, and in CI through the replay double of
 RKNNLite (tests/doubles/rknnlite), whose rows say `replay`, never `board`.
 
-Two behaviours the seeds measured and this runner keeps:
+Three behaviours the seeds measured (or that RKNNLite hides) and this runner keeps:
 * The driver's AUTO core mask puts every one of these engines on one core, so the runner asks
   for cores 0_1_2 and falls back to AUTO when the driver refuses (single-core SoCs such as the
-  RK3566 do).
-* A failure code names what was refused, not who refused it. Once any context in this process
-  has initialized, every later error carries the runtime (API) and driver versions it reported,
-  which is the half of a version comparison the board can state.
+  RK3566 do). A driver refusal (-4, -6) is not retried with another mask: the seeds saw masks 1
+  and 7 fail identically at the IOVA ceiling.
+* A failure code names what was refused, not who refused it. Every failure goes through
+  rkstudy.board.dmesg.format_failure, the one formatter: the code's name and meaning, the bytes
+  the kernel log names, and, once any context in this process has initialized, the driver and
+  runtime (API) versions it reported.
+* RKNNLite 2.5.0's init_runtime returns -1 for every failure and prints the librknnrt code
+  ("RKNN init failed. error code: N") to fds 1/2 from C; the runner captures both fds around
+  init_runtime to recover it, and passes the text on to stderr.
 
 Board side: numpy and rknnlite (at call time) only.
 """
@@ -15,29 +20,25 @@ Board side: numpy and rknnlite (at call time) only.
 from __future__ import annotations
 
 import importlib.util
+import os
+import sys
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from ..board import sysfs
+from ..board import dmesg, sysfs
+from ..board.dmesg import InitRefused, RknnError, Versions  # noqa: F401  (RknnError re-exported)
 from .base import Runner
 
 CORE_MASKS = ("0_1_2", "0", "auto")
-# What a runtime code means, as the seeds met them on an RK3588 (rknn_init / init_runtime).
-RUNTIME_CODES = {-4: "the driver refused the init (the engine's mapping does not fit the NPU's 32-bit "
-                     "address space: see dmesg for 'failed to allocate IOVA')",
-                 -6: "the driver refused the init (an aperture overrun: too many contexts resident)",
-                 -13: "the engine was compiled for another target platform"}
-
-_versions: str | None = None  # "api ..., driver ..." from the first context that initialized
+DRIVER_REFUSALS = (-4, -6)  # the driver said no: another core mask cannot help
 
 
 class BoardUnavailable(RuntimeError):
     """No RKNNLite runtime or no NPU driver here."""
-
-
-class RknnError(RuntimeError):
-    """An RKNNLite call failed; the message carries the versions once they are known."""
 
 
 def board_available() -> tuple[bool, str]:
@@ -51,25 +52,42 @@ def board_available() -> tuple[bool, str]:
 
 
 def runtime_versions() -> str | None:
-    """The runtime (API) and driver versions the first initialized context reported, or None."""
-    return _versions
+    """"driver X, api Y" as the first initialized context reported them (for results rows), or None."""
+    known = dmesg.known_versions()
+    return known.describe() if known else None
 
 
-def _fail(what: str, rc) -> RknnError:
-    meaning = f": {RUNTIME_CODES[rc]}" if rc in RUNTIME_CODES else ""
-    suffix = f" ({_versions})" if _versions else ""
-    return RknnError(f"{what} failed with code {rc}{meaning}{suffix}")
-
-
-def _one_line_sdk(sdk) -> str | None:
-    return " ".join(str(sdk).split()) if sdk else None
+def capturing_fds(fn: Callable[[], Any]) -> tuple[Any, str]:
+    """fn()'s result and everything written to fds 1 and 2 while it ran (C code writes there
+    directly, so redirecting sys.stdout would miss it). The text is passed on to stderr after."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with tempfile.TemporaryFile() as log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        try:
+            result = fn()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+        log.seek(0)
+        text = log.read().decode("utf-8", errors="replace")
+    if text:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+    return result, text
 
 
 class BoardRunner(Runner):
-    """One RKNNLite context over one .rknn engine."""
+    """One RKNNLite context over one .rknn engine (also a rung of rkstudy.board.memory.LazyLadder:
+    it raises InitRefused when the runtime or driver refuses the context)."""
 
     def __init__(self, rknn_path, input_names: list[str], *, cores: str = "0_1_2"):
-        global _versions
         present, why = board_available()
         if not present:
             raise BoardUnavailable(f"cannot run {Path(rknn_path).name} on a board: {why}")
@@ -85,26 +103,34 @@ class BoardRunner(Runner):
         self._lite = RKNNLite(verbose=False)
         rc = self._lite.load_rknn(str(self.engine))
         if rc != 0:
-            raise _fail(f"load_rknn({self.engine.name})", rc)
-        mask = {"0_1_2": RKNNLite.NPU_CORE_0_1_2, "0": RKNNLite.NPU_CORE_0, "auto": RKNNLite.NPU_CORE_AUTO}[cores]
-        rc = self._lite.init_runtime(core_mask=mask)
-        self.cores = cores
-        if rc != 0 and mask != RKNNLite.NPU_CORE_AUTO:
-            rc = self._lite.init_runtime(core_mask=RKNNLite.NPU_CORE_AUTO)
-            self.cores = "auto"
+            raise RknnError(dmesg.format_failure(f"load_rknn({self.engine.name})", rc))
+        masks = {"0_1_2": RKNNLite.NPU_CORE_0_1_2, "0": RKNNLite.NPU_CORE_0, "auto": RKNNLite.NPU_CORE_AUTO}
+        with dmesg.DmesgWatch() as watch:
+            rc, code = self._init(masks[cores])
+            self.cores = cores
+            if rc != 0 and masks[cores] != RKNNLite.NPU_CORE_AUTO and code not in DRIVER_REFUSALS:
+                rc, code = self._init(RKNNLite.NPU_CORE_AUTO)
+                self.cores = "auto"
         if rc != 0:
-            raise _fail(f"init_runtime({self.engine.name})", rc)
-        if _versions is None:
-            driver = sysfs.npu_driver_version()
-            sdk = _one_line_sdk(self._lite.get_sdk_version())
-            _versions = ", ".join(v for v in (sdk, f"driver {driver}" if driver else None) if v) or None
+            self._lite.release()
+            note = "" if code is not None else "RKNNLite returns -1 for every init failure and its log named no code"
+            raise InitRefused(f"init_runtime({self.engine.name})", code if code is not None else rc,
+                              refusals=watch.refusals, note=note)
+        sdk = dmesg.parse_lite_sdk_version(self._lite.get_sdk_version())
+        dmesg.remember_versions(Versions(sdk.api, sdk.driver or sysfs.npu_driver()[0]))
+
+    def _init(self, mask: int) -> tuple[int, int | None]:
+        """init_runtime's rc and the librknnrt code its log names (None when it names none)."""
+        rc, text = capturing_fds(lambda: self._lite.init_runtime(core_mask=mask))
+        return rc, (dmesg.lite_init_code(text) if rc != 0 else None)
 
     def run(self, inputs) -> list[np.ndarray]:
         arrays = self._ordered(inputs)
         fmt = ["nchw" if x.ndim == 4 else None for x in arrays]
         outs = self._lite.inference(inputs=arrays, data_format=fmt if any(fmt) else None)
         if outs is None:
-            raise _fail(f"inference({self.engine.name})", "None")
+            raise RknnError(dmesg.format_failure(f"inference({self.engine.name})", None,
+                                                 note="RKNNLite returned no outputs; its log says why"))
         return [np.asarray(o, dtype=np.float32) for o in outs]
 
     def close(self) -> None:

@@ -3,8 +3,10 @@
 `load_rknn` reads the engine and finds, through its stage contract (`<engine>.contract.json`), the ONNX it
 was compiled from (beside the engine, or in $RKNNLITE_REPLAY_ONNX_DIR), checking its sha256; `init_runtime`
 serves that ONNX with onnxruntime. `RKNNLITE_REPLAY_CORES=1` makes it a single-core NPU that refuses any
-core mask but AUTO, as an RK3566 does. `IS_TEST_DOUBLE` tells rkstudy's BoardRunner to label its rows
-`replay`. Used only by tests.
+core mask but AUTO, as an RK3566 does. `RKNNLITE_REPLAY_INIT_CODE=-4` makes the runtime refuse every
+init the way 2.5.0 reports it: init_runtime returns -1 and the librknnrt code is only in the log it
+writes to fd 2 ("RKNN init failed. error code: -4", the format string in 2.5.0's rknn_runtime
+extension). `IS_TEST_DOUBLE` tells rkstudy's BoardRunner to label its rows `replay`. Used only by tests.
 """
 
 import hashlib
@@ -65,6 +67,11 @@ class RKNNLite:
         if core_mask not in known:
             return -1
         if os.environ.get("RKNNLITE_REPLAY_CORES") == "1" and core_mask not in (self.NPU_CORE_AUTO, self.NPU_CORE_0):
+            return -1
+        if os.environ.get("RKNNLITE_REPLAY_INIT_CODE"):
+            code = int(os.environ["RKNNLITE_REPLAY_INIT_CODE"])
+            os.write(2, f"E RKNN init failed. error code: {code}\n".encode())
+            os.write(2, b"E Catch exception when init runtime!\n")
             return -1
         import onnxruntime as ort
 

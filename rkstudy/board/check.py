@@ -1,0 +1,215 @@
+"""`rkstudy board check`: what this board is, and whether its figures can be compared with the seeds'.
+
+The seeds' board figures (000_6e5d138aacebdbda.txt, "Conditions on the board numbers") were taken on
+an RK3588 with the vendor rknpu_ondemand governor ramping the NPU to its 1000 MHz OPP; "a board
+running the mainline rocket driver's performance-less default can sit at a fraction of that
+clock and every figure here scales with it". So the check reads, from the board's own files:
+
+* the NPU devfreq node (RK3588: /sys/class/devfreq/fdab0000.npu): governor, cur_freq, the OPP table;
+* the rknpu driver version (/sys/kernel/debug/rknpu/version, else /sys/module/rknpu/version);
+* the librknnrt version compiled into /usr/lib/librknnrt.so ("librknnrt version: ...", what
+  `strings` shows), so the runtime is named without initializing a context;
+* the SoC from /proc/device-tree/compatible and the board model;
+* the CPU clusters (cpufreq max, cpu_capacity, governor, the core type from /proc/cpuinfo);
+
+and gives one verdict. Every path is read through rkstudy.board.sysfs, under rkstudy.paths.sysroot()
+($RKSTUDY_SYSROOT, default /), so the tests run it against recorded trees.
+
+Board side: standard library only.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ..paths import on_board
+from . import sysfs
+
+SEEDS_SOC = "rk3588"
+LIBRKNNRT_PATHS = ("/usr/lib/librknnrt.so", "/usr/lib64/librknnrt.so", "/usr/local/lib/librknnrt.so",
+                   "/usr/lib/aarch64-linux-gnu/librknnrt.so")
+# ARM "CPU part" ids (/proc/cpuinfo) of the cores these SoCs carry.
+CPU_PARTS = {"0xd05": "Cortex-A55", "0xd0b": "Cortex-A76", "0xd04": "Cortex-A35", "0xd03": "Cortex-A53"}
+_LIBRKNNRT = re.compile(rb"librknnrt version: ([^\x00\n]+)")
+
+
+def _int(text: str | None) -> int | None:
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+@dataclass
+class NpuClock:
+    node: str
+    governor: str | None
+    cur_hz: int | None
+    available_hz: list[int]
+
+    @property
+    def top_hz(self) -> int | None:
+        return max(self.available_hz) if self.available_hz else None
+
+
+def npu_clock() -> NpuClock | None:
+    """The NPU's devfreq node (fdab0000.npu on RK3588, fde40000.npu on RK356x), or None."""
+    c = sysfs.npu_clock()
+    if c["node"] is None:
+        return None
+    return NpuClock(c["node"].rsplit("/", 1)[-1], c["governor"], _int(c["cur_freq"]), c["available"])
+
+
+def librknnrt() -> tuple[str | None, str | None]:
+    """(version, path) of the runtime library, read out of the binary as `strings` would."""
+    for path in LIBRKNNRT_PATHS:
+        try:
+            data = on_board(path).read_bytes()
+        except OSError:
+            continue
+        m = _LIBRKNNRT.search(data)
+        return (m.group(1).decode("ascii", errors="replace").strip() if m else "unknown"), path
+    return None, None
+
+
+@dataclass
+class Cluster:
+    cpus: list[int]
+    core: str | None
+    max_khz: int | None
+    capacity: int | None
+    governor: str | None
+
+
+def _cpu_parts() -> dict[int, str]:
+    """CPU number -> core type: the ARM part name, or the model name where there is no part (x86)."""
+    parts, cpu = {}, None
+    for line in (sysfs.read("/proc/cpuinfo") or "").splitlines():
+        key, _, value = (s.strip() for s in line.partition(":"))
+        if key == "processor":
+            cpu = _int(value)
+        elif key == "CPU part" and cpu is not None:
+            parts[cpu] = CPU_PARTS.get(value.lower(), value)
+        elif key == "model name" and cpu is not None:
+            parts.setdefault(cpu, value)
+    return parts
+
+
+def cpu_clusters() -> list[Cluster]:
+    """CPUs grouped by (core type, max frequency, capacity): RK3588 gives 4x A55 + 4x A76."""
+    parts = _cpu_parts()
+    cpus = sorted(int(p.name[3:]) for p in on_board("/sys/devices/system/cpu").glob("cpu[0-9]*"))
+    groups: dict[tuple, Cluster] = {}
+    for n in cpus:
+        base = f"/sys/devices/system/cpu/cpu{n}"
+        key = (parts.get(n), _int(sysfs.read(f"{base}/cpufreq/cpuinfo_max_freq")),
+               _int(sysfs.read(f"{base}/cpu_capacity")))
+        cluster = groups.setdefault(key, Cluster([], *key, sysfs.read(f"{base}/cpufreq/scaling_governor")))
+        cluster.cpus.append(n)
+    return sorted(groups.values(), key=lambda c: c.cpus[0])
+
+
+@dataclass
+class Verdict:
+    comparable: bool | None  # None: cannot tell from a snapshot (read the clock during a run)
+    why: str
+    fix: str = ""
+
+    @property
+    def word(self) -> str:
+        return {True: "COMPARABLE", False: "NOT COMPARABLE", None: "CHECK UNDER LOAD"}[self.comparable]
+
+
+def _mhz(hz: int | None) -> str:
+    return f"{hz / 1e6:.0f} MHz" if hz else "unknown"
+
+
+def seeds_npu_hz() -> int:
+    """The NPU clock the seeds' figures were taken at (data/reference/seeds.csv)."""
+    from ..results import seed_figure
+
+    return int(seed_figure("flow_estimator", "NPU clock under load (cur_freq)")["value"])
+
+
+def verdict(soc_name: str | None, clock: NpuClock | None) -> Verdict:
+    """Can this board's NPU figures be set beside the seeds' (RK3588, NPU at its top OPP, the
+    clock seeds_npu_hz() names)?"""
+    if soc_name is None:
+        return Verdict(False, "not a Rockchip board (no rockchip,rkXXXX in the device tree)")
+    if soc_name != SEEDS_SOC:
+        return Verdict(False, f"this is an {soc_name}; the seeds' board figures are RK3588 "
+                       "(another NPU, another clock): compare ratios, not absolute figures")
+    if clock is None:
+        return Verdict(None, "no NPU devfreq node: the NPU clock cannot be read",
+                       "check that the rknpu driver is loaded (dmesg | grep -i rknpu)")
+    seeds_hz = seeds_npu_hz()
+    if clock.top_hz is not None and clock.top_hz < seeds_hz:
+        return Verdict(False, f"the NPU's OPP table tops out at {_mhz(clock.top_hz)}; the seeds ran at "
+                       f"{_mhz(seeds_hz)}")
+    if clock.cur_hz == clock.top_hz == seeds_hz:
+        return Verdict(True, f"NPU at its top OPP, {_mhz(clock.cur_hz)}, governor {clock.governor}")
+    node = f"{sysfs.DEVFREQ}/{clock.node}"
+    if clock.governor == "rknpu_ondemand":
+        return Verdict(None, f"NPU at {_mhz(clock.cur_hz)} now under rknpu_ondemand (the seeds' governor), "
+                       f"which ramps to {_mhz(clock.top_hz)} under load",
+                       f"read {node}/cur_freq during a run; it must show {seeds_hz}")
+    return Verdict(False, f"NPU at {_mhz(clock.cur_hz)} under governor {clock.governor}, not at its top OPP "
+                   f"{_mhz(clock.top_hz)}: every NPU figure scales with this clock",
+                   f"echo performance | sudo tee {node}/governor")
+
+
+@dataclass
+class BoardCheck:
+    root: str
+    soc: str | None
+    model: str | None
+    compatible: list[str]
+    npu: NpuClock | None
+    driver: str | None
+    driver_source: str | None
+    librknnrt: str | None
+    librknnrt_path: str | None
+    clusters: list[Cluster]
+    npu_load_readable: bool
+    verdict: Verdict
+
+
+def board_check() -> BoardCheck:
+    """Everything above, read under rkstudy.paths.sysroot()."""
+    soc_name, clock = sysfs.soc(), npu_clock()
+    driver, driver_src, _ = sysfs.npu_driver()
+    rt, rt_path = librknnrt()
+    return BoardCheck(str(on_board("/")), soc_name, sysfs.model(), sysfs.compatible(), clock, driver,
+                      driver_src, rt, rt_path, cpu_clusters(), sysfs.read(sysfs.NPU_LOAD) is not None,
+                      verdict(soc_name, clock))
+
+
+def render(check: BoardCheck) -> str:
+    """The check as text for a terminal."""
+    na = "-"
+    lines = [f"board check (root {check.root})",
+             f"  SoC            {check.soc or na}   model: {check.model or na}",
+             f"  compatible     {', '.join(check.compatible) or na}"]
+    if check.npu:
+        n = check.npu
+        lines.append(f"  NPU clock      {n.cur_hz or na} Hz, governor {n.governor or na}, "
+                     f"OPPs {' '.join(str(f // 1_000_000) for f in n.available_hz) or na} MHz ({n.node})")
+    else:
+        lines.append(f"  NPU clock      - (no {sysfs.DEVFREQ}/*.npu)")
+    lines.append(f"  rknpu driver   {check.driver or na}"
+                 + (f"   ({check.driver_source})" if check.driver_source else ""))
+    lines.append(f"  librknnrt      {check.librknnrt or na}"
+                 + (f"   ({check.librknnrt_path})" if check.librknnrt_path else ""))
+    for c in check.clusters:
+        cpus = f"cpu{c.cpus[0]}-{c.cpus[-1]}" if len(c.cpus) > 1 else f"cpu{c.cpus[0]}"
+        lines.append(f"  CPU cluster    {cpus}: {len(c.cpus)}x {c.core or '?'}, max "
+                     f"{c.max_khz / 1000 if c.max_khz else na} MHz, capacity {c.capacity or na}, "
+                     f"governor {c.governor or na}")
+    readable = "readable" if check.npu_load_readable else "not readable (needs root and debugfs)"
+    lines.append(f"  NPU load file  {readable}")
+    v = check.verdict
+    lines.append(f"verdict: {v.word} with the seeds' RK3588 figures: {v.why}")
+    if v.fix:
+        lines.append(f"  fix: {v.fix}")
+    return "\n".join(lines)

@@ -1,0 +1,226 @@
+"""Who refused, and how much was asked for: the driver's refusal lines and one failure formatter.
+
+An init that the NPU cannot hold fails at rknn_init with a bare code; the byte count is only in the
+kernel log. The seeds (000_6e5d138aacebdbda.txt, "The IOVA ceiling") recorded these lines on an
+RK3588 (6.1.115-vendor-rk35xx) for engines whose mapping passed ~4 GB:
+
+    RKNPU: failed to allocate IOVA: -12
+    rknpu_gem_get_pages: dma map 4710850560 fail
+    failed to malloc npu memory, size: 6189218496, flags: 0x2
+
+parse() recovers the requested bytes from such lines (with or without the kernel's timestamp and
+device prefix). format_failure() is the one place an RKNN failure becomes a message (the board
+runner, the memory query and the ladder all raise through it): it names the runtime code (the
+rknn_api.h name, and what the seeds observed it to mean for -4, -6 and -13), the bytes dmesg
+names, and the versions the driver and runtime reported ("Who refused: the versions a failure
+names").
+
+One finding the seeds' C++ sidecar never met: RKNNLite 2.5.0's init_runtime returns -1 for every
+failure (rknn_lite.py wraps the runtime's graph build in try/except), and the librknnrt code is
+only in its log, "RKNN init failed. error code: N" (the format string is in its rknn_runtime
+extension). lite_init_code() reads it back; rkstudy.runtime.board captures the log around
+init_runtime for that. This is read from the library's strings, not yet seen on a board: where the
+line does not appear the runner reports init_runtime's own -1.
+
+Board side: standard library only (dmesg is run as a command at call time).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+# Names and header comments of the librknnrt error codes, from rknn_api.h in
+# airockchip/rknn-toolkit2 @ 59a913d172e7f5ff03c9076e2ec7b1b1288ffd08 (SDK V2.3.2),
+# rknpu2/runtime/Linux/librknn_api/include/rknn_api.h, lines 100-115.
+CODE_NAMES = {
+    0: ("RKNN_SUCC", "execute succeed"),
+    -1: ("RKNN_ERR_FAIL", "execute failed"),
+    -2: ("RKNN_ERR_TIMEOUT", "execute timeout"),
+    -3: ("RKNN_ERR_DEVICE_UNAVAILABLE", "device is unavailable"),
+    -4: ("RKNN_ERR_MALLOC_FAIL", "memory malloc fail"),
+    -5: ("RKNN_ERR_PARAM_INVALID", "parameter is invalid"),
+    -6: ("RKNN_ERR_MODEL_INVALID", "model is invalid"),
+    -7: ("RKNN_ERR_CTX_INVALID", "context is invalid"),
+    -8: ("RKNN_ERR_INPUT_INVALID", "input is invalid"),
+    -9: ("RKNN_ERR_OUTPUT_INVALID", "output is invalid"),
+    -10: ("RKNN_ERR_DEVICE_UNMATCH", "the device is unmatch"),
+    -11: ("RKNN_ERR_INCOMPATILE_PRE_COMPILE_MODEL", "pre_compile model not compatible with the driver"),
+    -12: ("RKNN_ERR_INCOMPATILE_OPTIMIZATION_LEVEL_VERSION",
+          "optimization level not compatible with the driver"),
+    -13: ("RKNN_ERR_TARGET_PLATFORM_UNMATCH", "target platform not compatible with this platform"),
+}
+
+# What the seeds observed each code to mean on their board ("Who refused: the versions a failure
+# names", "The IOVA ceiling"). The header's names do not say it: -6 reads "model is invalid" but
+# was an aperture overrun on a valid model.
+SEEDS_MEANING = {
+    -4: "the driver refused the init: on RK3588 the IOVA ceiling (one mapping above ~4 GB) or the "
+        "per-process budget; dmesg names the bytes",
+    -6: "the driver refused the init: an aperture overrun (too many contexts resident), not a bad "
+        "model",
+    -13: "target-platform mismatch: the .rknn was compiled for another SoC; rebuild it for this one",
+}
+
+# RKNNLite 2.5.0's init_runtime returns -1 for any failure and logs the librknnrt code in this
+# form (the format string "RKNN init failed. error code: {}" is in its rknn_runtime extension).
+_LITE_INIT_CODE = re.compile(r"RKNN init failed\. error code:\s*(-?\d+)")
+
+_DMA_MAP = re.compile(r"rknpu_gem_get_pages: dma map (\d+) fail")
+_MALLOC = re.compile(r"failed to malloc npu memory, size: (\d+)(?:, flags: (0x[0-9a-fA-F]+))?")
+_IOVA = re.compile(r"failed to allocate IOVA: (-?\d+)")
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """One driver refusal line: kind is dma-map, malloc or iova; nbytes the size it asked for."""
+
+    kind: str
+    nbytes: int | None
+    errno: int | None
+    flags: str | None
+    line: str
+
+    def short(self) -> str:
+        if self.kind == "iova":
+            return f"IOVA allocation failed ({self.errno})"
+        what = {"dma-map": "dma map", "malloc": "npu malloc"}[self.kind]
+        return f"{what} of {self.nbytes} B ({self.nbytes / 1e9:.2f} GB) refused"
+
+
+def parse(text: str | Iterable[str]) -> list[Refusal]:
+    """Every refusal line in `text` (a dmesg dump or its lines), in order."""
+    lines = text.splitlines() if isinstance(text, str) else list(text)
+    out = []
+    for line in lines:
+        if m := _DMA_MAP.search(line):
+            out.append(Refusal("dma-map", int(m.group(1)), None, None, line.strip()))
+        elif m := _MALLOC.search(line):
+            out.append(Refusal("malloc", int(m.group(1)), None, m.group(2), line.strip()))
+        elif m := _IOVA.search(line):
+            out.append(Refusal("iova", None, int(m.group(1)), None, line.strip()))
+    return out
+
+
+def refused_bytes(text: str | Iterable[str]) -> list[int]:
+    """The byte counts the driver refused, in order."""
+    return [r.nbytes for r in parse(text) if r.nbytes is not None]
+
+
+def lite_init_code(log_text: str) -> int | None:
+    """The librknnrt rknn_init code an RKNNLite log names (init_runtime itself returns -1)."""
+    codes = _LITE_INIT_CODE.findall(log_text)
+    return int(codes[-1]) if codes else None
+
+
+def read_dmesg(run: Callable[..., subprocess.CompletedProcess] = subprocess.run) -> list[str] | None:
+    """The kernel log's lines, or None where it cannot be read (dmesg_restrict: run as root)."""
+    try:
+        proc = run(["dmesg"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return proc.stdout.splitlines() if proc.returncode == 0 else None
+
+
+class DmesgWatch:
+    """The refusal lines the kernel logged while the `with` block ran.
+
+    `reader` returns the log's lines (this module's read_dmesg, looked up at call time, by default;
+    a fake in tests). A log that cannot be read gives no refusals rather than an error: the code is
+    still reported.
+    """
+
+    def __init__(self, reader: Callable[[], list[str] | None] | None = None):
+        self._reader = reader or (lambda: read_dmesg())
+        self._before = 0
+        self.refusals: list[Refusal] = []
+
+    def __enter__(self) -> DmesgWatch:
+        self._before = len(self._reader() or [])
+        return self
+
+    def __exit__(self, *exc) -> None:
+        lines = self._reader() or []
+        self.refusals = parse(lines[self._before:] if len(lines) >= self._before else lines)
+
+
+@dataclass(frozen=True)
+class Versions:
+    """The two versions a board can state: librknnrt (api) and the kernel NPU driver."""
+
+    api: str | None = None
+    driver: str | None = None
+
+    def describe(self) -> str:
+        """"driver 0.9.8, api 2.3.2 (429f97ae6b@...)", the seeds' order; "" when neither is known."""
+        return ", ".join(p for p in (f"driver {self.driver}" if self.driver else "",
+                                     f"api {self.api}" if self.api else "") if p)
+
+    def suffix(self) -> str:
+        return f" ({self.describe()})" if self.describe() else ""
+
+
+_SDK_API = re.compile(r"API:\s*(.+)")
+_SDK_DRV = re.compile(r"DRV:\s*(.+)")
+
+
+def parse_lite_sdk_version(text: str | None) -> Versions:
+    """RKNNLite.get_sdk_version()'s text ("RKNN VERSION:\\n  API: ...\\n  DRV: ...") as Versions."""
+    if not text:
+        return Versions()
+    api, drv = _SDK_API.search(text), _SDK_DRV.search(text)
+    return Versions(api.group(1).strip() if api else None, drv.group(1).strip() if drv else None)
+
+
+_seen: Versions | None = None  # from the first context this process initialized
+
+
+def remember_versions(versions: Versions) -> None:
+    """Keep the first versions a context reported (RKNN_QUERY_SDK_VERSION is per-context), so the
+    failures after it can carry them."""
+    global _seen
+    if _seen is None and (versions.api or versions.driver):
+        _seen = versions
+
+
+def known_versions() -> Versions | None:
+    return _seen
+
+
+def describe_code(code: int) -> str:
+    """`RKNN_ERR_MALLOC_FAIL: <what the seeds saw it mean>` for a librknnrt code."""
+    name, header = CODE_NAMES.get(code, ("unknown code", "not in rknn_api.h 2.3.2"))
+    return f"{name}: {SEEDS_MEANING.get(code, header)}"
+
+
+def format_failure(what: str, code: int | None, *, versions: Versions | None = None,
+                   refusals: Iterable[Refusal] = (), note: str = "") -> str:
+    """One line: what failed, its code and meaning, the bytes dmesg names, and the versions.
+
+    `code` None is a call that returned no code (an inference that returned None). `versions`
+    defaults to the ones the first context of this process reported; without any, the line carries
+    none (the first engine of a process can fail before any context reported).
+    """
+    versions = versions if versions is not None else (known_versions() or Versions())
+    details = [describe_code(code)] if code is not None else []
+    details += [note] if note else []
+    details += [f"dmesg: {'; '.join(r.short() for r in refusals)}"] if refusals else []
+    head = f"{what} failed" + (f" with code {code}" if code is not None else "")
+    return head + (f" ({'; '.join(details)})" if details else "") + versions.suffix()
+
+
+class RknnError(RuntimeError):
+    """An RKNN call failed; the message is format_failure's line (exit 1 on the command line)."""
+
+
+class InitRefused(RknnError):
+    """The runtime or driver refused to initialize a context; `code` is the librknnrt code. The
+    ladder (rkstudy.board.memory) evicts and retries on this, and on nothing else."""
+
+    def __init__(self, what: str, code: int | None, *, versions: Versions | None = None,
+                 refusals: Iterable[Refusal] = (), note: str = ""):
+        self.code = code
+        self.refusals = list(refusals)
+        super().__init__(format_failure(what, code, versions=versions, refusals=self.refusals, note=note))
