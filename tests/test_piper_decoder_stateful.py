@@ -57,11 +57,18 @@ def test_exactness_gate_float64_step_equals_float64_full_decode(voice, steps, sh
     assert by_emit[16] <= 100.0 and by_emit[45] == float("inf") and 99.0 <= by_emit[93] <= 103.0
 
 
-def test_the_step_recomputes_nothing(voice, steps):
-    rows = {r["path"]: r for r in study.macs_rows(voice, steps)}
+def test_the_step_recomputes_nothing_but_the_flush_costs_a_short_utterance(voice, steps, short):
+    macs = study.macs_rows(voice, steps)
+    rows = {r["path"]: r for r in macs}
     assert rows[study.WINDOW]["compute_ratio"] == pytest.approx(0.4839, abs=1e-4)   # 45 of every 93 frames
     for e in study.EMITS:
         assert 0.998 <= rows[f"stateful step E={e}"]["compute_ratio"] < 1.0   # the upsamplers' one extra sample
+    # per utterance, 49 frames: one 93-frame window, or 3 steps of 45 (49 frames + 42.09 of lookahead)
+    per = {r["path"]: r for r in study.utterance_compute_rows(short, steps, macs)}
+    calls = [per[path]["calls"] for path in (study.WINDOW, "stateful step E=45", "stateful step E=16")]
+    assert calls == [1, 3, 6]
+    assert per[study.WINDOW]["compute_ratio"] == pytest.approx(49 / 93, abs=1e-3)
+    assert per["stateful step E=45"]["compute_ratio"] == pytest.approx(49 / 135, abs=1e-3)
 
 
 def test_a_latent_streamed_in_any_chunking_decodes_the_same(voice, steps, short):

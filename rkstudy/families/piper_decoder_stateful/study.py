@@ -108,6 +108,33 @@ def macs_rows(voice: DecoderModel, steps: dict[int, ProducedStep]) -> list[dict]
             for name, emit, macs in paths]
 
 
+def utterance_compute_rows(latents: dict, steps: dict[int, ProducedStep], macs: list[dict]) -> list[dict]:
+    """Per sentence, what each path computes for the frames it voices: the window walk's calls of 93
+    frames, and each step's calls of E, flush included (ceil((N x hop + lookahead) / (E x hop)) steps:
+    the flush runs the lookahead's zero frames through the same engine). Ratio = monolithic MACs for
+    the N frames / the path's MACs for the utterance."""
+    from ...window import plan_windows
+
+    by = {r["path"]: r for r in macs}
+    mono = by["monolithic decode"]["macs_per_frame"]
+    rows = []
+    for text, lats in latents.items():
+        for k, lat in enumerate(lats):
+            n = lat.frames
+            calls = len(plan_windows(n, DEFAULT_EMIT, DEFAULT_CONTEXT))
+            per_call = by[WINDOW]["macs_per_frame"] * DEFAULT_EMIT
+            rows.append({"path": WINDOW, "text": text, "sentence": k, "frames": n, "calls": calls,
+                         "frames_computed": calls * (DEFAULT_EMIT + 2 * DEFAULT_CONTEXT),
+                         "compute_ratio": mono * n / (calls * per_call), **HOST_ROW})
+            for e, produced in steps.items():
+                p = produced.contract.params
+                calls = -(-(n * p["hop"] + p["lookahead_samples"]) // (e * p["hop"]))
+                per_call = by[f"stateful step E={e}"]["macs_per_frame"] * e
+                rows.append({"path": f"stateful step E={e}", "text": text, "sentence": k, "frames": n, "calls": calls,
+                             "frames_computed": calls * e, "compute_ratio": mono * n / (calls * per_call), **HOST_ROW})
+    return rows
+
+
 # --- exactness -----------------------------------------------------------------------------------
 @dataclass
 class Exactness:
