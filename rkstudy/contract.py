@@ -180,24 +180,36 @@ class Contract:
                                  f"engine was made from ({self.source.file}, sha256 {self.source.sha256[:12]}); "
                                  f"make one from it with `{self.remake}`")
 
-    def check_family(self, family: str) -> None:
+    def check_family(self, family: str, remake: str | None = None) -> None:
         if self.family != family:
             raise EngineMismatch(f"this is a {self.family} engine, not a {family} one; make a {family} "
-                                 f"engine with `rkstudy {command(family)} --help`")
+                                 f"engine with `{remake or help_for(family)}`")
 
     def remake_engine(self, target: str | None = None) -> str:
-        cmd = command(self.family)
+        """The stage-2 command: the producer's own `rkstudy <group> <stage>` (a family whose stage 1
+        is a flag of another family's command converts there too), with --onnx and --target."""
+        words = self.producer.split()
+        if words[:1] == ["rkstudy"] and len(words) >= 3:
+            cmd = " ".join(words[1:3])
+        else:
+            cmd = command(self.family) or self.family.replace("_", " ", 1)
         graph = self.onnx.file if self.onnx else "slice.onnx"
         return f"rkstudy {cmd} --onnx <{graph}> --target {target or self.target or 'rk3588'}"
 
 
-def command(family: str) -> str:
+def command(family: str) -> str | None:
     """The `rkstudy <group> <stage>` words that make a family's graphs (`cosyvoice3 estimator` for
-    flow_estimator), from the family registry."""
+    flow_estimator), from the family registry; a family made by a flag of another family's command
+    (piper_decoder_stateful) has none of its own, and the top-level help is the honest pointer."""
     from .families import REGISTRY, load_all
 
     f = (REGISTRY if family in REGISTRY else load_all()).get(family)
-    return " ".join(f.command) if f is not None and f.command else family.replace("_", " ", 1)
+    return " ".join(f.command) if f is not None and f.command else None
+
+
+def help_for(family: str) -> str:
+    words = command(family)
+    return f"rkstudy {words} --help" if words else "rkstudy --help"
 
 
 def beside(engine_path: Path | str) -> Path:
@@ -301,6 +313,11 @@ def from_dict(d: Mapping, *, remake: str = DEFAULT_REMAKE) -> Contract:
         if ins[s["input"]].shape != outs[s["output"]].shape or ins[s["input"]].role != "state":
             raise _refuse(f"state {i}: {s['input']} and {s['output']} must both be state tensors of one shape", remake)
         state.append((s["input"], s["output"]))
+    paired = {name for pair in state for name in pair}
+    unpaired = [t.name for t in inputs + outputs if t.role == "state" and t.name not in paired]
+    if unpaired or len(paired) != 2 * len(state):
+        raise _refuse(f"state tensor(s) {', '.join(unpaired) or 'named twice'} are not paired once input to "
+                      "output: a walker could not carry them", remake)
     if not isinstance(d["params"], dict):
         raise _refuse("the contract's params is not an object", remake)
     for key in ("target", "toolkit"):
@@ -333,7 +350,8 @@ def for_engine(engine_path: Path | str, *, family: str | None = None, soc: str |
     """Load and check the contract beside an engine: present, valid, this family, the engine's bytes
     unchanged, compiled for `soc` (when given) and carved from `source` (when given)."""
     engine_path = Path(engine_path)
-    remake = remake or (f"rkstudy {command(family)} --help" if family else "rkstudy --help")
+    given = remake
+    remake = remake or (help_for(family) if family else "rkstudy --help")
     if not engine_path.is_file():
         raise EngineMismatch(f"no engine at {engine_path}; make one with `{remake}`")
     path = beside(engine_path)
@@ -342,7 +360,7 @@ def for_engine(engine_path: Path | str, *, family: str | None = None, soc: str |
                              f"it: make the engine with `{remake}`")
     c = from_json(path.read_text(encoding="utf-8"), where=path.name, remake=remake)
     if family:
-        c.check_family(family)
+        c.check_family(family, given)
     c.check_engine(engine_path)
     c.check_target(soc)
     if source is not None:

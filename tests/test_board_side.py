@@ -17,7 +17,9 @@ BOARD_MODULES = [
     "rkstudy.families",
     "rkstudy.families.piper.latents", "rkstudy.families.piper.frontend", "rkstudy.families.piper.boardfront",
     "rkstudy.protowire", "rkstudy.families.piper_decoder", "rkstudy.families.piper_decoder.sidecar",
-    "rkstudy.families.piper_decoder.board", "rkstudy.families.piper_decoder.cli",
+    "rkstudy.families.piper_decoder.board", "rkstudy.families.piper_decoder.cli", "rkstudy.stream",
+    "rkstudy.families.piper_decoder_stateful", "rkstudy.families.piper_decoder_stateful.sidecar",
+    "rkstudy.families.piper_decoder_stateful.board", "rkstudy.families.piper_decoder_stateful.cli",
     "rkstudy.families.piper_encoder", "rkstudy.families.piper_encoder.sidecar",
     "rkstudy.families.piper_encoder.tokens", "rkstudy.families.piper_encoder.board",
     "rkstudy.families.piper_encoder.cli", "rkstudy.families.inflect_decoder", "rkstudy.families.inflect_decoder.cli",
@@ -57,6 +59,7 @@ def test_every_board_side_module_imports_without_the_converter():
                                   ["board", "run", "piper_encoder", "--help"], ["--help"], ["board", "check"],
                                   ["board", "memory", "--help"], ["board", "dram", "--help"],
                                   ["cosyvoice3", "estimator", "--help"],
+                                  ["board", "run", "piper_decoder_stateful", "--help"],
                                   ["piper", "decoder", "--help"]])
 def test_board_commands_run_without_the_converter(argv):
     proc = run_guarded(f"from rkstudy.cli import main\nimport sys\nsys.exit(main({argv!r}))")

@@ -82,6 +82,25 @@ def test_refused_at_load_naming_the_producer(what, change, fragment):
     assert "\n" not in str(exc.value)
 
 
+def test_state_tensors_are_paired_once_input_to_output():
+    d = json.loads(stateful().to_json())
+    d["state"] = []
+    with pytest.raises(EngineMismatch, match="state tensor.s. cache_in, cache_out are not paired once"):
+        contract.from_dict(d)
+    d["state"] = [{"input": "cache_in", "output": "cache_out"}] * 2
+    with pytest.raises(EngineMismatch, match="named twice"):
+        contract.from_dict(d)
+
+
+def test_a_stage_made_by_a_flag_of_another_command_converts_there():
+    """The stateful step is `rkstudy piper decoder --stateful`: stage 2 is `rkstudy piper decoder --onnx`,
+    and a board job can name its own producer when it refuses an engine of another family."""
+    step = replace(stateful(), family="piper_decoder_stateful", producer="rkstudy piper decoder --stateful --emit 45")
+    assert step.remake_engine("rk3566").startswith("rkstudy piper decoder --onnx <slice.onnx> --target rk3566")
+    with pytest.raises(EngineMismatch, match="make a piper_decoder_stateful engine with `rkstudy piper decoder --st"):
+        decoder().check_family("piper_decoder_stateful", "rkstudy piper decoder --stateful --help")
+
+
 def test_not_json_at_all():
     with pytest.raises(EngineMismatch, match="is not valid JSON"):
         contract.from_json("{nope", where="x.contract.json")

@@ -33,6 +33,15 @@ EXPECT = {
         "CPU RTF, windowed / monolithic": (1.2, 5.0),
         "receptive field, frames left / right of a perturbed frame (max)": (20, 45),
         "minimum context for 80 dB on speech (emit 45)": (16, 32)}),
+    "piper_decoder_stateful": ("01b_piper_decoder_stateful.ipynb", {
+        "lookahead": (10774, 10774),
+        "state floats": (87707, 87707),
+        "compute ratio, stateful step E=45": (0.9, 1.0),
+        "compute ratio, window walk 93": (0.48, 0.49),
+        "exactness float64, step vs full decode, worst (E=45)": (120, math.inf),
+        "exactness fp32, step vs full decode, worst (E=45)": (90, math.inf),
+        "rk3588 engine, stateful step E=45": (20.0, 23.5),
+        "REGTASK lines, rk3588 stateful step E=45": (1, 100)}),
     "inflect_decoder": ("01_piper_decoder.ipynb", {
         "context 32 at 480 frames (fp32)": (100, math.inf),
         "rk3588 engine, 256-frame window": (24.0, 27.0)}),

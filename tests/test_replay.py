@@ -65,6 +65,39 @@ def test_board_run_piper_decoder_equals_the_fp32_walk(work):
     assert (work / "out.wav").stat().st_size == 44 + 2 * ref.size
 
 
+@pytest.fixture(scope="module")
+def step_engine(work):
+    """The stateful step through both stages of the command line (stage 2 recognises the contract)."""
+    rkstudy("piper", "decoder", "--stateful", "--emit", "45", "--skip-rknn", "--output", work / "decoder_step.onnx")
+    proc = rkstudy("piper", "decoder", "--onnx", work / "decoder_step.onnx", "--target", "rk3588", "--out",
+                   work / "decoder_step.rknn")
+    assert "stateful step of 45 frames" in proc.stdout and "zero and carried state" in proc.stdout
+    return work / "decoder_step.rknn"
+
+
+def test_board_run_piper_decoder_stateful_equals_the_fp32_step_walk(work, step_engine):
+    from rkstudy.families.piper_decoder_stateful.sidecar import StatefulDecoderSidecar
+
+    proc = rkstudy("board", "run", "piper_decoder_stateful", "--engine", step_engine, "--latents",
+                   work / "latents.npz", "--outputs", work / "step.npz", "--results", work / "results_step")
+    assert "piper_decoder_stateful on replay (rk3588, cores 0_1_2)" in proc.stdout
+    with np.load(work / "step.npz") as data:
+        audio = data["audio"]
+    lat = latent_files.load(work / "latents.npz")
+    c = read_contract(work / "decoder_step.onnx")
+    side = StatefulDecoderSidecar(OrtRunner(work / "decoder_step.onnx"), c, channels=192, hop=256)
+    ref = np.concatenate([side.decode(z) for z in lat.z])
+    np.testing.assert_array_equal(audio, ref)  # the same step through the same walker: exact
+    (row,) = results.read_table(work / "results_step" / "board" / "piper_decoder_stateful.csv")
+    assert (row["where"], row["emit"]) == ("replay", "45")
+    assert int(row["steps"]) == sum(-(-(z.shape[1] * 256 + 10774) // (45 * 256)) for z in lat.z)
+    other = rkstudy("board", "run", "piper_decoder_stateful", "--engine", work / "decoder.rknn", "--latents",
+                    work / "latents.npz", check=False)
+    assert other.returncode == 2
+    assert "this is a piper_decoder engine, not a piper_decoder_stateful one" in other.stderr
+    assert "`rkstudy piper decoder --stateful --emit 45" in other.stderr
+
+
 def test_board_run_from_text_synthesizes_the_latent_on_the_board(work):
     from rkstudy.families.piper.voice import default_voice_paths
 

@@ -80,15 +80,16 @@ def append_row(study: str, table: str, row: dict, root: Path) -> Path:
 
 def measure(family: str, *, engine: Path, job: str, payload: dict, cores: str = "0_1_2",
             audio_out: Path | None = None, outputs_out: Path | None = None, results_dir: Path | None = None,
-            source_sha256: str | None = None, extra: dict | None = None) -> dict:
+            source_sha256: str | None = None, extra: dict | None = None, remake: str | None = None) -> dict:
     """Run `job` ("module:function") for `family` on `engine` in a dedicated child; return the row.
 
     `payload` is the job's input (JSON-able: paths, not arrays); `source_sha256` is the digest of the
-    model the inputs came from, checked against the contract's source.
+    model the inputs came from, checked against the contract's source; `remake` is the command a
+    refusal names (default: the family's `--help`).
     """
     require_board()
     soc = sysfs.soc()
-    contract = for_engine(engine, family=family, soc=soc)
+    contract = for_engine(engine, family=family, soc=soc, remake=remake)
     if source_sha256 is not None and source_sha256 != contract.source.sha256:
         from ..errors import EngineMismatch
 

@@ -17,7 +17,8 @@ import importlib
 from dataclasses import dataclass
 
 # The one registry line per family: the packages under rkstudy/families/ that register themselves.
-FAMILIES = ("toolchain", "piper_decoder", "piper_encoder", "inflect_decoder", "flow_estimator")
+FAMILIES = ("toolchain", "piper_decoder", "piper_decoder_stateful", "piper_encoder", "inflect_decoder",
+            "flow_estimator")
 
 # Help for the first word of a family command (`rkstudy piper ...`).
 GROUPS = {"piper": "Piper (VITS) voice stages", "inflect": "Inflect v2 decode.onnx contract",

@@ -21,6 +21,10 @@ def convert_decoder(onnx_path: Path, target: str, out: Path | None, remake: str)
     from .producer import read_contract
 
     c = read_contract(onnx_path, remake)
+    if c.state:  # a stateful step (rkstudy piper decoder --stateful): its own probe carries a state
+        from ..piper_decoder_stateful.cli import convert_step
+
+        return convert_step(onnx_path, target, out, c)
     w = c.window
     print(f"{onnx_path.name}: {c.family}, window {w.frames} = {w.emit} + 2x{w.context}, hop {c.params['hop']}, "
           f"{c.params['channels']} channels, dec_mask={c.params['dec_mask']}"
@@ -40,6 +44,10 @@ def _decoder(args) -> int:
         from .producer import PRODUCER
 
         return convert_decoder(args.onnx, args.target, args.out, PRODUCER)
+    if args.stateful:
+        from ..piper_decoder_stateful.cli import produce as produce_step
+
+        return produce_step(args, command_line())
     from ... import atomic
     from ..piper.voice import Voice
     from . import study
@@ -85,9 +93,17 @@ def add_cli(piper_sub) -> None:
     p.add_argument("--emit", type=positive, help=f"frames emitted per window (default {DEFAULT_EMIT})")
     p.add_argument("--context", type=positive, help=f"context frames each side (default {DEFAULT_CONTEXT})")
     p.add_argument("--dec-mask", action="store_true", help="mask after every decoder conv (fixes short tails)")
+    p.add_argument("--stateful", action="store_true",
+                   help="stage 1: a stateful streaming step of --emit frames instead of a window: every conv's "
+                        "cache travels through graph I/O, no context is recomputed (the decoder mask is implied)")
     add_stage_args(p)
-    p.set_defaults(func=_decoder, validate_args=lambda a: refuse_mixed(p, a, ("voice_onnx", "voice_config", "emit",
-                                                                       "context", "dec_mask")))
+
+    def check(args):
+        refuse_mixed(p, args, ("voice_onnx", "voice_config", "emit", "context", "dec_mask", "stateful"))
+        if args.stateful and args.context:
+            p.error("--stateful recomputes no context; --context belongs to the window walk")
+
+    p.set_defaults(func=_decoder, validate_args=check)
 
     lat = piper_sub.add_parser("latents", help="a voice's pre-flow latents for text, for `rkstudy board run`")
     src = lat.add_mutually_exclusive_group(required=True)

@@ -13,22 +13,28 @@ from ...errors import EngineMismatch
 from ...sidecar import WindowSidecar
 
 
+def check_voice(contract: Contract, *, channels: int, hop: int, speaker_dims: int = 0) -> None:
+    """Refuse an engine made for another voice (latent channels, hop, speaker embedding), naming the
+    command that produces a matching one (shared by the window and the stateful decoder sidecars)."""
+    p = contract.params
+    problems = []
+    if p.get("channels") != channels:
+        problems.append(f"the engine takes {p.get('channels')} latent channels, the voice has {channels}")
+    if p.get("hop") != hop:
+        problems.append(f"the engine voices {p.get('hop')} samples per frame, the voice {hop}")
+    if p.get("speaker_dims", 0) != speaker_dims:
+        problems.append(f"the engine takes a {p.get('speaker_dims', 0)}-wide speaker embedding, the voice "
+                        f"has {speaker_dims}")
+    if problems:
+        raise EngineMismatch("; ".join(problems) + f". Produce an engine for this voice with `{contract.remake}`")
+
+
 class DecoderSidecar:
     """Validates the engine against the voice at init (channels, hop; the window against the
     runner's shapes) and refuses a mismatch with the command that produces a matching one."""
 
     def __init__(self, runner, contract: Contract, *, channels: int, hop: int, speaker_dims: int = 0):
-        p = contract.params
-        problems = []
-        if p.get("channels") != channels:
-            problems.append(f"the engine takes {p.get('channels')} latent channels, the voice has {channels}")
-        if p.get("hop") != hop:
-            problems.append(f"the engine voices {p.get('hop')} samples per frame, the voice {hop}")
-        if p.get("speaker_dims", 0) != speaker_dims:
-            problems.append(f"the engine takes a {p.get('speaker_dims', 0)}-wide speaker embedding, the voice "
-                            f"has {speaker_dims}")
-        if problems:
-            raise EngineMismatch("; ".join(problems) + f". Produce an engine for this voice with `{contract.remake}`")
+        check_voice(contract, channels=channels, hop=hop, speaker_dims=speaker_dims)
         self.window = WindowSidecar(runner, contract)
         self.runner, self.contract = runner, contract
 

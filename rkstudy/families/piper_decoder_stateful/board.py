@@ -1,0 +1,72 @@
+"""`rkstudy board run piper_decoder_stateful`: the stateful decoder sidecar on RKNNLite.
+
+Input: a latent file the host writes (`rkstudy piper latents --text ... -o latents.npz`), checked
+against the engine's source voice by digest. Board side: numpy only (the job runs in the child that
+rkstudy.board.run measures).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+REMAKE = "rkstudy piper decoder --stateful --emit 45 --skip-rknn --output decoder_step.onnx"
+
+
+def decode_job(*, contract, engine: Path, cores: str, payload: dict) -> dict:
+    """In the measured child: step through every sentence's latent on the engine; return the audio."""
+    import numpy as np
+
+    from ...runtime import BoardRunner
+    from ...runtime.board import runtime_versions
+    from ..piper import latents
+    from .sidecar import StatefulDecoderSidecar
+
+    lat = latents.load(payload["latents"])
+    runner = BoardRunner(engine, contract.input_names, cores=cores)
+    try:
+        side = StatefulDecoderSidecar(runner, contract, channels=lat.z[0].shape[0], hop=contract.params["hop"],
+                                      speaker_dims=lat.g[0].shape[0] if lat.g[0] is not None else 0)
+        pcm, steps = [], 0
+        t0 = time.perf_counter()
+        for z, g in zip(lat.z, lat.g):
+            pcm.append(side.decode(z, g))
+            steps += side.steps
+        seconds = time.perf_counter() - t0
+    finally:
+        runner.close()
+    audio = np.concatenate(pcm)
+    return {"audio": audio, "sample_rate": lat.sample_rate, "seconds": seconds,
+            "audio_s": audio.size / lat.sample_rate, "where": runner.where, "target": runner.target,
+            "cores": runner.cores, "runtime": runtime_versions(), "sentences": len(pcm),
+            "row": {"emit": contract.params["emit"], "steps": steps,
+                    "ms_per_step": round(1e3 * seconds / max(steps, 1), 3)}}
+
+
+def _run(args) -> int:
+    from ...board.run import measure, require_board
+    from ..piper import latents
+
+    require_board()  # before reading any input: off a board, that is the one thing to say
+    lat = latents.load(args.latents)
+    measure("piper_decoder_stateful", engine=args.engine,
+            job="rkstudy.families.piper_decoder_stateful.board:decode_job",
+            payload={"latents": str(Path(args.latents).resolve())}, cores=args.cores, audio_out=args.audio,
+            outputs_out=args.outputs, results_dir=args.results, source_sha256=lat.source["sha256"],
+            extra={"sentences": len(lat.z), "frames": sum(z.shape[1] for z in lat.z)}, remake=REMAKE)
+    return 0
+
+
+def add_board(sub) -> None:
+    """Register `rkstudy board run piper_decoder_stateful`."""
+    p = sub.add_parser("piper_decoder_stateful",
+                       help="the stateful decoder step on RKNNLite: audio and one results row")
+    p.add_argument("--engine", type=Path, required=True, help="the .rknn (its .contract.json beside it)")
+    p.add_argument("--latents", type=Path, required=True,
+                   help="latents written on the host by `rkstudy piper latents --text ... -o latents.npz`")
+    p.add_argument("--audio", type=Path, help="write the decoded audio here (16-bit WAV)")
+    p.add_argument("--outputs", type=Path, help="write the decoded audio here as float32 (.npz)")
+    p.add_argument("--results", type=Path, help="results root for the row (default: results/)")
+    p.add_argument("--cores", choices=("0_1_2", "0", "auto"), default="0_1_2",
+                   help="NPU core mask (0_1_2 falls back to auto where the driver refuses it)")
+    p.set_defaults(func=_run)

@@ -1,0 +1,164 @@
+"""Stage 1 of the stateful Piper decoder (host): the produced --dec-mask slice -> one stateful step
+of E frames by graph surgery (rkstudy.graph.stateful), and its stage contract.
+
+Graph surgery and not a re-trace: the rules need only the ONNX op types, so the weights are used as
+exported (nothing is re-exported into new build hazards), and the same call turns the Inflect v2
+decode.onnx (head included) into an exact step. The slice is piper_decoder's own producer output
+with the decoder mask: the mask makes every conv input zero outside the utterance, as the
+full-length decode's padding is, which is what makes the first and the last samples exact.
+
+The contract (rkstudy.contract, the one every family uses): the latent `z` walked at 1 per frame
+over `emit` frames, `y_mask` a mask the walker makes (0 on the flush frames), `g` a constant
+(multi-speaker voices), one `state` tensor per channel count, each paired with its output, no
+window; `params` carry the step size, the lookahead, and the state layout (how the walker's one
+flat vector splits into the engine's state tensors).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from ... import atomic, cache, graph
+from ...contract import METADATA_KEY, Contract, Digest, Tensor
+from ...graph.decmask import mask_decoder
+from ...graph.stateful import Step, make_step
+from ..piper.voice import DecoderModel
+from ..piper_decoder.producer import Produced, produce_for_voice
+
+FAMILY = "piper_decoder_stateful"
+DEFAULT_EMIT = 45
+PRODUCER = "rkstudy piper decoder --stateful --emit 45 --skip-rknn --output decoder_step.onnx"
+STATE_TRANSPORT = ("grouped: one state tensor per channel count, buffers along time. The walker keeps one flat "
+                   "fp32 vector (these tensors flattened, in this order); a flat [1, S] state input did not "
+                   "compile with rknn-toolkit2 2.5.0 (killed after 30 min; cut by one Split: killed at 15 min), "
+                   "the grouped form compiles in about a minute")
+
+
+@dataclass
+class ProducedStep:
+    """A stateful step: the graph (contract in its metadata), the contract, the surgery's record
+    (delay map, state groups and buffers) and the slice it was cut from."""
+
+    model: onnx.ModelProto
+    contract: Contract
+    step: Step
+    slice: Produced | None = None
+
+    def save(self, path=None) -> Path:
+        """Write the step (default: the cache, keyed by its bytes) and return the path."""
+        data = self.model.SerializeToString()
+        if path is None:
+            name = f"{self.contract.family}_e{self.contract.params['emit']}"
+            return cache.cached_bytes("slices", name, data, ".onnx")
+        return atomic.write_bytes(path, data)
+
+
+def _shape(model: onnx.ModelProto, name: str) -> tuple[int, ...]:
+    for vi in list(model.graph.input) + list(model.graph.output):
+        if vi.name == name:
+            return tuple(d.dim_value for d in vi.type.tensor_type.shape.dim)
+    raise KeyError(name)
+
+
+def state_layout(step: Step) -> list[dict]:
+    """How the walker's flat state vector splits: each state tensor's names, shape, offset, floats."""
+    rows, offset = [], 0
+    for g in step.groups:
+        rows.append({"input": g.input, "output": g.output, "shape": list(g.shape), "offset": offset,
+                     "floats": g.floats, "buffers": g.buffers})
+        offset += g.floats
+    return rows
+
+
+def step_contract(step: Step, *, family: str, masks: Sequence[str], source: Digest, producer: str,
+                  params: Mapping) -> Contract:
+    """The stage contract of a stateful step: time inputs walked (or masks), static inputs constant,
+    state tensors paired input to output, outputs walked at the step's output rate."""
+    m = step.model
+    inputs = [Tensor(t, _shape(m, t), role="mask" if t in masks else "walked", axis=len(_shape(m, t)) - 1)
+              for t in step.time_inputs]
+    inputs += [Tensor(t, _shape(m, t), role="constant") for t in step.static_inputs]
+    inputs += [Tensor(g.input, g.shape, role="state") for g in step.groups]
+    outputs = [Tensor(o, _shape(m, o), role="walked", axis=len(_shape(m, o)) - 1, rate=step.output_rate)
+               for o in step.outputs]
+    outputs += [Tensor(g.output, g.shape, role="state") for g in step.groups]
+    hop = step.output_rate
+    first = -(-(step.delay + 1) // (step.emit * hop)) * step.emit
+    return Contract(family=family, stage="decoder", inputs=tuple(inputs), outputs=tuple(outputs), source=source,
+                    producer=producer, state=tuple((g.input, g.output) for g in step.groups),
+                    params={**params, "emit": step.emit, "lookahead_samples": step.delay,
+                            "lookahead_frames": step.lookahead_frames,
+                            # frames the walker is given before it returns its first real sample
+                            "first_audio_frames": first, "state_floats": step.state_floats,
+                            "state_layout": state_layout(step), "state_transport": STATE_TRANSPORT,
+                            "method": "graph surgery (rkstudy.graph.stateful.make_step) on the folded, "
+                                      "decoder-masked slice"})
+
+
+def stamped(step: Step, contract: Contract, sliced: Produced | None = None) -> ProducedStep:
+    return ProducedStep(graph.with_metadata(step.model, **{METADATA_KEY: contract.to_json()}), contract, step, sliced)
+
+
+def produce_step_for_voice(voice: DecoderModel, emit: int = DEFAULT_EMIT, *, producer: str | None = None,
+                           layout: str = "grouped") -> ProducedStep:
+    """The stateful step of `voice`'s decoder at `emit` frames: piper_decoder's --dec-mask slice
+    (any window length: the surgery re-pins it), cut into a step; the contract records the command
+    that makes the same step."""
+    sliced = produce_for_voice(voice, dec_mask=True)
+    step = make_step(sliced.model, ["z", "y_mask"], emit, layout=layout)
+    p = sliced.contract.params
+    keep = ("hop", "channels", "sample_rate", "dec_mask", "upsampler", "speaker_dims", "seam_z", "seam_g")
+    producer = producer or (f"rkstudy piper decoder --voice-onnx {voice.onnx_path.name} --stateful --emit {emit} "
+                            f"--skip-rknn --output decoder_step.onnx")
+    contract = step_contract(step, family=FAMILY, masks=("y_mask",), source=sliced.contract.source,
+                             producer=producer, params={k: p[k] for k in keep})
+    return stamped(step, contract, sliced)
+
+
+def produce_inflect_step(decode, emit: int, frames: int = 97) -> ProducedStep:
+    """The same surgery on the whole Inflect v2 decode.onnx (head z = m_p + exp(logs_p) * zp_noise *
+    noise_scale included, noise_scale a constant), folded at any length and decoder-masked: the
+    check that the method is generic. `decode` is an inflect_decoder DecodeModel. Made by notebook 01b;
+    there is no command for it."""
+    c = decode.channels
+    shapes = {"m_p": (1, c, frames), "logs_p": (1, c, frames), "zp_noise": (1, c, frames), "noise_scale": (1,),
+              "y_mask": (1, 1, frames)}
+    folded = mask_decoder(graph.fold(decode.model, shapes), "y_mask")
+    step = make_step(folded, ["m_p", "logs_p", "zp_noise", "y_mask"], emit)
+    contract = step_contract(step, family="inflect_decoder", masks=("y_mask",),
+                             source=Digest.of(decode.onnx_path),
+                             producer="rkstudy.families.piper_decoder_stateful.producer.produce_inflect_step "
+                                      "(notebook 01b; no command)",
+                             params={"hop": decode.hop, "channels": c, "sample_rate": decode.sample_rate,
+                                     "dec_mask": True, "upsampler": "convtranspose"})
+    return stamped(step, contract)
+
+
+def state_probe(onnx_path, contract: Contract, steps: int = 3, seed: int = 0) -> list[dict]:
+    """Stage 2's probe for a stateful step: the inputs of its first step (zero state) and of step
+    `steps` (the state the fp32 graph carried there) on a white-noise latent, so the simulator gate
+    covers the cache path too, not only a zero state."""
+    from ...runtime import OrtRunner
+    from ...stream import StatefulWalker
+
+    rng = np.random.default_rng(seed)
+    runner, feeds = OrtRunner(onnx_path), []
+
+    class Recorder:
+        input_names = runner.input_names
+
+        def run(self, feed):
+            feeds.append({k: np.array(v) for k, v in feed.items()})
+            return runner.run(feed)
+
+    constants = {t.name: rng.standard_normal(t.shape).astype(np.float32) for t in contract.role("constant")}
+    walker = StatefulWalker(Recorder(), contract, constants)
+    e = contract.params["emit"]
+    walker.push({t.name: rng.standard_normal(t.shape[1:-1] + (steps * e * t.rate,)).astype(np.float32)
+                 for t in contract.role("walked")})
+    return [feeds[0], feeds[-1]]
