@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+VERDICT_VERSION = 2  # bump when what a Verdict records changes (keys the verdict cache)
 IO_OPS = ("InputOperator", "OutputOperator")
 LAYOUT_OPS = ("Reshape", "Transpose")  # what the compiler inserts around 3-D tensors (its layouts are 4-D)
 _ROW = re.compile(r"^D RKNN: \[[^\]]+\]\s+(?P<id>\d+)\s+(?P<op>\S+)\s+(?P<dtype>\S+)\s+(?P<target>CPU|NPU|GPU)\s"
@@ -118,7 +119,7 @@ def _key(path: Path, target: str, feeds, shapes) -> str:
     from ..results import toolkit_version
 
     arrays = [(k, np.ascontiguousarray(v).tobytes()) for k, v in sorted((feeds or {}).items())]
-    return digest(path, target, toolkit_version(), None if shapes is None else dict(shapes), arrays)
+    return digest(path, target, toolkit_version(), None if shapes is None else dict(shapes), arrays, VERDICT_VERSION)
 
 
 def ask(model, target: str, feeds: Mapping[str, np.ndarray] | None = None, *,
