@@ -16,7 +16,7 @@ from .paths import RESULTS
 # Studies that are not families: their folder, what they hold, and the notebook that writes them.
 OTHER_STUDIES = {
     "lint": ("rkstudy lint against the real compiler, and every family's graphs linted raw and rewritten",
-             "05_lint.ipynb"),
+             "06_lint.ipynb"),
     "benchmarks": ("Benchmarks: the window walker's overhead with a null engine, and the wall time of `make test`",
                    None),
     "board": ("Board runs (`rkstudy board run`): rows exist only where a board made them", None),

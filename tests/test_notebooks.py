@@ -41,7 +41,7 @@ EXPECT = {
         "simulator vs fp32, worst over widths": (50, math.inf),
         "rk3588 engine at width 64": (30, 36),
         "duration drift in the simulator, largest |%|": (0, 5.0)}),
-    "lint": ("05_lint.ipynb", {
+    "lint": ("06_lint.ipynb", {
         "rules registered": (14, 14),
         "rows disagreeing without a reason, rk3588": (0, 0),
         "op probes holding against the committed table (fraction)": (1, 1),
