@@ -1,6 +1,7 @@
 """Child side of rkstudy.build: runs the toolkit in its own process.
 
 `python -m rkstudy._engine_child SPEC_JSON CONTROL_FD` runs config -> load_onnx -> build ->
+(accuracy_analysis, when the spec asks for it) ->
 export_rknn, then (when the spec asks to serve) init_runtime on the simulator and answers
 inference requests until told to stop, then release. Its fds 1 and 2 belong to the parent, which
 logs them and counts REGTASK lines; the control fd (a multiprocessing Connection) carries the
@@ -48,6 +49,10 @@ def main(spec_path: str, fd: str) -> int:
                                          outputs=spec.get("outputs")))
         step = "build"
         _step(conn, step, rknn.build(do_quantization=False))
+        if spec.get("analysis"):
+            step = "accuracy_analysis"
+            _step(conn, step, rknn.accuracy_analysis(inputs=spec["analysis"]["inputs"],
+                                                     output_dir=spec["analysis"]["output_dir"], target=None))
         if spec.get("out"):
             step = "export_rknn"
             _step(conn, step, rknn.export_rknn(spec["out"]))

@@ -48,7 +48,10 @@ _REGTASK_VALUE = re.compile(r"value: 0x([0-9a-fA-F]+)")
 
 
 class BuildFailed(Failed):
-    """The toolkit did not produce an engine; the message names the step, the error and the log."""
+    """The toolkit did not produce an engine; the message names the step, the error and the log.
+    `report` is the BuildReport of the failed build (None when the child died serving inference)."""
+
+    report: BuildReport | None = None
 
 
 def toolkit_available() -> bool:
@@ -105,9 +108,11 @@ class BuildReport:
     def raise_for_status(self) -> BuildReport:
         if not self.ok:
             last = next((line for line in reversed(self.log_tail) if line.strip()), "")
-            raise BuildFailed(one_line(f"{self.target} build of {Path(self.onnx).name} {self.status}"
+            exc = BuildFailed(one_line(f"{self.target} build of {Path(self.onnx).name} {self.status}"
                                        f"{' at ' + self.failed_step if self.failed_step else ''}: {self.error} "
                                        f"(last log line: {last!r}; full log: {self.log})", 600))
+            exc.report = self
+            raise exc
         return self
 
 
@@ -118,12 +123,17 @@ def _check_target(target: str) -> None:
 
 
 class EngineProcess:
-    """A toolkit child: builds one engine and, with `serve=True`, keeps it for simulator runs."""
+    """A toolkit child: builds one engine and, with `serve=True`, keeps it for simulator runs.
+
+    `analysis` ({"inputs": [npy paths in input order], "output_dir": dir}) also runs the toolkit's
+    per-layer rknn.accuracy_analysis on the simulator after the build (see
+    rkstudy.engine.accuracy_analysis)."""
 
     def __init__(self, onnx_path, target: str, shapes: Mapping[str, Sequence[int]] | None = None,
                  out=None, *, optimization_level: int = 3, serve: bool = False,
                  regtask_limit: int = REGTASK_LIMIT, outputs: Sequence[str] | None = None,
-                 log=None, verbose: bool = False, timeout: float = BUILD_TIMEOUT_S):
+                 log=None, verbose: bool = False, timeout: float = BUILD_TIMEOUT_S,
+                 analysis: Mapping | None = None):
         _check_target(target)
         require_toolkit()
         self.onnx = Path(onnx_path).resolve()
@@ -153,7 +163,8 @@ class EngineProcess:
 
         spec = {"onnx": str(self.onnx), "target": target, "inputs": self.shapes,
                 "outputs": list(outputs) if outputs else None, "out": str(self._partial) if self.out else None,
-                "optimization_level": optimization_level, "serve": serve, "verbose": verbose}
+                "optimization_level": optimization_level, "serve": serve, "verbose": verbose,
+                "analysis": dict(analysis) if analysis else None}
         fd, self._spec = tempfile.mkstemp(prefix="rkstudy-spec-", suffix=".json")
         with os.fdopen(fd, "w") as fh:
             json.dump(spec, fh)

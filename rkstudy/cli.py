@@ -82,6 +82,21 @@ def _cmd_build(args) -> int:
     return 0
 
 
+def _cmd_lint(args) -> int:
+    from .errors import UsageError
+    from .lint import lint, parse_input
+
+    inputs = {}
+    for text in args.input or []:
+        name, shape = parse_input(text)
+        if name in inputs:
+            raise UsageError(f"--input {name} is given twice; give each input once")
+        inputs[name] = shape
+    report = lint(args.onnx, inputs, target=args.target, sample=args.sample)
+    print(json.dumps(report.to_json(), indent=1) if args.json else report.text())
+    return report.exit_code
+
+
 def _cmd_bench(args) -> int:
     from . import bench
 
@@ -220,6 +235,16 @@ def _add_core(sub) -> None:
                    help="seconds before a hung compiler child is killed (default 3 h)")
     b.add_argument("--rebuild", action="store_true", help="ignore a cached engine")
     b.set_defaults(func=_cmd_build)
+
+    li = sub.add_parser("lint", help="static check of RKNN hazards in an ONNX graph (exit 1 on an error finding)")
+    li.add_argument("onnx", type=Path)
+    li.add_argument("--input", action="append", metavar="NAME=D0xD1x...",
+                    help="pin an input's shape, such as z=1x192x93 (repeat per input)")
+    li.add_argument("--target", choices=TARGETS, default="rk3588")
+    li.add_argument("--sample", type=Path, help=".npz of input arrays by name: adds the fp16-range rules "
+                    "(every node's max |x| in an onnxruntime fp32 run)")
+    li.add_argument("--json", action="store_true", help="print the report as JSON")
+    li.set_defaults(func=_cmd_lint)
 
     k = sub.add_parser("bench", help="record a benchmark under results/benchmarks/")
     k.add_argument("which", choices=("walker", "make-test"))

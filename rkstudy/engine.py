@@ -8,6 +8,7 @@ valid input (token ids), a probe of their own.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,14 +54,15 @@ def compare_outputs(ref: Sequence[np.ndarray], test: Sequence[np.ndarray], names
 
 def simulator_vs_fp32(onnx_path: Path | str, target: str, items: Iterable, *,
                       run: Callable | None = None, compare: Callable | None = None, out=None,
-                      gate: gates.Gate | None = None, keep: bool = False) -> Simulated:
+                      gate: gates.Gate | None = None, keep: bool = False, **build_kwargs) -> Simulated:
     """Build `onnx_path` for `target` in a simulator child and run every item through the simulator
     and through onnxruntime fp32 on the same graph.
 
     `run(runner, item) -> list of outputs` says how an item runs (default: `runner.run(item)`; a
     family walks a latent through its sidecar here); `compare(ref, test, item) -> row` scores a
     pair (default: compare_outputs). Each row carries where/target from the simulator; with
-    `gate`, the worst row's `snr_db` is checked (GateFailed names both numbers).
+    `gate`, the worst row's `snr_db` is checked (GateFailed names both numbers). `build_kwargs` go to
+    the build (rkstudy.build.EngineProcess: shapes, verbose for the layer table, regtask_limit, ...).
     """
     import time
 
@@ -68,7 +70,7 @@ def simulator_vs_fp32(onnx_path: Path | str, target: str, items: Iterable, *,
     compare = compare or (lambda ref, test, item: compare_outputs(ref, test))
     ref_runner = OrtRunner(onnx_path)
     result = Simulated(rows=[], report=None)
-    with SimulatorRunner(onnx_path, target, out=out) as sim:
+    with SimulatorRunner(onnx_path, target, out=out, **build_kwargs) as sim:
         result.report = sim.report
         for item in items:
             ref = run(ref_runner, item)
@@ -82,6 +84,102 @@ def simulator_vs_fp32(onnx_path: Path | str, target: str, items: Iterable, *,
     if gate is not None:
         gate.check(result.worst_snr_db, context=f"{target} simulator vs fp32, worst of {len(result.rows)}")
     return result
+
+
+@dataclass
+class Analysis:
+    """The toolkit's per-layer accuracy report (rknn.accuracy_analysis on the simulator): one row per
+    layer (named by its output tensor), the build, and where the snapshot went."""
+
+    rows: list[dict]
+    report: BuildReport
+    snapshot: Path
+
+    @property
+    def overflowed(self) -> list[str]:
+        """Layers whose simulator output left the fp16 range ('q_inf' in the toolkit's report)."""
+        return [r["layer"] for r in self.rows if r["overflow"]]
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_LAYER = re.compile(r"^\[(?P<op>[^\]]+)\]\s+(?P<layer>\S+)\s+(?P<ec>\S+)\s*\|\s*(?P<ee>\S+)\s+"
+                    r"(?P<sc>\S+)\s*\|\s*(?P<se>\S+)\s*$")
+_OUT_OF_FP16 = re.compile(r"The range \[(?P<lo>[^,]+), (?P<hi>[^\]]+)\] of '(?P<name>[^']+)' is out of the float16")
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        return float("inf")  # q_inf: the toolkit's mark for a layer whose range left fp16
+
+
+def _snapshot_max(folder: Path, files: dict[str, str], layer: str) -> tuple[float, int]:
+    path = folder / "npy" / (Path(files.get(layer, layer)).stem + ".npy")
+    if not path.is_file():
+        return float("nan"), 0
+    x = np.load(path).astype(np.float64)
+    finite = x[np.isfinite(x)]
+    return (float(np.max(np.abs(finite))) if finite.size else float("nan")), int(x.size - finite.size)
+
+
+def parse_accuracy_analysis(snapshot: Path, log_text: str = "") -> list[dict]:
+    """Rows of the toolkit's error_analysis.txt, with each layer's max |x| (golden fp32 and simulator
+    fp16, from the snapshot's npy files), its non-finite count and whether the build log warned that
+    its range is out of fp16."""
+    snapshot = Path(snapshot)
+    files = {}
+    mapping = snapshot / "map_name_to_file.txt"
+    if mapping.is_file():
+        for line in mapping.read_text(encoding="utf-8", errors="replace").splitlines()[2:]:
+            parts = line.split()
+            if len(parts) == 2:
+                files[parts[0]] = parts[1]
+    warned = {m["name"] for m in _OUT_OF_FP16.finditer(_ANSI.sub("", log_text))}
+    rows = []
+    for line in (snapshot / "error_analysis.txt").read_text(encoding="utf-8", errors="replace").splitlines():
+        m = _LAYER.match(_ANSI.sub("", line).strip())
+        if not m:
+            continue
+        golden, _ = _snapshot_max(snapshot / "golden", files, m["layer"])
+        sim, nonfinite = _snapshot_max(snapshot / "simulator", files, m["layer"])
+        values = [m[k] for k in ("ec", "ee", "sc", "se")]
+        rows.append({"layer": m["layer"], "op": m["op"], "entire_cos": _number(values[0]),
+                     "entire_euc": _number(values[1]), "single_cos": _number(values[2]),
+                     "single_euc": _number(values[3]), "overflow": any(v == "q_inf" for v in values),
+                     "range_warned": m["layer"] in warned, "golden_max_abs": golden,
+                     "simulator_max_abs": sim, "simulator_nonfinite": nonfinite})
+    return rows
+
+
+def accuracy_analysis(onnx_path: Path | str, target: str, feeds: dict, out_dir: Path | str | None = None,
+                      **build_kwargs) -> Analysis:
+    """Build `onnx_path` for `target` and run the toolkit's own per-layer report on the simulator
+    (rknn.accuracy_analysis, target=None) for one input set: cosine and Euclidean error of every layer
+    against the toolkit's fp32 golden run, accumulated ('entire') and alone ('single'), and 'q_inf'
+    where a layer's range left fp16. This is the per-layer comparer; rkstudy does not write another."""
+    from .build import EngineProcess
+    from .cache import cache_dir, digest
+
+    onnx_path = Path(onnx_path)
+    shapes = graph.input_shapes(onnx_path)
+    missing = sorted(set(shapes) - set(feeds))
+    if missing:
+        raise ValueError(f"no input array for {', '.join(missing)}; accuracy_analysis needs one per graph input")
+    key = digest(onnx_path, target, *[np.ascontiguousarray(feeds[n]).tobytes() for n in shapes])
+    out = Path(out_dir) if out_dir else cache_dir("analysis") / f"{onnx_path.stem}-{target}-{key}"
+    (out / "inputs").mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i, name in enumerate(shapes):
+        path = out / "inputs" / f"{i}.npy"
+        np.save(path, np.asarray(feeds[name], np.float32))
+        paths.append(str(path))
+    snapshot = out / "snapshot"
+    proc = EngineProcess(onnx_path, target, shapes, analysis={"inputs": paths, "output_dir": str(snapshot)},
+                         log=out / "build.log", **build_kwargs)
+    report = proc.wait_built().raise_for_status()
+    return Analysis(rows=parse_accuracy_analysis(snapshot, Path(report.log).read_text(errors="replace")),
+                    report=report, snapshot=snapshot)
 
 
 def probe_feeds(contract: Contract, seed: int = 0) -> list[dict]:

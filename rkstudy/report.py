@@ -13,10 +13,13 @@ from pathlib import Path
 from . import atomic, results
 from .paths import RESULTS
 
-# Studies that are not families: their folder and what they hold.
+# Studies that are not families: their folder, what they hold, and the notebook that writes them.
 OTHER_STUDIES = {
-    "benchmarks": "Benchmarks: the window walker's overhead with a null engine, and the wall time of `make test`",
-    "board": "Board runs (`rkstudy board run`): rows exist only where a board made them",
+    "lint": ("rkstudy lint against the real compiler, and every family's graphs linted raw and rewritten",
+             "06_lint.ipynb"),
+    "benchmarks": ("Benchmarks: the window walker's overhead with a null engine, and the wall time of `make test`",
+                   None),
+    "board": ("Board runs (`rkstudy board run`): rows exist only where a board made them", None),
 }
 
 INTRO = """# Results
@@ -40,7 +43,7 @@ def _studies() -> list[tuple[str, str, str | None]]:
 
     out = [(f.study, f.title, f.notebook) for f in load_all().values()]
     seen = {s for s, _, _ in out}
-    out += [(name, title, None) for name, title in OTHER_STUDIES.items() if name not in seen]
+    out += [(name, title, notebook) for name, (title, notebook) in OTHER_STUDIES.items() if name not in seen]
     return out
 
 

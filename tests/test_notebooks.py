@@ -63,6 +63,17 @@ EXPECT = {
         "stand-in planned internal arena at S=64": (1.0, 2.5),
         "stand-in converter peak RSS, largest build": (200, 8000),
         "DRAM read on this host, 1 thread, wall clock (host, not a board)": (0.05, 200)}),
+    "lint": ("06_lint.ipynb", {
+        "rules registered": (14, 14),
+        "rows disagreeing without a reason, rk3588": (0, 0),
+        "op probes holding against the committed table (fraction)": (1, 1),
+        "fp16: first node past 65504 = first q_inf layer (fraction)": (1, 1),
+        "Piper encoder folded: relshift chains (first width)": (12, 12),
+        "Piper encoder rewritten: error findings": (0, 0),
+        "Piper decoder produced slice: exit code": (0, 0),
+        "command exit codes as the API predicts (fraction)": (1, 1),
+        "CPU nodes the compiler placed that lint predicted (fraction)": (1, 1),
+        "CPU nodes lint predicted that the compiler kept on the NPU": (0, 0)}),
 }
 
 

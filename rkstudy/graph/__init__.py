@@ -228,6 +228,30 @@ def rename(model, names: Mapping[str, str]) -> onnx.ModelProto:
     return model
 
 
+def trim_outputs(model) -> onnx.ModelProto:
+    """A copy of `model` in which no node has an output named '': trailing empty (omitted optional)
+    outputs are dropped, and an empty one before a used output gets a name of its own.
+
+    Why: rknn-toolkit2's fold_constant runs the graph in onnxruntime and fails on an output named ''
+    ("Could not find OrtValue with name ''"), although onnxruntime itself runs such a graph.
+    """
+    model = load(model)
+    taken = tensor_names(model)
+    for node in model.graph.node:
+        outs = list(node.output)
+        while len(outs) > 1 and outs[-1] == "":
+            outs.pop()
+        for k, name in enumerate(outs):
+            if name == "":
+                fresh = f"{node.name or node.op_type}_unused_output_{k}"
+                while fresh in taken:
+                    fresh += "_"
+                taken.add(fresh)
+                outs[k] = fresh
+        node.output[:] = outs
+    return model
+
+
 def metadata(model) -> dict[str, str]:
     """The model's metadata_props as a dict (where producers record a stage's contract)."""
     return {p.key: p.value for p in load(model, load_external_data=False).metadata_props}

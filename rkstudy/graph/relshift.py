@@ -18,7 +18,7 @@ Both chains are fixed index maps, so they are replaced by exact constant-index g
 Nothing here trusts names or a pattern alone: every candidate chain is *run* on an index
 probe (an arange tensor through the chain's own nodes in onnxruntime), and only a chain whose
 probe equals the shift map exactly is reported as verified and rewritten. The detector returns
-plain findings (`RelShift`) so a lint rule can reuse it without rewriting anything.
+plain findings (`RelShift`), which the lint rule RK201 (rkstudy.lint.rules.relshift) reports.
 
 All functions are pure: they take a ModelProto and return new ones.
 """
@@ -341,19 +341,4 @@ def layer_view(model: onnx.ModelProto, scope: str, findings: Sequence[RelShift] 
             continue
         role = "chain" if key in chain else "gather" if "/relshift_" in n.name else "other"
         rows.append({"op": n.op_type, "node": key.rsplit("/", 1)[-1], "role": role})
-    return rows
-
-
-def lint(model: onnx.ModelProto) -> list[dict]:
-    """Findings for a lint rule: one row per relative-shift chain still in `model`, with what
-    to do about it. An empty list means no chain is left for the NPU to compute."""
-    rows = []
-    for f in find_relshift(model):
-        fix = ("rewrite it with rkstudy.graph.relshift.rewrite_relshift() before compiling"
-               if f.verified and f.rewritable else
-               f"it cannot be rewritten as is ({f.note}); fold the graph at pinned shapes with "
-               "rkstudy.graph.fold (not onnxslim given input_shapes again) or keep this layer off the NPU")
-        rows.append({**f.row(), "rule": "relshift-chain",
-                     "message": f"{f.scope or 'graph'}: {f.kind} chain {'+'.join(f.ops)} over "
-                                f"[.., {f.length}, ..] computes wrongly on RKNN boards; {fix}"})
     return rows

@@ -1,0 +1,87 @@
+"""RK301 register-field: an axis longer than 8191 on an op the compiler tiles by register fields.
+
+The compiler encodes tile sizes in 13-bit op-encoding fields (limit 0x1fff); past it, it logs
+`REGTASK: The bit width of field value exceeds the limit` lines. A few of them are harmless, a
+flood of them ruins the engine, and which one a graph gets depends on the op and its tiling, not on
+the axis alone: so this rule reports the axis (the cause), and the build's REGTASK count and largest
+value (rkstudy.build.BuildReport) say which regime it is in.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from ...graph import REGISTER_FIELD_MAX
+from .. import Hit, node_name, rule, seeds
+
+# ops that move no data the NPU tiles: shape bookkeeping the compiler folds or handles as metadata
+NOT_TILED = {"Shape", "Size", "Constant", "ConstantOfShape", "Identity", "Range"}
+REDUCTIONS = {"ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceL2", "ReduceL1", "ReduceProd",
+              "ReduceSumSquare", "ReduceLogSumExp", "Softmax", "LogSoftmax", "CumSum", "ArgMax", "ArgMin"}
+LARGEST = "Kokoro W=256 sliced fine axis: largest node (an Add), fp32 max |x|"
+FLOATS = {1, 10, 11, 16}  # float, float16, double, bfloat16
+
+
+def _reduced_axes(g, n) -> list[int]:
+    """The axes a reduction runs over (all spatial axes for the global pools)."""
+    shape = g.shape(n.input[0]) or ()
+    if n.op_type in ("GlobalAveragePool", "GlobalMaxPool"):
+        return list(range(2, len(shape)))
+    if n.op_type in ("Softmax", "LogSoftmax", "ArgMax", "ArgMin", "CumSum"):
+        axis = g.attr(n, "axis", -1)
+        if n.op_type == "CumSum" and len(n.input) > 1 and g.const(n.input[1]) is not None:
+            axis = int(g.const(n.input[1]))
+        return [axis % len(shape)] if shape else []
+    axes = g.attr(n, "axes")
+    if axes is None and len(n.input) > 1 and n.input[1] and g.const(n.input[1]) is not None:
+        axes = g.const(n.input[1]).tolist()
+    if axes is None:
+        return list(range(len(shape)))
+    return [a % len(shape) for a in axes] if shape else []
+
+
+def _why() -> str:
+    return (f"{seeds('REGTASK lines: Kokoro generator W=512 (fine axis 30721)', 'toolchain')} with "
+            f"{seeds('REGTASK field value: Kokoro generator W=512', 'toolchain')}, an engine at "
+            f"{seeds('Kokoro W=512 engine vs CPU decode (clipped noise)', 'toolchain')}; yet "
+            f"{seeds('REGTASK lines: Kokoro w128 engine', 'toolchain')} measured clean on the board. Which "
+            "regime a graph is in depends on the op's tiling: build it and read regtask / regtask_max_value "
+            "(rkstudy build; results/toolchain/regtask.md)")
+
+
+FIX = ("keep the longest axis at or under 8191: narrow the window (piper decoder: --emit/--context; encoder: "
+       "--frames), or walk the long axis in windows inside the graph; then build and check the REGTASK count")
+
+
+@rule("RK301", "register-field")
+def register_field(g):
+    """Axes longer than 8191 (the 13-bit field) at the pinned shapes, with their length."""
+    by_length = defaultdict(list)
+    reductions = defaultdict(list)
+    for n in g.nodes:
+        if n.op_type in NOT_TILED or g.from_constants(n.output[0] if n.output else ""):
+            continue
+        longest = 0
+        for t in [*n.input, *n.output]:
+            shape = g.shape(t) if t else None
+            if shape and g.elem_types.get(t) in FLOATS and not g.is_const(t):
+                longest = max([longest] + [d for d in shape if d])
+        if longest > REGISTER_FIELD_MAX:
+            by_length[longest].append(node_name(n))
+        if n.op_type in REDUCTIONS or n.op_type in ("GlobalAveragePool", "GlobalMaxPool"):
+            shape = g.shape(n.input[0]) or ()
+            over = [shape[a] for a in _reduced_axes(g, n) if a < len(shape) and (shape[a] or 0) > REGISTER_FIELD_MAX]
+            if over:
+                reductions[max(over)].append(node_name(n))
+    for length, nodes in sorted(by_length.items(), reverse=True):
+        yield Hit("warning", nodes,
+                  f"{len(nodes)} node(s) carry an axis of {length} (> {REGISTER_FIELD_MAX}, "
+                  f"{length / (REGISTER_FIELD_MAX + 1):.2f}x the 13-bit field)",
+                  why=_why(), fix=FIX, detail={"axis": length, "field": REGISTER_FIELD_MAX})
+    for length, nodes in sorted(reductions.items(), reverse=True):
+        yield Hit("warning", nodes, f"{len(nodes)} reduction(s) over an axis of {length} (> {REGISTER_FIELD_MAX})",
+                  why="the seeds: a ReduceSum over the time axis lowers to a register field capped at 8191, and raw "
+                      f"sums over a long axis leave fp16 ({seeds(LARGEST)}); "
+                      "lint --sample measures the range",
+                  fix="normalize over the axis with GlobalAveragePool (the pooling engine's own reduction) or reduce "
+                      "in windows; " + FIX, detail={"axis": length, "field": REGISTER_FIELD_MAX, "reduction": True})
