@@ -67,6 +67,15 @@ def print_build(report) -> None:
     print(json.dumps({**report.row(), "engine": report.engine, "log": report.log}, indent=1))
 
 
+def print_converted(done, gate, probed_on: str) -> int:
+    """What stage 2 of every family prints: the build row, the simulator gate on `probed_on`, and
+    the two files written (engine and contract). Returns the exit code 0."""
+    print_build(done.simulated.report)
+    print(f"simulator vs fp32 on {probed_on}: {done.simulated.worst_snr_db:.1f} dB (gate {gate.threshold} dB)")
+    print(f"wrote {done.engine} and {done.engine.with_suffix('.contract.json').name}")
+    return 0
+
+
 def require(condition: bool, message: str) -> None:
     if not condition:
         raise UsageError(message)

@@ -14,7 +14,7 @@ from ...errors import UsageError
 def convert_estimator(onnx_path: Path, target: str, out: Path | None) -> int:
     """Stage 2: compile, gate the simulator against fp32 on estimator-like inputs (90% of the frames
     real), write the compiled contract beside the engine."""
-    from ...cliutil import print_build
+    from ...cliutil import print_converted
     from ...engine import convert
     from .producer import PRODUCER, feeds
     from .study import SIM_GATE
@@ -23,10 +23,7 @@ def convert_estimator(onnx_path: Path, target: str, out: Path | None) -> int:
     p = done.contract.params
     print(f"{onnx_path.name}: flow_estimator stand-in, S={p['frames']}, depth {p['depth']}, "
           f"{p['attn_form']}/{p['attn_bias']} attention, {p['parameters']} parameters ({p['weights']})")
-    print_build(done.simulated.report)
-    print(f"simulator vs fp32 on estimator inputs: {done.simulated.worst_snr_db:.1f} dB (gate {SIM_GATE.threshold} dB)")
-    print(f"wrote {done.engine} and {done.engine.with_suffix('.contract.json').name}")
-    return 0
+    return print_converted(done, SIM_GATE, "estimator inputs")
 
 
 def _cmd(args) -> int:

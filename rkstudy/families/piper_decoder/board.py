@@ -12,29 +12,44 @@ import time
 from pathlib import Path
 
 
-def decode_job(*, contract, engine: Path, cores: str, payload: dict) -> dict:
-    """In the measured child: walk every sentence's latent through the engine; return the audio."""
+def decode_latents(*, contract, engine: Path, cores: str, payload: dict, sidecar_class,
+                   decode_kwargs: dict | None = None) -> dict:
+    """In the measured child: decode every sentence's latent with `sidecar_class` (the window walk or
+    the stateful step: both are built from the runner and contract and decode one (z, g) at a time);
+    return the audio and what the row needs. Shared by both Piper decoder boards."""
     import numpy as np
 
     from ...runtime import BoardRunner
     from ...runtime.board import runtime_versions
     from ..piper import latents
-    from .sidecar import DecoderSidecar
 
     lat = latents.load(payload["latents"])
     runner = BoardRunner(engine, contract.input_names, cores=cores)
     try:
-        side = DecoderSidecar(runner, contract, channels=lat.z[0].shape[0], hop=contract.params["hop"],
-                              speaker_dims=lat.g[0].shape[0] if lat.g[0] is not None else 0)
+        side = sidecar_class(runner, contract, channels=lat.z[0].shape[0], hop=contract.params["hop"],
+                             speaker_dims=lat.g[0].shape[0] if lat.g[0] is not None else 0)
+        pcm, steps = [], 0
         t0 = time.perf_counter()
-        pcm = [side.decode(z, g, progress=False) for z, g in zip(lat.z, lat.g)]
+        for z, g in zip(lat.z, lat.g):
+            pcm.append(side.decode(z, g, **(decode_kwargs or {})))
+            steps += getattr(side, "steps", 0)
         seconds = time.perf_counter() - t0
     finally:
         runner.close()
     audio = np.concatenate(pcm)
     return {"audio": audio, "sample_rate": lat.sample_rate, "seconds": seconds,
             "audio_s": audio.size / lat.sample_rate, "where": runner.where, "target": runner.target,
-            "cores": runner.cores, "runtime": runtime_versions(), "sentences": len(pcm)}
+            "cores": runner.cores, "runtime": runtime_versions(), "sentences": len(pcm), "steps": steps}
+
+
+def decode_job(*, contract, engine: Path, cores: str, payload: dict) -> dict:
+    """In the measured child: walk every sentence's latent through the engine; return the audio."""
+    from .sidecar import DecoderSidecar
+
+    out = decode_latents(contract=contract, engine=engine, cores=cores, payload=payload,
+                         sidecar_class=DecoderSidecar, decode_kwargs={"progress": False})
+    del out["steps"]
+    return out
 
 
 def text_latents(args, path: Path) -> Path:

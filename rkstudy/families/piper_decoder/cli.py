@@ -30,13 +30,9 @@ def convert_decoder(onnx_path: Path, target: str, out: Path | None, remake: str)
           f"{c.params['channels']} channels, dec_mask={c.params['dec_mask']}"
           f"{', speaker ' + str(c.params['speaker_dims']) if c.params.get('speaker_dims') else ''}")
     done = convert(onnx_path, target, out, gate=ENGINE_ALIVE_GATE, remake=remake)
-    from ...cliutil import print_build
+    from ...cliutil import print_converted
 
-    print_build(done.simulated.report)
-    print(f"simulator vs fp32 on a white-noise window: {done.simulated.worst_snr_db:.1f} dB "
-          f"(gate {ENGINE_ALIVE_GATE.threshold} dB)")
-    print(f"wrote {done.engine} and {done.engine.with_suffix('.contract.json').name}")
-    return 0
+    return print_converted(done, ENGINE_ALIVE_GATE, "a white-noise window")
 
 
 def _decoder(args) -> int:

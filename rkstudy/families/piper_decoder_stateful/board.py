@@ -7,7 +7,6 @@ rkstudy.board.run measures).
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 REMAKE = "rkstudy piper decoder --stateful --emit 45 --skip-rknn --output decoder_step.onnx"
@@ -15,32 +14,15 @@ REMAKE = "rkstudy piper decoder --stateful --emit 45 --skip-rknn --output decode
 
 def decode_job(*, contract, engine: Path, cores: str, payload: dict) -> dict:
     """In the measured child: step through every sentence's latent on the engine; return the audio."""
-    import numpy as np
-
-    from ...runtime import BoardRunner
-    from ...runtime.board import runtime_versions
-    from ..piper import latents
+    from ..piper_decoder.board import decode_latents
     from .sidecar import StatefulDecoderSidecar
 
-    lat = latents.load(payload["latents"])
-    runner = BoardRunner(engine, contract.input_names, cores=cores)
-    try:
-        side = StatefulDecoderSidecar(runner, contract, channels=lat.z[0].shape[0], hop=contract.params["hop"],
-                                      speaker_dims=lat.g[0].shape[0] if lat.g[0] is not None else 0)
-        pcm, steps = [], 0
-        t0 = time.perf_counter()
-        for z, g in zip(lat.z, lat.g):
-            pcm.append(side.decode(z, g))
-            steps += side.steps
-        seconds = time.perf_counter() - t0
-    finally:
-        runner.close()
-    audio = np.concatenate(pcm)
-    return {"audio": audio, "sample_rate": lat.sample_rate, "seconds": seconds,
-            "audio_s": audio.size / lat.sample_rate, "where": runner.where, "target": runner.target,
-            "cores": runner.cores, "runtime": runtime_versions(), "sentences": len(pcm),
-            "row": {"emit": contract.params["emit"], "steps": steps,
-                    "ms_per_step": round(1e3 * seconds / max(steps, 1), 3)}}
+    out = decode_latents(contract=contract, engine=engine, cores=cores, payload=payload,
+                         sidecar_class=StatefulDecoderSidecar)
+    steps = out.pop("steps")
+    out["row"] = {"emit": contract.params["emit"], "steps": steps,
+                  "ms_per_step": round(1e3 * out["seconds"] / max(steps, 1), 3)}
+    return out
 
 
 def _run(args) -> int:

@@ -13,7 +13,7 @@ def convert_step(onnx_path: Path, target: str, out: Path | None, contract) -> in
     """Stage 2 for a stateful step: compile, gate the simulator against fp32 on a white-noise step with
     zero state and on one with the state the fp32 graph carried (engine alive: 15 dB), write the
     compiled contract beside the engine."""
-    from ...cliutil import print_build
+    from ...cliutil import print_converted
     from ...engine import convert
     from ..piper_decoder.study import ENGINE_ALIVE_GATE
     from .producer import state_probe
@@ -25,11 +25,7 @@ def convert_step(onnx_path: Path, target: str, out: Path | None, contract) -> in
           f"in {len(layout)} tensors, hop {p['hop']}, {p['channels']} channels")
     done = convert(onnx_path, target, out, probe=lambda c: state_probe(onnx_path, c), gate=ENGINE_ALIVE_GATE,
                    remake=contract.producer)
-    print_build(done.simulated.report)
-    print(f"simulator vs fp32 on a white-noise step, zero and carried state: {done.simulated.worst_snr_db:.1f} dB "
-          f"(gate {ENGINE_ALIVE_GATE.threshold} dB)")
-    print(f"wrote {done.engine} and {done.engine.with_suffix('.contract.json').name}")
-    return 0
+    return print_converted(done, ENGINE_ALIVE_GATE, "a white-noise step, zero and carried state")
 
 
 def produce(args, producer: str) -> int:

@@ -32,7 +32,7 @@ def probe(contract) -> list[dict]:
 
 def convert_encoder(onnx_path: Path, target: str, out: Path | None) -> int:
     """Stage 2: compile, gate the simulator against fp32 on token probes, write the contract."""
-    from ...cliutil import print_build
+    from ...cliutil import print_converted
     from ...engine import convert
     from .study import SIM_GATE
 
@@ -40,10 +40,7 @@ def convert_encoder(onnx_path: Path, target: str, out: Path | None) -> int:
     c = done.contract
     print(f"{onnx_path.name}: piper_encoder, width {c.params['width']}, stats {c.params['stats_channels']} / "
           f"cond {c.params['cond_channels']} channels")
-    print_build(done.simulated.report)
-    print(f"simulator vs fp32 on token probes: {done.simulated.worst_snr_db:.1f} dB (gate {SIM_GATE.threshold} dB)")
-    print(f"wrote {done.engine} and {done.engine.with_suffix('.contract.json').name}")
-    return 0
+    return print_converted(done, SIM_GATE, "token probes")
 
 
 def _cmd(args) -> int:
