@@ -97,13 +97,15 @@ def family_lines(side: str) -> list[str]:
     from .families import load_all
 
     lines = ["", "families:"]
-    for f in load_all().values():
+    families = load_all()
+    width = max(len(name) for name in families) + 1
+    for f in families.values():
         if side == "board":
             what = f"`rkstudy board run {f.name}`" if f.board else "host only"
         else:
             missing = [m for m in f.requires if importlib.util.find_spec(m) is None]
             what = f"missing {', '.join(missing)} (make models)" if missing else "ready"
-        lines.append(f"  {f.name:<18} {what}")
+        lines.append(f"  {f.name:<{width}} {what}")
     return lines
 
 
