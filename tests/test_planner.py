@@ -98,7 +98,8 @@ def test_a_decoder_with_two_walked_inputs_and_global_statistics():
         out = np.zeros(2 * n)
         for w in planner.plan_windows(n, emit, context):
             part = Lat(lat.x[:, w.start:w.start + w.real], lat.cond[w.start:w.start + w.real])
-            out[2 * w.emit_start: 2 * w.emit_stop] = decode(part)[2 * w.offset: 2 * (w.offset + w.emit_stop - w.emit_start)]
+            emitted = decode(part)[2 * w.offset: 2 * (w.offset + w.emit_stop - w.emit_start)]
+            out[2 * w.emit_start: 2 * w.emit_stop] = emitted
         return out
 
     rng = np.random.default_rng(3)

@@ -17,10 +17,11 @@ import importlib
 from dataclasses import dataclass
 
 # The one registry line per family: the packages under rkstudy/families/ that register themselves.
-FAMILIES = ("toolchain", "piper_decoder", "piper_encoder", "inflect_decoder")
+FAMILIES = ("toolchain", "piper_decoder", "piper_encoder", "inflect_decoder", "kokoro_generator")
 
 # Help for the first word of a family command (`rkstudy piper ...`).
-GROUPS = {"piper": "Piper (VITS) voice stages", "inflect": "Inflect v2 decode.onnx contract"}
+GROUPS = {"piper": "Piper (VITS) voice stages", "inflect": "Inflect v2 decode.onnx contract",
+          "kokoro": "Kokoro-82M (iSTFTNet) stages"}
 
 
 @dataclass(frozen=True)
