@@ -19,7 +19,9 @@ BOARD_MODULES = [
     "rkstudy.families.piper_encoder", "rkstudy.families.piper_encoder.sidecar",
     "rkstudy.families.piper_encoder.tokens", "rkstudy.families.piper_encoder.board",
     "rkstudy.families.piper_encoder.cli", "rkstudy.families.inflect_decoder", "rkstudy.families.inflect_decoder.cli",
-    "rkstudy.families.toolchain",
+    "rkstudy.families.toolchain", "rkstudy.families.kokoro_generator", "rkstudy.families.kokoro_generator.sidecar",
+    "rkstudy.families.kokoro_generator.head", "rkstudy.families.kokoro_generator.inputs",
+    "rkstudy.families.kokoro_generator.board", "rkstudy.families.kokoro_generator.cli",
 ]
 
 # A meta-path finder that refuses the converter's packages, as a board without them would.
@@ -52,7 +54,8 @@ def test_every_board_side_module_imports_without_the_converter():
 
 @pytest.mark.parametrize("argv", [["doctor", "--board"], ["board", "--help"],
                                   ["board", "run", "piper_decoder", "--help"],
-                                  ["board", "run", "piper_encoder", "--help"], ["--help"],
+                                  ["board", "run", "piper_encoder", "--help"],
+                                  ["board", "run", "kokoro_generator", "--help"], ["--help"],
                                   ["piper", "decoder", "--help"]])
 def test_board_commands_run_without_the_converter(argv):
     proc = run_guarded(f"from rkstudy.cli import main\nimport sys\nsys.exit(main({argv!r}))")
