@@ -119,9 +119,10 @@ def _cmd_plan_window(args) -> int:
         table = "window_plan" if name == "plan" else f"window_plan_{name}"
         results.write_table(family.study, table, [results.stamp(r) for r in rows], root=root,
                             title=f"{family.name}: window plan ({name.replace('_', ' ')})")
-    rf = tables["receptive_field"][0]
-    print(f"{family.name}: receptive field {rf['left_frames']} frames left, {rf['right_frames']} right "
-          f"(output change above {rf['level_db']:g} dB of its peak)")
+    for rf in tables["receptive_field"]:
+        label = f" ({rf['decode']})" if "decode" in rf else ""
+        print(f"{family.name}: receptive field{label} {rf['left_frames']} frames left, {rf['right_frames']} right "
+              f"of {rf['latent_frames']} (output change above {rf['level_db']:g} dB of its peak)")
     for r in tables["plan"]:
         if r["emit"]:
             print(f"{r['target']} at {r['snr_target_db']:g} dB: context {r['min_context_speech']} (white noise "

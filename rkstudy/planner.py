@@ -15,12 +15,17 @@ Three measurements, each generic over any walked decoder a family adapts (rkstud
 
 Then the plan: for each SNR target, emit = largest clean window - 2 x minimum context, and the compute
 ratio emit / window (the seeds' hand-picked Piper window: 45 / 93 = 0.48).
+
+A decoder with one walked input (Piper, Inflect) is a latent array [C, N] and a decode of it. A decoder
+with several walked inputs (Kokoro: the latent and its harmonic input, each at its own rate) hands the
+planner opaque latents and says how one is walked, perturbed and imitated by white noise.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -43,21 +48,45 @@ class PlanTarget:
 
     family: str
     hop: int
-    decode: Callable[[np.ndarray], np.ndarray]
+    decode: Callable[[Any], np.ndarray]
     engine: Callable[[int], object]
-    latents: Sequence[np.ndarray]
+    latents: Sequence[Any]
     default_emit: int
     default_context: int
     budgets: dict = field(default_factory=dict)  # target -> (REGTASK lines, largest field value)
+    # Several walked inputs: walk(latent, emit, context) -> output [N * hop] (fp32, the walked decode),
+    # perturb(latent, frame, rng) -> a latent with that frame replaced, noise_like(latents, seed) ->
+    # white-noise latents, n_frames(latent) -> N. The defaults are those of one latent array [C, N].
+    walk: Callable[[Any, int, int], np.ndarray] | None = None
+    perturb: Callable[[Any, int, np.random.Generator], Any] | None = None
+    noise_like: Callable[[Sequence[Any], int], Sequence[Any]] | None = None
+    n_frames: Callable[[Any], int] | None = None
+    contexts: Sequence[int] | None = None   # the context sweep's points (default: 0 .. receptive field + 8)
+    # Other decodes of the same latents whose receptive field is reported beside the decoder's own
+    # (Kokoro: with its normalization statistics frozen, the convolutions' reach alone).
+    variants: Mapping[str, Callable[[Any], np.ndarray]] = field(default_factory=dict)
 
 
-def receptive_field(decode: Callable[[np.ndarray], np.ndarray], z: np.ndarray, hop: int, *,
-                    frames: Sequence[int] | None = None, level_db: float = RF_LEVEL_DB, seed: int = 0) -> dict:
+def _frames(z) -> int:
+    return int(z.shape[1])
+
+
+def _replace_frame(z: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
+    """One frame replaced with an independent draw of the latent's own scale (a full-scale change)."""
+    moved = z.copy()
+    moved[:, k] = rng.standard_normal(z.shape[0]).astype(np.float32) * float(np.std(z))
+    return moved
+
+
+def receptive_field(decode: Callable[[Any], np.ndarray], z, hop: int, *,
+                    frames: Sequence[int] | None = None, level_db: float = RF_LEVEL_DB, seed: int = 0,
+                    perturb: Callable | None = None, n_frames: Callable | None = None) -> dict:
     """How many latent frames before and after a perturbed frame the output changes by more than
     `level_db` relative to the output's peak. The perturbation replaces one frame with an independent
     draw of the latent's own scale (a full-scale change of one frame); the widest extent over the
-    perturbed `frames` (default: three interior frames) is reported."""
-    n = z.shape[1]
+    perturbed `frames` (default: three interior frames) is reported, with the latent's length beside it
+    (a decoder whose normalization spans the whole input reaches every frame)."""
+    perturb, n = perturb or _replace_frame, (n_frames or _frames)(z)
     frames = list(frames) if frames is not None else [n // 4, n // 2, 3 * n // 4]
     base = decode(z)
     peak = float(np.max(np.abs(base)))
@@ -65,26 +94,28 @@ def receptive_field(decode: Callable[[np.ndarray], np.ndarray], z: np.ndarray, h
     rng = np.random.default_rng(seed)
     left = right = 0
     for k in frames:
-        moved = z.copy()
-        moved[:, k] = rng.standard_normal(z.shape[0]).astype(np.float32) * float(np.std(z))
-        changed = np.flatnonzero(np.abs(decode(moved) - base) > threshold)
+        changed = np.flatnonzero(np.abs(decode(perturb(z, k, rng)) - base) > threshold)
         if changed.size:
             left = max(left, k - changed[0] // hop)
             right = max(right, changed[-1] // hop - k)
     return {"left_frames": int(left), "right_frames": int(right), "level_db": level_db, "probed_frames": len(frames),
-            "where": "fp32"}
+            "latent_frames": n, "where": "fp32"}
 
 
-def worst_interior_snr(decode: Callable[[np.ndarray], np.ndarray], latents: Sequence[np.ndarray], hop: int,
-                       emit: int, context: int) -> float:
+def worst_interior_snr(decode: Callable[[Any], np.ndarray], latents: Sequence[Any], hop: int,
+                       emit: int, context: int, *, walk: Callable | None = None,
+                       n_frames: Callable | None = None) -> float:
     """Worst per-window SNR of the interior windows of a walk (fp32, the dynamic graph at the window's
     length) against full-length decodes; inf when no latent has an interior window."""
     worst = float("inf")
     for z in latents:
         full = decode(z)
-        walked = walk_windows(z, lambda x, m: decode(x * m), emit=emit, context=context, samples_per_frame=hop,
-                              progress=False)
-        n = z.shape[1]
+        if walk is None:
+            walked = walk_windows(z, lambda x, m: decode(x * m), emit=emit, context=context, samples_per_frame=hop,
+                                  progress=False)
+        else:
+            walked = walk(z, emit, context)
+        n = (n_frames or _frames)(z)
         for w in plan_windows(n, emit, context):
             interior = w.real == emit + 2 * context and w.start > 0 and w.start + w.real < n
             if interior:
@@ -93,10 +124,12 @@ def worst_interior_snr(decode: Callable[[np.ndarray], np.ndarray], latents: Sequ
     return worst
 
 
-def context_sweep(decode, latents, hop: int, contexts: Sequence[int], emit: int, kind: str) -> list[dict]:
+def context_sweep(decode, latents, hop: int, contexts: Sequence[int], emit: int, kind: str, *,
+                  walk: Callable | None = None, n_frames: Callable | None = None) -> list[dict]:
     """Worst interior-window SNR at each context (fp32)."""
     return [{"latents": kind, "context": c, "emit": emit, "window": emit + 2 * c,
-             "worst_interior_snr_db": worst_interior_snr(decode, latents, hop, emit, c), "where": "fp32"}
+             "worst_interior_snr_db": worst_interior_snr(decode, latents, hop, emit, c, walk=walk, n_frames=n_frames),
+             "where": "fp32"}
             for c in tqdm(contexts, desc=f"contexts ({kind})", leave=False)]
 
 
@@ -170,21 +203,34 @@ def white_noise_like(latents: Sequence[np.ndarray], seed: int = 0) -> list[np.nd
 
 
 def plan(pt: PlanTarget, targets: Sequence[str], snr_targets: Sequence[float], *, contexts: Sequence[int] | None = None,
-         max_window: int | None = None, budgets: dict | None = None) -> dict[str, list[dict]]:
+         max_window: int | None = None, budgets: dict | None = None, build=None) -> dict[str, list[dict]]:
     """Every planner table for one decoder: receptive field, context sweep (speech and white noise),
     REGTASK candidates per target, and the plan per target and SNR target.
 
     The default budget per target is today's window's own build (the engine the seeds ran clean on
-    a board): no more REGTASK lines and no larger field value than it logs."""
+    a board): no more REGTASK lines and no larger field value than it logs. `build(onnx_path, target)`
+    replaces rkstudy.build.build_engine (a study that has already built some windows passes them)."""
     from .build import build_engine
 
-    longest = max(pt.latents, key=lambda z: z.shape[1])
-    rf = receptive_field(pt.decode, longest, pt.hop)
+    build = build or build_engine
+    frames_of = pt.n_frames or _frames
+    longest = max(pt.latents, key=frames_of)
+    rf_kw = {"perturb": pt.perturb, "n_frames": pt.n_frames}
+    rf = receptive_field(pt.decode, longest, pt.hop, **rf_kw)
+    rf_rows = [{**rf, "family": pt.family}]
+    if pt.variants:
+        rf_rows = [{"decode": "as compiled", **rf_rows[0]}]
+        rf_rows += [{"decode": name, **receptive_field(fn, longest, pt.hop, **rf_kw), "family": pt.family}
+                    for name, fn in pt.variants.items()]
     reach = max(rf["left_frames"], rf["right_frames"])
-    contexts = list(contexts) if contexts is not None else sorted(set(range(0, reach + 9, 4)) | {pt.default_context})
+    if contexts is None:
+        contexts = pt.contexts if pt.contexts is not None else range(0, reach + 9, 4)
+    contexts = sorted(set(contexts) | {pt.default_context})
     emit = pt.default_emit
-    sweep = (context_sweep(pt.decode, pt.latents, pt.hop, contexts, emit, "speech")
-             + context_sweep(pt.decode, white_noise_like(pt.latents), pt.hop, contexts, emit, "white noise"))
+    noise = (pt.noise_like or (lambda latents, seed: white_noise_like(latents, seed)))(pt.latents, 0)
+    walk_kw = {"walk": pt.walk, "n_frames": pt.n_frames}
+    sweep = (context_sweep(pt.decode, pt.latents, pt.hop, contexts, emit, "speech", **walk_kw)
+             + context_sweep(pt.decode, noise, pt.hop, contexts, emit, "white noise", **walk_kw))
     default_window = pt.default_emit + 2 * pt.default_context
     max_window = max_window or 2 * default_window
     windows, candidates, budget_rows = {}, [], []
@@ -192,11 +238,12 @@ def plan(pt: PlanTarget, targets: Sequence[str], snr_targets: Sequence[float], *
         if budgets and target in budgets:
             budget = budgets[target]
         else:
-            report = build_engine(pt.engine(default_window), target).raise_for_status()
+            report = build(pt.engine(default_window), target).raise_for_status()
             budget = (report.regtask, report.regtask_max)
         budget_rows.append({"target": target, "budget_window": default_window, "budget_lines": budget[0],
                             "budget_value": budget[1], "where": HOST.where})
-        windows[target], rows = largest_clean_window(pt.engine, target, budget, default_window, max_window)
+        windows[target], rows = largest_clean_window(pt.engine, target, budget, default_window, max_window,
+                                                     build=lambda path, target=target: build(path, target))
         candidates += rows
-    return {"receptive_field": [{**rf, "family": pt.family}], "context_sweep": sweep, "budgets": budget_rows,
+    return {"receptive_field": rf_rows, "context_sweep": sweep, "budgets": budget_rows,
             "candidates": candidates, "plan": plan_rows(windows, sweep, snr_targets)}

@@ -10,12 +10,12 @@ Board side: numpy and tqdm only.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
 from .contract import Contract
-from .errors import EngineMismatch
+from .errors import EngineMismatch, UsageError
 from .window import Rate, walk
 
 
@@ -47,11 +47,14 @@ class WindowSidecar:
         return self.runner.target
 
     def run(self, n_frames: int, walked: Mapping[str, np.ndarray], constants: Mapping[str, np.ndarray] | None = None,
-            *, progress: bool = True, desc: str = "windows") -> list[np.ndarray]:
+            *, progress: bool = True, desc: str = "windows", overlap: int = 0,
+            adjust: Callable | None = None) -> list[np.ndarray]:
         """The walked outputs, stitched over `n_frames` latent frames.
 
         `walked` maps each walked input to its full-length array without the batch axis (frame axis
         last, `rate * n_frames + extra` long); `constants` maps each constant input to its value.
+        `overlap` and `adjust` are rkstudy.window.walk's (shared frames blended with a raised cosine;
+        a per-window correction of the outputs, without the batch axis, before they are stitched).
         """
         c, constants = self.contract, dict(constants or {})
         missing = [t.name for t in c.role("walked") if t.name not in walked]
@@ -69,7 +72,11 @@ class WindowSidecar:
             return [got[i][0] for i in index]  # drop the batch axis
 
         w = c.window
+        if not 0 <= overlap <= w.emit // 2:
+            raise UsageError(f"overlap={overlap}: this engine emits {w.emit} frames a window, so the "
+                             f"overlap must be in 0..{w.emit // 2}")
         return walk(n_frames, one_window, emit=w.emit, context=w.context,
                     walked={t.name: (walked[t.name], Rate(t.rate, t.extra)) for t in c.role("walked")},
                     masks={t.name: Rate(t.rate, t.extra) for t in c.role("mask")},
-                    outputs=[Rate(t.rate, t.extra) for t in outputs], progress=progress, desc=desc)
+                    outputs=[Rate(t.rate, t.extra) for t in outputs], progress=progress, desc=desc,
+                    overlap=overlap, adjust=adjust)

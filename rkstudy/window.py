@@ -14,6 +14,10 @@ frames and walked over the latent. The rules (the seeds measured why each one ma
 * Outputs are stitched at their own rate, so every latent frame is voiced exactly once, in
   order. Several inputs may be walked at once, each at its own rate per latent frame (Kokoro's
   latent at 1 and its harmonic input at 60 per frame plus one).
+* With `overlap` > 0 (at most emit / 2) the walk advances `emit - overlap` frames a step, so
+  consecutive windows voice `overlap` frames twice, and the two renders of those frames are blended with a raised cosine
+  (the weights of the outgoing and the incoming window sum to one at every column). That is a seam
+  knob: it changes how two windows meet, not what either window computes.
 
 Board side: numpy and tqdm only.
 """
@@ -43,20 +47,26 @@ class Window:
         return self.emit_start - self.start
 
 
-def plan_windows(n_frames: int, emit: int, context: int) -> list[Window]:
-    """The windows that voice frames [0, n_frames) with an engine of `emit + 2*context` frames."""
+def plan_windows(n_frames: int, emit: int, context: int, overlap: int = 0) -> list[Window]:
+    """The windows that voice frames [0, n_frames) with an engine of `emit + 2*context` frames,
+    advancing `emit - overlap` frames a step (consecutive emitted spans share `overlap` frames)."""
     if emit <= 0 or context < 0:
         raise ValueError(f"need emit > 0 and context >= 0, got emit={emit}, context={context}")
+    if not 0 <= overlap <= emit // 2:
+        raise ValueError(f"overlap={overlap} must be in 0..{emit // 2} (at most half of the {emit} emitted "
+                         "frames, so a frame is shared by two windows at most)")
     if n_frames <= 0:
         raise ValueError(f"the latent has {n_frames} frames; there is nothing to decode")
     window = emit + 2 * context
     if n_frames <= window:
         return [Window(start=0, real=n_frames, emit_start=0, emit_stop=n_frames)]
     plan = []
-    for emit_start in range(0, n_frames, emit):
+    for emit_start in range(0, n_frames, emit - overlap):
         emit_stop = min(emit_start + emit, n_frames)
         start = min(max(emit_start - context, 0), n_frames - window)
         plan.append(Window(start=start, real=window, emit_start=emit_start, emit_stop=emit_stop))
+        if emit_stop == n_frames:
+            break
     return plan
 
 
@@ -94,9 +104,16 @@ def window_inputs(latent: np.ndarray, w: Window, window: int) -> tuple[np.ndarra
             _window_mask(w, window, Rate()))
 
 
+def raised_cosine(n: int) -> np.ndarray:
+    """The incoming window's weights over `n` shared columns, rising from ~0 to ~1; the outgoing
+    window's are the same reversed, and the two sum to exactly one at every column."""
+    return (0.5 - 0.5 * np.cos(np.pi * (np.arange(n) + 0.5) / n)).astype(np.float32)
+
+
 def walk(n_frames: int, run: Callable[[dict], Sequence[np.ndarray]], *, emit: int, context: int,
          walked: Mapping[str, tuple[np.ndarray, Rate]], masks: Mapping[str, Rate] | None = None,
-         outputs: Sequence[Rate], progress: bool = True, desc: str = "windows") -> list[np.ndarray]:
+         outputs: Sequence[Rate], progress: bool = True, desc: str = "windows", overlap: int = 0,
+         adjust: Callable[[Window, list[np.ndarray]], list[np.ndarray]] | None = None) -> list[np.ndarray]:
     """Walk a fixed-window engine over `n_frames` latent frames; return each output stitched.
 
     `walked` maps an input name to its full-length array (frame axis last, `rate.length(n_frames)`
@@ -104,6 +121,9 @@ def walk(n_frames: int, run: Callable[[dict], Sequence[np.ndarray]], *, emit: in
     `run(feed)` takes {name: window array} and returns the outputs in order, each with its frame
     axis last at the rate given in `outputs`. Every latent frame is voiced exactly once, in order,
     and the `extra` tail of an output (Kokoro's +1 column) comes from the window that ends the walk.
+    With `overlap`, consecutive windows share `overlap` emitted frames, blended with a raised cosine;
+    `adjust(window, outputs)` may rescale a window's outputs before they are stitched (a per-window
+    loudness correction).
     """
     masks = dict(masks or {})
     for name, (x, rate) in walked.items():
@@ -112,23 +132,45 @@ def walk(n_frames: int, run: Callable[[dict], Sequence[np.ndarray]], *, emit: in
                              f"{n_frames} frames at {rate.per_frame}/frame + {rate.extra} need "
                              f"{rate.length(n_frames)}")
     window = emit + 2 * context
+    plan = plan_windows(n_frames, emit, context, overlap)
     pieces: list[list[np.ndarray]] = [[] for _ in outputs]
-    for w in tqdm(plan_windows(n_frames, emit, context), desc=desc, disable=not progress, leave=False):
+    for w in tqdm(plan, desc=desc, disable=not progress, leave=False):
         feed = {name: _window_slice(np.asarray(x), w, window, rate) for name, (x, rate) in walked.items()}
         feed.update({name: _window_mask(w, window, rate) for name, rate in masks.items()})
-        outs = run(feed)
+        outs = [np.asarray(o) for o in run(feed)]
         for k, (out, rate) in enumerate(zip(outs, outputs)):
-            out = np.asarray(out)
             if out.shape[-1] != rate.length(window):
                 raise ValueError(f"output {k} has {out.shape[-1]} elements for a {window}-frame window; "
                                  f"expected {rate.length(window)} ({rate.per_frame} per frame + {rate.extra}). "
                                  f"Is this engine built for a {window}-frame window at this rate?")
+        if adjust is not None:
+            outs = [np.asarray(o) for o in adjust(w, outs)]
+        for k, (out, rate) in enumerate(zip(outs, outputs)):
             a = rate.per_frame * w.offset
             b = rate.per_frame * (w.offset + w.emit_stop - w.emit_start)
             if w.emit_stop == n_frames:
                 b += rate.extra
             pieces[k].append(out[..., a:b])
-    return [np.concatenate(p, axis=-1) for p in pieces]
+    if overlap == 0 or len(plan) == 1:
+        return [np.concatenate(p, axis=-1) for p in pieces]
+    return [_blend(p, plan, rate, n_frames) for p, rate in zip(pieces, outputs)]
+
+
+def _blend(pieces: list[np.ndarray], plan: list[Window], rate: Rate, n_frames: int) -> np.ndarray:
+    """Overlapping emitted pieces summed into one output, raised-cosine weighted where they overlap."""
+    out = np.zeros(pieces[0].shape[:-1] + (rate.length(n_frames),), dtype=np.result_type(*pieces, np.float32))
+    for i, (piece, w) in enumerate(zip(pieces, plan)):
+        piece = piece.astype(out.dtype, copy=True)
+        if i > 0 and plan[i - 1].emit_stop > w.emit_start:
+            n = rate.per_frame * (plan[i - 1].emit_stop - w.emit_start)
+            piece[..., :n] *= raised_cosine(n)
+        if i + 1 < len(plan) and plan[i + 1].emit_start < w.emit_stop:
+            n = rate.per_frame * (w.emit_stop - plan[i + 1].emit_start)
+            stop = rate.per_frame * (w.emit_stop - w.emit_start)
+            piece[..., stop - n: stop] *= raised_cosine(n)[::-1]
+        a = rate.per_frame * w.emit_start
+        out[..., a: a + piece.shape[-1]] += piece
+    return out
 
 
 def walk_windows(latent: np.ndarray, run: Callable[[np.ndarray, np.ndarray], np.ndarray], *,

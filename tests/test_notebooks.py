@@ -74,6 +74,22 @@ EXPECT = {
         "command exit codes as the API predicts (fraction)": (1, 1),
         "CPU nodes the compiler placed that lint predicted (fraction)": (1, 1),
         "CPU nodes lint predicted that the compiler kept on the NPU": (0, 0)}),
+    "kokoro_generator": ("03_kokoro_generator.ipynb", {
+        "dequantized generator vs the int8 ONNX at conv_post, short (fp32)": (40, 44),
+        "recovered modules vs the int8 graph, worst (fp32)": (120, math.inf),
+        "padded window, worst (fp32)": (120, math.inf),
+        "export gate, degree-5 sine (fp32)": (100, math.inf),
+        "sine-level SNR, range-reduced degree 5": (40.5, 42.5),
+        "sine-level SNR, clipped degree 5": (17, 19.5),
+        "generator output vs exact sine, range-reduced degree 5 (fp32)": (45, 51),
+        "Snake arguments past pi": (0.8, 1.4),
+        "REGTASK lines, ups.0 ConvTranspose stride 10 probe": (8, 8),
+        "REGTASK lines, ups.0 polyphase probe": (0, 0),
+        "largest fp32 node at W = 128": (1000, 65504),
+        "nodes past fp16 at W = 136": (0, 0),
+        "per-window loudness spread, no overlap, no gain (fp32)": (5, 10),
+        "a latent of 72 frames in one window vs its full decode (fp32)": (110, math.inf),
+        "global statistics fed, stitched vs full (fp32)": (120, math.inf)}),
 }
 
 

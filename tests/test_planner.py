@@ -65,3 +65,61 @@ def test_the_plan_is_emit_from_window_and_context():
     (row,) = planner.plan_rows({"rk3588": 93}, sweep, [60.0])
     assert (row["min_context_speech"], row["emit"], row["min_context_white_noise"]) == (20, 53, None)
     assert row["compute_ratio"] == 53 / 93
+
+
+def test_a_decoder_with_two_walked_inputs_and_global_statistics():
+    """Kokoro's shape: an opaque latent (x and a per-frame conditioning), a normalization over the whole
+    input (every frame reaches every other), and a frozen-statistics variant (only the conv's reach)."""
+    from dataclasses import dataclass, replace
+
+    @dataclass
+    class Lat:
+        x: np.ndarray            # [C, N]
+        cond: np.ndarray         # [N]
+        origin: np.ndarray | None = None  # the unperturbed x, for the frozen statistics
+
+    def trunk(x, stats_from):
+        pad = np.pad(x, ((0, 0), (1, 1)))
+        y = pad[:, :-2] + 2 * pad[:, 1:-1] + pad[:, 2:]              # a kernel-3 conv: 1 frame each side
+        ref = np.pad(stats_from, ((0, 0), (1, 1)))
+        mu = (ref[:, :-2] + 2 * ref[:, 1:-1] + ref[:, 2:]).mean()    # the statistic, over the whole input
+        return np.repeat((y - mu).sum(axis=0), 2)                    # hop 2
+
+    decode = lambda lat: trunk(lat.x, lat.x) + np.repeat(lat.cond, 2)
+    frozen = lambda lat: trunk(lat.x, lat.x if lat.origin is None else lat.origin) + np.repeat(lat.cond, 2)
+
+    def perturb(lat, k, rng):
+        x = lat.x.copy()
+        x[:, k] = rng.standard_normal(x.shape[0])
+        return replace(lat, x=x, origin=lat.x)
+
+    def walk(lat, emit, context):
+        n = lat.x.shape[1]
+        out = np.zeros(2 * n)
+        for w in planner.plan_windows(n, emit, context):
+            part = Lat(lat.x[:, w.start:w.start + w.real], lat.cond[w.start:w.start + w.real])
+            emitted = decode(part)[2 * w.offset: 2 * (w.offset + w.emit_stop - w.emit_start)]
+            out[2 * w.emit_start: 2 * w.emit_stop] = emitted
+        return out
+
+    rng = np.random.default_rng(3)
+    lat = Lat(rng.standard_normal((3, 80)), rng.standard_normal(80))
+    pt = planner.PlanTarget(family="toy", hop=2, decode=decode, engine=lambda w: w, latents=[lat], default_emit=20,
+                            default_context=4, walk=walk, perturb=perturb, n_frames=lambda lat: lat.x.shape[1],
+                            noise_like=lambda lats, seed: [replace(v, x=np.random.default_rng(seed).standard_normal(
+                                v.x.shape)) for v in lats], contexts=[0, 4], variants={"frozen statistics": frozen})
+
+    class Clean(SimpleNamespace):  # every window builds with 0 REGTASK lines
+        def raise_for_status(self):
+            return self
+
+    tables = planner.plan(pt, ["rk3588"], [60.0], max_window=30, build=lambda path, target: Clean(
+        ok=True, regtask=0, regtask_max=0, status="ok", engine_bytes=1000))
+    rf = {r["decode"]: r for r in tables["receptive_field"]}
+    assert (rf["as compiled"]["left_frames"], rf["as compiled"]["right_frames"]) == (60, 59)  # the whole latent
+    assert (rf["frozen statistics"]["left_frames"], rf["frozen statistics"]["right_frames"]) == (1, 1)
+    assert rf["as compiled"]["latent_frames"] == 80
+    snr = {(r["latents"], r["context"]): r["worst_interior_snr_db"] for r in tables["context_sweep"]}
+    assert snr[("speech", 4)] < 40  # per-window statistics: no context makes a window exact
+    (row,) = tables["plan"]
+    assert row["min_context_speech"] is None and row["emit"] is None and row["largest_clean_window"] == 30

