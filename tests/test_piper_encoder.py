@@ -134,3 +134,27 @@ def test_cli_produces_and_converts(tmp_path, capsys):
     assert "simulator vs fp32 on token probes:" in text
     c = contract.for_engine(engine, family="piper_encoder", soc="rk3588")
     assert c.params["width"] == W and c.target == "rk3588" and engine.stat().st_size > 10_000_000
+
+
+def test_banded_producer_is_pad_safe_and_records_its_mode(voice, product, tmp_path, capsys):
+    """`--relshift banded`: no gather left (a grouped Conv per logit chain instead), the same
+    pad-safety gate at the same token counts as the gather product, the mode in the contract."""
+    out = tmp_path / "enc_n32_banded.onnx"
+    assert cli.main(["piper", "encoder", "--frames", str(W), "--relshift", "banded", "--skip-rknn",
+                     "--output", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "relative-shift chains rewritten (banded): 12, 12 banded" in text
+    banded = producer.produce(voice, W, mode="banded")
+    rows = {r["stage"]: r for r in banded.census_rows()}["rewritten"]
+    gather = {r["stage"]: r for r in product.census_rows()}["rewritten"]
+    assert (rows["Pad"], rows["Slice"], rows["GatherElements"], rows["relshift"]) == (0, 0, 0, "banded")
+    assert rows["Conv"] == gather["Conv"] + 6 and gather["relshift"] == "gather"  # one grouped sum per layer
+    assert banded.contract.params["relshift"] == "banded" and "--relshift banded" in banded.contract.producer
+    assert {f.offsets for f in banded.findings} == {tuple(range(-4, 5))}
+    pads = producer.pad_safety(voice, banded)
+    assert [r["tokens"] for r in pads] == [17, 31, 32]
+    assert all(r["stats_snr_db"] > 120 and r["cond_snr_db"] > 120 for r in pads)
+    (row,) = producer.rewrite_check(voice, banded)
+    assert row["vs_raw_stats_snr_db"] > 120 and row["vs_raw_cond_snr_db"] > 120
+    assert contract.from_metadata({p.key: p.value for p in onnx.load(str(out)).metadata_props},
+                                  where="enc", remake="x").params["relshift"] == "banded"
