@@ -523,10 +523,13 @@ def emit_values(em: _Emitter, f: RelShift, table: np.ndarray, tag: str, prefix: 
             helper.make_node("MatMul", [f"{tag}.diags", band], [out], name=f"{prefix}/MatMul")]
 
 
-def _rewrite_banded(model: onnx.ModelProto, todo: Sequence[RelShift]) -> onnx.ModelProto:
+def _rewrite_banded(model: onnx.ModelProto, todo: Sequence[RelShift], logits=None, values=None) -> onnx.ModelProto:
     """Insert each chain's band form where its result is consumed, drop the node it replaces
     (the logit chain's last Slice, or the value chain's MatMul), prune what is left dead. A table
-    with no non-zero position contributes nothing: a zero constant of the output's shape."""
+    with no non-zero position contributes nothing: a zero constant of the output's shape.
+    `logits`/`values`: other emitters with emit_logits' signature (scripts/relshift_candidates
+    builds the layouts it was chosen from this way); default: emit_logits / emit_values."""
+    logits, values = logits or emit_logits, values or emit_values
     model = copy.deepcopy(model)
     g = model.graph
     consts = {i.name: numpy_helper.to_array(i) for i in g.initializer}
@@ -547,10 +550,10 @@ def _rewrite_banded(model: onnx.ModelProto, todo: Sequence[RelShift]) -> onnx.Mo
         table = consts[f.table]
         if f.kind == REL_TO_ABS:
             i = next(i for i, n in enumerate(nodes) if f.output in n.output)
-            out, shape, emit = f.output, f.output_shape, emit_logits
+            out, shape, emit = f.output, f.output_shape, logits
         else:
             i = next(i for i, n in enumerate(nodes) if n.op_type == "MatMul" and n.input[0] == f.output)
-            out, shape, emit = nodes[i].output[0], tuple(f.source_shape[:-1]) + (table.shape[-1],), emit_values
+            out, shape, emit = nodes[i].output[0], tuple(f.source_shape[:-1]) + (table.shape[-1],), values
         if f.offsets:
             new = emit(em, f, table, tag, prefix, out)
         else:

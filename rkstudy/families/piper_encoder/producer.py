@@ -182,7 +182,8 @@ def pad_safety(voice: piper.Voice, product: Product, counts: Sequence[int] | Non
         ids = real_tokens(voice, n)
         m = both(raw.run(piper.ids_feed(ids)), eng.run(pad_ids(ids, product.frames)), n)
         worst = min(m["stats_snr_db"], m["cond_snr_db"])
-        rows.append({"frames": product.frames, "tokens": n, "pad_slots": product.frames - n, **m,
+        rows.append({"relshift": product.contract.params["relshift"], "frames": product.frames, "tokens": n,
+                     "pad_slots": product.frames - n, **m,
                      **PAD_SAFE_GATE.check(worst, f"width {product.frames}, {n} tokens"), "where": eng.where})
     return rows
 
@@ -199,7 +200,7 @@ def rewrite_check(voice: piper.Voice, product: Product, counts: Sequence[int] | 
         vs_fold = both(fold.run(padded), out, n)
         vs_raw = both(raw.run(piper.ids_feed(ids)), out, n)
         worst = min(vs_raw["stats_snr_db"], vs_raw["cond_snr_db"])
-        rows.append({"frames": product.frames, "tokens": n,
+        rows.append({"relshift": product.contract.params["relshift"], "frames": product.frames, "tokens": n,
                      "vs_folded_max_diff": max(vs_fold["stats_max_diff"], vs_fold["cond_max_diff"]),
                      "vs_raw_stats_snr_db": vs_raw["stats_snr_db"],
                      "vs_raw_cond_snr_db": vs_raw["cond_snr_db"],
