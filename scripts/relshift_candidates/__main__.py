@@ -34,6 +34,7 @@ import onnx
 from rkstudy.families.piper import voice as piper
 from rkstudy.graph import relshift
 from rkstudy.paths import RESULTS as REPO_RESULTS
+from rkstudy.results import to_markdown
 
 from . import forms as candidates
 from . import host as study
@@ -42,6 +43,8 @@ ROWS = study.OUT / "rows"
 RESULTS = study.OUT / "results"
 MAIN_SIZES = REPO_RESULTS / "piper_encoder" / "sizes.csv"  # the gather rows not rebuilt here
 PUBLISHED = REPO_RESULTS / "piper_encoder" / "relshift_candidates.csv"
+PUBLISHED_TITLE = ("Relative-shift candidates: the layouts tried before choosing the banded form "
+                   "(research run, rk3588; not written by notebook 02)")
 ORIGIN = "research run 2026-11-30 (not this notebook); reproduce: python -m scripts.relshift_candidates candidates"
 GATHER_MAX_WIDTH = 192  # the gather form is not rebuilt above this (6.8 GB at 256, 12.4 GB at 320)
 WIDTHS = (64, 96, 128, 192, 256, 320, 384, 512)
@@ -226,6 +229,7 @@ def publish(cand: list[dict]) -> None:
         w = csv.DictWriter(fh, list(rows[0]))
         w.writeheader()
         w.writerows(rows)
+    PUBLISHED.with_suffix(".md").write_text(f"# {PUBLISHED_TITLE}\n\n" + to_markdown(rows), encoding="utf-8")
 
 
 def tables() -> None:
