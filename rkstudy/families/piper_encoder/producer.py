@@ -4,8 +4,11 @@ relative-shift chains, self-check, and write the stage contract into the graph.
 Tokens are right-padded to a fixed width N (RKNN engines have fixed shapes); piper's masks make
 the padded run reproduce the exact-length run on the real tokens, and that is gated on the very
 graph the engine is compiled from. The relative-shift chains the fold leaves in every attention
-layer are rewritten into exact constant-index gathers (rkstudy.graph.relshift): the seeds
-measured the chains as garbage on the board while the simulator computed them fine.
+layer are rewritten (rkstudy.graph.relshift): the seeds measured the chains as garbage on the
+board while the simulator computed them fine. Two exact rewrites are on offer (`relshift`):
+`gather`, constant-index gathers whose tables grow as L²·d (the seeds' form, the one with board
+measurements behind it: the default), and `banded`, sums over the K non-zero diagonals of each
+relative table, whose engine stays near 16 MB at width 128 and makes widths up to 512 buildable.
 """
 
 from __future__ import annotations
@@ -33,12 +36,21 @@ PAD_SAFE_GATE = gates.Gate("padded_vs_exact_fp32", 100.0)  # seeds: 117-130 dB
 REWRITE_GATE = gates.Gate("rewritten_vs_raw_fp32", 100.0)  # seeds: 121-131 dB
 
 
-def producer_command(voice_path: Path, frames: int) -> str:
-    return (f"rkstudy piper encoder --voice-onnx {Path(voice_path).name} --frames {frames} --skip-rknn "
-            f"--output enc_n{frames}.onnx")
+DEFAULT_RELSHIFT = relshift.GATHER
 
 
-def encoder_contract(*, frames: int, stats: int, cond: int, n_vocab: int, source: Digest, producer: str) -> Contract:
+def _stem(frames: int, mode: str) -> str:
+    return f"enc_n{frames}" if mode == relshift.GATHER else f"enc_n{frames}_{mode}"
+
+
+def producer_command(voice_path: Path, frames: int, mode: str = DEFAULT_RELSHIFT) -> str:
+    flag = "" if mode == DEFAULT_RELSHIFT else f" --relshift {mode}"
+    return (f"rkstudy piper encoder --voice-onnx {Path(voice_path).name} --frames {frames}{flag} --skip-rknn "
+            f"--output {_stem(frames, mode)}.onnx")
+
+
+def encoder_contract(*, frames: int, stats: int, cond: int, n_vocab: int, source: Digest, producer: str,
+                     mode: str = DEFAULT_RELSHIFT) -> Contract:
     """Token ids right-padded to `frames` (with their real count), stats and cond out at the same width."""
     return Contract(family=FAMILY, stage="encoder",
                     inputs=(Tensor("input", (1, frames), dtype="int64", role="padded", axis=1),
@@ -47,7 +59,7 @@ def encoder_contract(*, frames: int, stats: int, cond: int, n_vocab: int, source
                              Tensor("cond", (1, cond, frames), role="padded", axis=2)),
                     source=source, producer=producer,
                     params={"width": frames, "stats_channels": stats, "cond_channels": cond, "n_vocab": n_vocab,
-                            "relshift": "gather"})
+                            "relshift": mode})
 
 
 @dataclass
@@ -57,8 +69,8 @@ class Product:
     frames: int
     raw: onnx.ModelProto  # the dynamic slice
     folded: onnx.ModelProto  # pinned + onnxslim
-    rewritten: onnx.ModelProto  # relative-shift chains as gathers, contract in its metadata
-    findings: list
+    rewritten: onnx.ModelProto  # relative-shift chains rewritten, contract in its metadata
+    findings: list  # relshift.RelShift per chain, each with the form it got (relshift.plan)
     contract: Contract
     path: Path  # the rewritten ONNX (what the engine is compiled from)
 
@@ -71,7 +83,8 @@ class Product:
                          "initializer_bytes": c.initializer_bytes, "Pad": c.ops.get("Pad", 0),
                          "Slice": c.ops.get("Slice", 0), "Shape": c.ops.get("Shape", 0),
                          "GatherElements": c.ops.get("GatherElements", 0),
-                         "ReduceSum": c.ops.get("ReduceSum", 0), "where": HOST.where})
+                         "ReduceSum": c.ops.get("ReduceSum", 0), "Conv": c.ops.get("Conv", 0),
+                         "relshift": self.contract.params["relshift"], "where": HOST.where})
         return rows
 
 
@@ -85,36 +98,43 @@ def _vocab(model: onnx.ModelProto) -> int:
     return int(inits[gather.input[0]].dims[0])
 
 
-def produce(voice: piper.Voice, frames: int, output: Path | str | None = None) -> Product:
-    """Slice, pin, fold, rewrite, write the contract, and save the rewritten ONNX (default: the
-    cache, keyed by the voice bytes, the width and REWRITE_VERSION; an explicit `output` is always
-    rewritten). Refuses a rewrite that leaves a chain."""
+def produce(voice: piper.Voice, frames: int, output: Path | str | None = None,
+            mode: str = DEFAULT_RELSHIFT) -> Product:
+    """Slice, pin, fold, rewrite (`mode`: relshift.GATHER or relshift.BANDED), write the contract,
+    and save the rewritten ONNX (default: the cache, keyed by the voice bytes, the width, the mode
+    and REWRITE_VERSION; an explicit `output` is always rewritten). Refuses a rewrite that leaves
+    a chain."""
     import onnxslim
 
     if frames < 2:
         from ...errors import UsageError
 
         raise UsageError(f"--frames {frames}: an encoder width needs at least 2 tokens (BOS and EOS)")
+    if mode not in relshift.MODES:
+        from ...errors import UsageError
+
+        raise UsageError(f"--relshift {mode}: use one of {', '.join(relshift.MODES)}")
     raw = encoder_slice(voice.model)
     folded = graph.fold(raw, shapes_for(frames))
-    findings = relshift.find_relshift(folded)
+    findings = relshift.plan(relshift.find_relshift(folded), mode)
     bad = [f for f in findings if not (f.verified and f.rewritable)]
     if bad:
         raise relshift.RelShiftError(f"{len(bad)} relative-shift chain(s) could not be rewritten "
                                      f"({bad[0].note}); the engine would compute them on the NPU, "
                                      "which the seeds measured as garbage on the board")
-    rewritten = relshift.rewrite_relshift(folded, findings)
+    rewritten = relshift.rewrite_relshift(folded, findings, mode=mode)
     left = relshift.find_relshift(rewritten)
     if left:
         raise relshift.RelShiftError(f"{len(left)} chain(s) left after the rewrite")
     out_dims = {o.name: [d.dim_value for d in o.type.tensor_type.shape.dim] for o in rewritten.graph.output}
     contract = encoder_contract(frames=frames, stats=out_dims["stats"][1], cond=out_dims["cond"][1],
                                 n_vocab=_vocab(voice.model), source=Digest.of(voice.onnx_path),
-                                producer=producer_command(voice.onnx_path, frames))
+                                producer=producer_command(voice.onnx_path, frames, mode), mode=mode)
     rewritten = graph.with_metadata(rewritten, **{METADATA_KEY: contract.to_json()})
     if output is None:
-        output = entry(FAMILY, f"enc_n{frames}", digest(voice.onnx_path, frames, REWRITE_VERSION,
-                                                        onnxslim.__version__), ".onnx")
+        key = (voice.onnx_path, frames, REWRITE_VERSION, onnxslim.__version__) + (() if mode == relshift.GATHER
+                                                                                  else (mode,))
+        output = entry(FAMILY, _stem(frames, mode), digest(*key), ".onnx")
         if not output.exists():
             atomic.save_onnx(rewritten, output)
     else:
@@ -162,7 +182,8 @@ def pad_safety(voice: piper.Voice, product: Product, counts: Sequence[int] | Non
         ids = real_tokens(voice, n)
         m = both(raw.run(piper.ids_feed(ids)), eng.run(pad_ids(ids, product.frames)), n)
         worst = min(m["stats_snr_db"], m["cond_snr_db"])
-        rows.append({"frames": product.frames, "tokens": n, "pad_slots": product.frames - n, **m,
+        rows.append({"relshift": product.contract.params["relshift"], "frames": product.frames, "tokens": n,
+                     "pad_slots": product.frames - n, **m,
                      **PAD_SAFE_GATE.check(worst, f"width {product.frames}, {n} tokens"), "where": eng.where})
     return rows
 
@@ -179,7 +200,7 @@ def rewrite_check(voice: piper.Voice, product: Product, counts: Sequence[int] | 
         vs_fold = both(fold.run(padded), out, n)
         vs_raw = both(raw.run(piper.ids_feed(ids)), out, n)
         worst = min(vs_raw["stats_snr_db"], vs_raw["cond_snr_db"])
-        rows.append({"frames": product.frames, "tokens": n,
+        rows.append({"relshift": product.contract.params["relshift"], "frames": product.frames, "tokens": n,
                      "vs_folded_max_diff": max(vs_fold["stats_max_diff"], vs_fold["cond_max_diff"]),
                      "vs_raw_stats_snr_db": vs_raw["stats_snr_db"],
                      "vs_raw_cond_snr_db": vs_raw["cond_snr_db"],

@@ -17,12 +17,13 @@ from ... import gates, graph
 from ...build import build_engine
 from ...cache import cache_dir, sha256_file
 from ...engine import simulator_vs_fp32
-from ...results import HOST
+from ...graph.relshift import BANDED, GATHER
+from ...results import HOST, read_table
 from ...runtime import OrtRunner, SimulatorRunner
 from ..piper import voice as piper
 from .producer import Product, both, counts_for, produce
 from .seam import encoder_slice, find_encoder_seam
-from .sidecar import FALLBACK, Ladder, LadderEngine
+from .sidecar import FALLBACK, Ladder, LadderEngine, route
 from .tokens import chunk_ids, pad_ids, real_tokens
 
 SIM_GATE = gates.Gate("simulator_vs_fp32", 30.0)  # seeds' board: 40-48 dB; simulator 55-61 dB
@@ -33,21 +34,45 @@ FULL_WIDTHS = (64, 96, 128, 192)
 # engine) would pass the ~12 GiB a build may take on this shared 24 GiB machine.
 SIZE_ONLY_WIDTHS = (256, 320)
 SEEDS_LADDER = (128, 192)
+# The banded rewrite (relshift mode "banded") at every width the issue asks for; its converter stays
+# near 1 GB, so 384 and 512 build and simulate here. Its ladder runs 128 and 256 (the study text's
+# 100-character chunks are 17-225 tokens: a 512 rung would take none of them) and is planned with
+# 512 on top for longer chunks (routing only).
+BANDED_WIDTHS = (64, 96, 128, 192, 256, 320, 384, 512)
+QUICK_BANDED_WIDTHS = (64, 128)
+BANDED_LADDER = (128, 256)
+BANDED_PLAN = (128, 256, 512)
+# Targets of issue 9 part 1: (name, width, quantity, limit); measured <= limit is met. The converter
+# peak column is GiB (ru_maxrss / 2^20); target_rows converts it to the issue's decimal GB.
+TARGETS = (("rk3588 engine at width 128", 128, "engine_mb", 30.0),
+           ("rk3588 engine at width 512", 512, "engine_mb", 400.0),
+           ("converter peak at width 320", 320, "converter_peak_gb", 3.0))
 
 
 def config(quick: bool) -> dict:
     """Widths and chunkings per mode. Quick (CI, 2 cores, well under 5 minutes): two narrow
-    widths and short chunks. Full: the seeds' widths up to 192 simulated, wider ones built for
-    the size fit while the converter stays under ~12 GiB (see SIZE_ONLY_WIDTHS). The full ladder
-    text is chunked at 100 characters: 8 chunks of 17-225 tokens, like the seeds' 8 chunks, so
-    the {128, 192} ladder has chunks on both rungs and one above."""
+    widths and short chunks. Full: the seeds' widths up to 192 simulated, wider ones (256, 320)
+    measured for the size fit in an earlier run (see SIZE_ONLY_WIDTHS). The full ladder text is
+    chunked at 100 characters: 8 chunks of 17-225 tokens, like the seeds' 8 chunks, so the
+    {128, 192} ladder has chunks on both rungs and one above.
+
+    Banded (relshift mode "banded"): quick builds and simulates 64 and 128 only (under two extra
+    minutes) and runs no banded ladder; full measures every width to 512, each also in a
+    dedicated build child for the converter's peak (the gather widths keep their simulator
+    child's peak, as before), and runs the banded ladder. The gather form's
+    size-only widths are not rebuilt in full mode: their rows are carried from the committed
+    sizes.csv (`carried`), since a 320 rebuild peaks at ~12 GB on this shared machine."""
     if quick:
-        return {"widths": QUICK_WIDTHS, "size_only": (), "chunk_chars": (20,),
+        return {"widths": QUICK_WIDTHS, "size_only": (), "carried": (), "chunk_chars": (20,),
                 "ladder": QUICK_WIDTHS, "ladder_chars": 20, "census_width": 64,
-                "sensitivity_chunks": 3, "sensitivity_draws": 1}
-    return {"widths": FULL_WIDTHS, "size_only": SIZE_ONLY_WIDTHS, "chunk_chars": (25, 40, 60, 120),
+                "sensitivity_chunks": 3, "sensitivity_draws": 1,
+                "banded_widths": QUICK_BANDED_WIDTHS, "dedicated_builds": False, "banded_ladder": (),
+                "banded_plan": QUICK_BANDED_WIDTHS, "plan_chars": (20, 100)}
+    return {"widths": FULL_WIDTHS, "size_only": (), "carried": SIZE_ONLY_WIDTHS, "chunk_chars": (25, 40, 60, 120),
             "ladder": SEEDS_LADDER, "ladder_chars": 100, "census_width": 128,
-            "sensitivity_chunks": 12, "sensitivity_draws": 3}
+            "sensitivity_chunks": 12, "sensitivity_draws": 3,
+            "banded_widths": BANDED_WIDTHS, "dedicated_builds": True, "banded_ladder": BANDED_LADDER,
+            "banded_plan": BANDED_PLAN, "plan_chars": (100, 200, 400)}
 
 
 def study_text() -> str:
@@ -69,13 +94,14 @@ def drift_chunks(voice: piper.Voice, text: str, sizes: Sequence[int]) -> list[tu
 
 # --- fidelity and size per width ----------------------------------------------------------
 def simulate_width(voice: piper.Voice, frames: int, target: str = "rk3588",
-                   counts: Sequence[int] | None = None, chunks: Sequence[Sequence[int]] = ()) -> dict:
-    """Build the width-N engine in a simulator child, run the fidelity counts (against the raw
-    dynamic slice at exact length) and the given chunks (kept for the drift).
+                   counts: Sequence[int] | None = None, chunks: Sequence[Sequence[int]] = (),
+                   mode: str = GATHER) -> dict:
+    """Build the width-N engine (relshift `mode`) in a simulator child, run the fidelity counts
+    (against the raw dynamic slice at exact length) and the given chunks (kept for the drift).
 
     Returns {"fidelity": rows, "size": row, "outputs": {chunk index: (stats, cond)}}.
     """
-    product = produce(voice, frames)
+    product = produce(voice, frames, mode=mode)
     raw = OrtRunner(product.raw)
     items = [("count", n, real_tokens(voice, n)) for n in counts or counts_for(frames)]
     items += [("chunk", k, list(ids)) for k, ids in enumerate(chunks) if len(ids) <= frames]
@@ -94,44 +120,138 @@ def simulate_width(voice: piper.Voice, frames: int, target: str = "rk3588",
 
     engine = cache_dir("engines") / product.contract.engine_name(target, sha256_file(product.path)[:12])
     sim = simulator_vs_fp32(product.path, target, items, run=run, compare=compare, keep=True, out=engine)
-    fid = [{k: r[k] for k in ("frames", "tokens", "stats_snr_db", "cond_snr_db", "nonfinite")}
+    fid = [{"relshift": mode} | {k: r[k] for k in ("frames", "tokens", "stats_snr_db", "cond_snr_db", "nonfinite")}
            | SIM_GATE.row(r["snr_db"]) | {"where": r["where"], "target": r["target"]}
            for r in sim.rows if r["kind"] == "count"]
     outputs = {item[1]: (out[0], out[1]) for item, out in zip(items, sim.simulator) if item[0] == "chunk"}
     return {"fidelity": fid, "size": size_row(product, sim.report), "outputs": outputs, "product": product}
 
 
-def size_row(product: Product, report) -> dict:
+def size_row(product: Product, report, peak_from: str = "simulator child (build + inference)") -> dict:
+    """`converter_peak_gb` is the peak RSS (GiB, ru_maxrss) of the child that built the engine; `peak_from` says
+    whether that child only built (a dedicated build child) or also served the simulator."""
     c = graph.census(product.rewritten, with_axis=False)
-    return {"frames": product.frames, "onnx_initializer_bytes": c.initializer_bytes,
-            "engine_bytes": report.engine_bytes,
-            "build_s": round(report.seconds, 1), "regtask": report.regtask,
-            "converter_peak_gb": round(report.peak_rss_mb / 1024, 2), "status": report.status,
-            "where": report.where, "target": report.target}
+    return {"relshift": product.contract.params["relshift"], "frames": product.frames,
+            "onnx_initializer_bytes": c.initializer_bytes, "engine_bytes": report.engine_bytes,
+            "build_s": round(report.seconds, 1), "regtask": report.regtask, "regtask_max": report.regtask_max,
+            "converter_peak_gb": round(report.peak_rss_mb / 1024, 2), "peak_from": peak_from, "carried_from": "",
+            "status": report.status, "where": report.where, "target": report.target}
 
 
-def build_size(voice: piper.Voice, frames: int, target: str = "rk3588") -> dict:
-    """Compile and report sizes only: for widths too slow to simulate. Always a fresh build
+def build_size(voice: piper.Voice, frames: int, target: str = "rk3588", mode: str = GATHER) -> dict:
+    """Compile and report sizes only, in a dedicated build child. Always a fresh build
     (reuse=False): the converter's peak memory is part of the measurement."""
-    product = produce(voice, frames)
-    return size_row(product, build_engine(product.path, target, reuse=False))
+    product = produce(voice, frames, mode=mode)
+    return size_row(product, build_engine(product.path, target, reuse=False), peak_from="dedicated build child")
+
+
+def carried_sizes(path, widths: Sequence[int]) -> list[dict]:
+    """Gather-form size rows at `widths` from an earlier committed sizes.csv (not rebuilt here:
+    the 320 build peaks at ~12 GB). Read before the run rewrites that file; rows say where they
+    came from and keep their original where/target/date."""
+    rows = []
+    for r in read_table(path):
+        if int(r["frames"]) not in widths or r.get("relshift", GATHER) != GATHER:
+            continue
+        # converter_peak_gb is ru_maxrss / 2^20 (GiB); the older column child_peak_rss_gb was decimal GB
+        peak = (float(r["converter_peak_gb"]) if r.get("converter_peak_gb")
+                else round(float(r["child_peak_rss_gb"]) * 1e9 / 2**30, 2))
+        rows.append({"relshift": GATHER, "frames": int(r["frames"]),
+                     "onnx_initializer_bytes": int(r["onnx_initializer_bytes"]), "engine_bytes": int(r["engine_bytes"]),
+                     "build_s": float(r["build_s"]), "regtask": int(r["regtask"]),
+                     "regtask_max": int(r["regtask_max"]) if r.get("regtask_max") else "",
+                     "converter_peak_gb": peak, "peak_from": r.get("peak_from") or "dedicated build child",
+                     "carried_from": r.get("carried_from") or f"results/piper_encoder/sizes.csv ({r.get('date', '')})",
+                     "status": r["status"], "where": r["where"], "target": r["target"]})
+    missing = sorted(set(widths) - {r["frames"] for r in rows})
+    if missing:
+        raise FileNotFoundError(f"{path} has no gather rows at widths {missing}; build them with "
+                                f"study.build_size(voice, N) (the 320 build peaks near 12 GB)")
+    return rows
 
 
 def measure_widths(voice: piper.Voice, widths: Sequence[int], chunks: Sequence[tuple[str, Sequence[int]]],
-                   target: str = "rk3588") -> dict:
+                   target: str = "rk3588", mode: str = GATHER) -> dict:
     """One simulator child per width, one at a time (never two builds at once): fidelity rows,
     size rows, and each chunk's simulator outputs for the drift."""
     fid, size, outputs = [], [], {}
-    for frames in tqdm(sorted(widths), desc="widths (build + simulate)"):
-        got = simulate_width(voice, frames, target, chunks=[ids for _, ids in chunks])
+    for frames in tqdm(sorted(widths), desc=f"widths, {mode} (build + simulate)"):
+        got = simulate_width(voice, frames, target, chunks=[ids for _, ids in chunks], mode=mode)
         fid += got["fidelity"]
         size.append(got["size"])
         outputs[frames] = got["outputs"]
     return {"fidelity": fid, "size": size, "outputs": outputs}
 
 
-def measure_sizes(voice: piper.Voice, widths: Sequence[int], target: str = "rk3588") -> list[dict]:
-    return [build_size(voice, frames, target) for frames in tqdm(sorted(widths), desc="size-only builds")]
+def measure_sizes(voice: piper.Voice, widths: Sequence[int], target: str = "rk3588", mode: str = GATHER) -> list[dict]:
+    return [build_size(voice, frames, target, mode) for frames in tqdm(sorted(widths), desc=f"{mode} builds")]
+
+
+def relshift_growth(sizes: Sequence[dict], fidelity: Sequence[dict], pads: Sequence[dict] = ()) -> list[dict]:
+    """Both rewrites side by side, one row per (rewrite, width): engine bytes, build seconds,
+    REGTASK lines, the converter's peak (a dedicated build child's where one was run, else the
+    simulator child's), the simulator's worst SNR over the token counts and the fp32 gate
+    (rewritten padded graph vs exact-length raw slice, worst SNR and max |diff|) where measured.
+    `sizes` may hold a simulator child's row and a dedicated child's row for one width: the
+    dedicated one gives the build columns."""
+    by = {}
+    for r in sizes:
+        key = (r["relshift"], r["frames"])
+        if key not in by or r["peak_from"] == "dedicated build child":
+            by[key] = r
+    out = []
+    for (mode, frames), r in sorted(by.items()):
+        sim = [min(f["stats_snr_db"], f["cond_snr_db"]) for f in fidelity
+               if f["relshift"] == mode and f["frames"] == frames]
+        fp = [p for p in pads if p.get("relshift", GATHER) == mode and p["frames"] == frames]
+        out.append({"relshift": mode, "frames": frames, "engine_bytes": r["engine_bytes"],
+                    "engine_mb": round(r["engine_bytes"] / 1e6, 2), "build_s": r["build_s"], "regtask": r["regtask"],
+                    "regtask_max": r.get("regtask_max", ""), "converter_peak_gb": r["converter_peak_gb"],
+                    "peak_from": r["peak_from"], "onnx_initializer_bytes": r["onnx_initializer_bytes"],
+                    "sim_worst_snr_db": min(sim) if sim else "", "sim_counts": len(sim),
+                    "fp32_worst_snr_db": min(min(p["stats_snr_db"], p["cond_snr_db"]) for p in fp) if fp else "",
+                    "fp32_max_diff": max(max(p["stats_max_diff"], p["cond_max_diff"]) for p in fp) if fp else "",
+                    "status": r["status"], "carried_from": r.get("carried_from", ""),
+                    "where": r["where"], "target": r["target"]})
+    return out
+
+
+def relshift_growth_fit(rows: Sequence[dict], base_bytes: int) -> list[dict]:
+    """Growth exponent of engine bytes in the width per rewrite (see growth_rows)."""
+    out = []
+    for mode in (GATHER, BANDED):
+        sel = sorted((r for r in rows if r["relshift"] == mode and r["status"] == "ok"), key=lambda r: r["frames"])
+        if len(sel) >= 2:
+            out.append({"relshift": mode, "widths": ",".join(str(r["frames"]) for r in sel),
+                        "exponent_total": growth_exponent(sel, "engine_bytes"),
+                        "exponent_over_weights": growth_exponent_excess(sel, "engine_bytes", base_bytes),
+                        "exponent_widest_pair": growth_exponent(sel[-2:], "engine_bytes"), "base_bytes": base_bytes,
+                        "where": HOST.where})
+    return out
+
+
+def target_rows(rows: Sequence[dict], mode: str = BANDED, widths: Sequence[int] = (384, 512)) -> list[dict]:
+    """Issue 9's targets against the `mode` rows: met or missed, and by how much (limit − measured,
+    negative when missed); plus whether each of `widths` was built and simulated."""
+    out = []
+    for name, frames, key, limit in TARGETS:
+        r = next((x for x in rows if x["relshift"] == mode and x["frames"] == frames), None)
+        value = None if r is None else r[key]
+        if value is not None and key.endswith("gb"):
+            value = round(value * 2**30 / 1e9, 3)  # GiB -> GB
+        out.append({"goal": name, "relshift": mode, "limit": limit, "measured": "" if value is None else value,
+                    "unit": "GB" if key.endswith("gb") else "MB", "met": value is not None and value <= limit,
+                    "margin": "" if value is None else round(limit - value, 3),
+                    "note": "" if value is not None else f"width {frames} not measured in this mode",
+                    "where": HOST.where})
+    for frames in widths:
+        r = next((x for x in rows if x["relshift"] == mode and x["frames"] == frames), None)
+        done = r is not None and r["status"] == "ok" and r["sim_counts"] > 0
+        out.append({"goal": f"width {frames} built and simulated", "relshift": mode, "limit": "", "measured": "",
+                    "unit": "", "met": done, "margin": "",
+                    "note": "" if done else f"width {frames} not built and simulated in this mode",
+                    "where": HOST.where})
+    return out
 
 
 def growth_exponent(rows: Sequence[dict], key: str) -> float:
@@ -190,19 +310,27 @@ class Durations:
 
 
 def drift_rows(voice: piper.Voice, chunks: Sequence[tuple[str, Sequence[int]]],
-               test_outputs: dict[int, dict[int, tuple]], seed: int = 1234, origin=None) -> list[dict]:
+               test_outputs: dict[int, dict[int, tuple]], seed: int = 1234, origin=None,
+               refs: dict | None = None) -> list[dict]:
     """Per chunk and width: latent frames from fp32 cond vs from the tested cond (the simulator's,
     or any perturbed conditioning) under the same seed, and (the sampling's own scale) fp32 at
-    seed vs fp32 at seed+1. `origin` (a runner, or the rows' where/target) stamps the rows."""
+    seed vs fp32 at seed+1. `origin` (a runner, or the rows' where/target) stamps the rows.
+    `refs`: a dict shared between calls over the same chunks (the fp32 frames per chunk), so a
+    second set of outputs (the other rewrite) costs one duration run per chunk and width."""
     raw = OrtRunner(encoder_slice(voice.model))
     dur = Durations(voice)
     where = getattr(origin, "where", "simulator")
     target = getattr(origin, "target", "none")
+    refs = {} if refs is None else refs
     rows = []
     for k, (text, ids) in enumerate(chunks):
-        cond = raw.run(piper.ids_feed(ids))[1]
-        ref = dur.frames(cond, ids, seed)
-        other = dur.frames(cond, ids, seed + 1)
+        if not any(k in test_outputs[frames] for frames in test_outputs):
+            continue
+        key = (tuple(ids), seed)
+        if key not in refs:
+            cond = raw.run(piper.ids_feed(ids))[1]
+            refs[key] = (dur.frames(cond, ids, seed), dur.frames(cond, ids, seed + 1))
+        ref, other = refs[key]
         for frames in sorted(test_outputs):
             if k not in test_outputs[frames]:
                 continue
@@ -301,15 +429,34 @@ def ladder_summary(rows: Sequence[dict], key: str = "lands") -> list[dict]:
     return out
 
 
+def ladder_plans(voice: piper.Voice, text: str, ladders: dict[str, Sequence[int]],
+                 chars: Sequence[int]) -> list[dict]:
+    """Routing only (no engine): for each ladder and each chunking of `text`, how many chunks land
+    on an engine and how many still need the fp32 fallback."""
+    out = []
+    for size in chars:
+        chunks = chunk_ids(voice, text, size)
+        longest = max(len(ids) for _, ids in chunks)
+        for name, widths in ladders.items():
+            lands = [route(widths, len(ids)) for _, ids in chunks]
+            out.append({"ladder": name, "widths": ",".join(map(str, widths)), "chunk_chars": size,
+                        "chunks": len(chunks), "longest_chunk_tokens": longest,
+                        "on_engines": sum(w is not None for w in lands),
+                        "on_fp32_fallback": sum(w is None for w in lands),
+                        "where": HOST.where})
+    return out
+
+
 def run_ladder(voice: piper.Voice, widths: Sequence[int], chunks: Sequence[tuple[str, Sequence[int]]],
-               target: str = "rk3588", seed: int = 1234) -> list[dict]:
-    """The sidecar end to end: simulator engines at `widths` (built one after another), fp32
-    fallback above; per chunk, where it ran, stats/cond SNR against fp32 and the frame drift."""
+               target: str = "rk3588", seed: int = 1234, mode: str = GATHER) -> list[dict]:
+    """The sidecar end to end: simulator engines at `widths` (relshift `mode`, built one after
+    another), fp32 fallback above; per chunk, where it ran, stats/cond SNR against fp32 and the
+    frame drift."""
     runners = []
     try:
         engines = []
         for w in sorted(widths):
-            product = produce(voice, w)
+            product = produce(voice, w, mode=mode)
             runner = SimulatorRunner(product.path, target)
             runners.append(runner)
             engines.append(LadderEngine(runner, product.contract))
@@ -322,7 +469,7 @@ def run_ladder(voice: piper.Voice, widths: Sequence[int], chunks: Sequence[tuple
             ref = raw.run(piper.ids_feed(ids))
             f_ref, f_got = dur.frames(ref[1], ids, seed), dur.frames(cond, ids, seed)
             origin = raw if where == FALLBACK else runners[0]
-            rows.append({"chunk": k, "tokens": len(ids), "ran_on": where,
+            rows.append({"relshift": mode, "chunk": k, "tokens": len(ids), "ran_on": where,
                          "stats_snr_db": gates.snr_db(ref[0], stats), "cond_snr_db": gates.snr_db(ref[1], cond),
                          "fp32_frames": f_ref, "ladder_frames": f_got,
                          "drift_pct": 100.0 * (f_got - f_ref) / f_ref, "text": text[:48],

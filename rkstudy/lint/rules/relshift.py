@@ -10,8 +10,9 @@ from ...graph import relshift
 from .. import Hit, rule, seeds
 
 STUDY = "piper_encoder"  # where the seeds' figures for these chains live
-REWRITE = ("rewrite it into exact constant-index gathers: rkstudy.graph.relshift.rewrite_relshift(model) "
-           "(the Piper encoder producer does it: `rkstudy piper encoder --voice-onnx VOICE.onnx --frames N`)")
+REWRITE = ("rewrite it exactly: rkstudy.graph.relshift.rewrite_relshift(model, mode='gather'|'banded') "
+           "(the Piper encoder producer does it: `rkstudy piper encoder --voice-onnx VOICE.onnx --frames N "
+           "[--relshift banded]`)")
 
 
 @rule("RK201", "relshift-chain")
@@ -20,7 +21,11 @@ def relshift_chain(g):
     if g.dynamic:
         return  # the chains only show at pinned shapes; RK401 asks for them
     for f in relshift.find_relshift(g.model):
-        fix = REWRITE if f.verified and f.rewritable else (
+        banded = relshift.plan([f], relshift.BANDED)[0]
+        band = (f"; its table has {f.diagonals} non-zero diagonals, so mode='banded' applies"
+                if banded.form == relshift.BANDED
+                else f"; mode='banded' would keep the gather form: {banded.band_note}")
+        fix = REWRITE + band if f.verified and f.rewritable else (
             f"it cannot be rewritten as is ({f.note}); fold at pinned shapes with rkstudy.graph.fold "
             "(not onnxslim given input_shapes again), lint again, or keep this layer off the NPU")
         yield Hit("error", f.nodes,
