@@ -107,6 +107,7 @@ def test_relshift_chains():
     assert [f.severity for f in found] == ["error", "error"]
     assert [f.detail["kind"] for f in found] == ["rel_to_abs", "abs_to_rel"]
     assert "rewrite_relshift" in found[0].fix and "0.4 dB (seeds, board, rk3588)" in found[0].why
+    assert "mode='banded' applies" in found[0].fix  # the probe's tables are banded (window 4)
     assert not [f for f in lint(relshift.rewrite_relshift(honesty.attention())).findings if f.code == "RK201"]
 
 
