@@ -24,6 +24,8 @@ BOARD_MODULES = [
     "rkstudy.families.piper_encoder.tokens", "rkstudy.families.piper_encoder.board",
     "rkstudy.families.piper_encoder.cli", "rkstudy.families.inflect_decoder", "rkstudy.families.inflect_decoder.cli",
     "rkstudy.families.toolchain", "rkstudy.families.flow_estimator", "rkstudy.families.flow_estimator.cli",
+    "rkstudy.families.qwen3_vocoder", "rkstudy.families.qwen3_vocoder.sidecar", "rkstudy.families.qwen3_vocoder.board",
+    "rkstudy.families.qwen3_vocoder.cli",
 ]
 
 # A meta-path finder that refuses the converter's packages, as a board without them would.
@@ -60,6 +62,7 @@ def test_every_board_side_module_imports_without_the_converter():
                                   ["board", "memory", "--help"], ["board", "dram", "--help"],
                                   ["cosyvoice3", "estimator", "--help"],
                                   ["board", "run", "piper_decoder_stateful", "--help"],
+                                  ["board", "run", "qwen3_vocoder", "--help"], ["qwen3", "vocoder", "--help"],
                                   ["piper", "decoder", "--help"]])
 def test_board_commands_run_without_the_converter(argv):
     proc = run_guarded(f"from rkstudy.cli import main\nimport sys\nsys.exit(main({argv!r}))")

@@ -18,10 +18,11 @@ from dataclasses import dataclass
 
 # The one registry line per family: the packages under rkstudy/families/ that register themselves.
 FAMILIES = ("toolchain", "piper_decoder", "piper_decoder_stateful", "piper_encoder", "inflect_decoder",
-            "flow_estimator")
+            "qwen3_vocoder", "flow_estimator")
 
 # Help for the first word of a family command (`rkstudy piper ...`).
 GROUPS = {"piper": "Piper (VITS) voice stages", "inflect": "Inflect v2 decode.onnx contract",
+          "qwen3": "Qwen3-TTS stages (the 12 Hz vocoder with seeded random weights: the checkpoint is not obtainable)",
           "cosyvoice3": "CosyVoice3 stages (a DiT stand-in with random weights where the model is not obtainable)"}
 
 
