@@ -23,7 +23,7 @@ import tempfile
 import time
 import warnings
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -212,9 +212,9 @@ def produce(codes_length: int = DEFAULT_CODES_LENGTH, *, widths: str = "released
         output = entry(FAMILY, f"step_{widths}_b{codes_length}_{exporter}{'' if long_axis else '_raw'}",
                        digest(codes_length, widths, seed, exporter, long_axis, PRODUCER_VERSION, torch.__version__,
                               onnx.__version__), ".onnx")
-        if Path(output).exists():
-            c = read_contract(output)
-            return Product(Path(output), c, hazard_census(output), {}, None)
+        if Path(output).exists():  # the contract as stored (read_contract refuses a dynamic export's)
+            c = from_metadata(graph.metadata(output), where=Path(output).name, remake=command)
+            return Product(Path(output), c, hazard_census(output), c.params.get("long_axis_rewrite", {}), None)
     torch.set_num_threads(1)
     t0 = time.monotonic()
     decoder = decoder if decoder is not None else decoder_for(widths, seed)
@@ -228,6 +228,7 @@ def produce(codes_length: int = DEFAULT_CODES_LENGTH, *, widths: str = "released
         rewrite = done.row()
     contract = step_contract(step, source=source_digest(decoder, widths, seed), producer=command,
                              exporter=exporter, widths=widths, seed=seed)
+    contract = replace(contract, params={**contract.params, "long_axis_rewrite": rewrite})
     model = graph.with_metadata(model, **{METADATA_KEY: contract.to_json()})
     census = hazard_census(model)
     warn_if_abort(census, Path(output).name)

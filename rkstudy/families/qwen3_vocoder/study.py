@@ -243,3 +243,10 @@ def sidecar_rows(main_path, first_path, tokens: int, event: int, window_event: i
 
 def _fmt(steps) -> str:
     return " + ".join(f"{b}x{n}" for b, n in steps)
+
+
+def uniform(rows: list[dict]) -> list[dict]:
+    """Rows with one column set (the union, in first-seen order; "" where a row has none), which a
+    committed table needs: the census mixes built, counted-only and not-exported settings."""
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    return [{k: r.get(k, "") for k in columns} for r in rows]
