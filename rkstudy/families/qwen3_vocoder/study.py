@@ -174,9 +174,10 @@ def carried_feeds(onnx_path, steps: int = 3, seed: int = CODES_SEED + 1) -> list
     return feeds
 
 
-def engine_rows(onnx_path, targets, out_dir=None, steps: int = 3) -> list[dict]:
+def engine_rows(onnx_path, targets, out_dir=None, steps: int = 3, keep_last: int | None = None) -> list[dict]:
     """The fp16 engine for each target: REGTASK lines, size, and the simulator against onnxruntime
-    fp32 on each step of a carried-cache stream (audio and cache_out SNR, non-finite counts)."""
+    fp32 on each step of a carried-cache stream (audio and cache_out SNR, non-finite counts); with
+    `keep_last`, only the last steps (a released-width step takes minutes in the simulator)."""
     from pathlib import Path
 
     from ...engine import compare_outputs, simulator_vs_fp32
@@ -184,16 +185,33 @@ def engine_rows(onnx_path, targets, out_dir=None, steps: int = 3) -> list[dict]:
 
     c = read_contract(onnx_path)
     feeds = carried_feeds(onnx_path, steps)
+    first = len(feeds) - (keep_last or len(feeds))
+    feeds = feeds[first:]
     rows = []
     for target in targets:
         out = Path(out_dir) / f"{Path(onnx_path).stem}-{target}.rknn" if out_dir else None
         sim = simulator_vs_fp32(onnx_path, target, feeds, out=out,
                                 compare=lambda ref, test, item: compare_outputs(ref, test, ["audio", "cache_out"]))
         for k, r in enumerate(sim.rows):
-            rows.append({"codes_length": c.params["codes_length"], "step": k, **sim.report.row(),
+            rows.append({"codes_length": c.params["codes_length"], "step": first + k, **sim.report.row(),
                          "audio_snr_db": r["audio_snr_db"], "cache_out_snr_db": r["cache_out_snr_db"],
                          "audio_nonfinite": r["audio_nonfinite"], "cache_out_nonfinite": r["cache_out_nonfinite"],
                          "simulator_s": round(sim.seconds[k], 2), "where": r["where"], "target": r["target"]})
+    return rows
+
+
+def build_rows(onnx_path, targets) -> list[dict]:
+    """Build only (no simulator): REGTASK lines, size, build time, for targets whose simulator run did not
+    fit the timebox; the engine table's columns, the SNR ones empty."""
+    from .producer import read_contract
+
+    c = read_contract(onnx_path)
+    rows = []
+    for target in targets:
+        report = build_engine(onnx_path, target, shapes={t.name: list(t.shape) for t in c.inputs}, reuse=True)
+        rows.append({"codes_length": c.params["codes_length"], "step": "", **report.row(), "audio_snr_db": "",
+                     "cache_out_snr_db": "", "audio_nonfinite": "", "cache_out_nonfinite": "",
+                     "simulator_s": "not run (timebox)", "where": report.where, "target": report.target})
     return rows
 
 
