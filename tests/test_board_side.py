@@ -27,6 +27,8 @@ BOARD_MODULES = [
     "rkstudy.families.kokoro_generator", "rkstudy.families.kokoro_generator.sidecar",
     "rkstudy.families.kokoro_generator.head", "rkstudy.families.kokoro_generator.inputs",
     "rkstudy.families.kokoro_generator.board", "rkstudy.families.kokoro_generator.cli",
+    "rkstudy.families.qwen3_vocoder", "rkstudy.families.qwen3_vocoder.sidecar", "rkstudy.families.qwen3_vocoder.board",
+    "rkstudy.families.qwen3_vocoder.cli",
 ]
 
 # A meta-path finder that refuses the converter's packages, as a board without them would.
@@ -64,6 +66,7 @@ def test_every_board_side_module_imports_without_the_converter():
                                   ["cosyvoice3", "estimator", "--help"],
                                   ["board", "run", "piper_decoder_stateful", "--help"],
                                   ["board", "run", "kokoro_generator", "--help"],
+                                  ["board", "run", "qwen3_vocoder", "--help"], ["qwen3", "vocoder", "--help"],
                                   ["piper", "decoder", "--help"]])
 def test_board_commands_run_without_the_converter(argv):
     proc = run_guarded(f"from rkstudy.cli import main\nimport sys\nsys.exit(main({argv!r}))")

@@ -60,6 +60,21 @@ EXPECT = {
         "banded: simulator vs fp32, worst over widths": (50, math.inf),
         "banded minus gather: simulator worst at shared widths": (-3.0, 3.0),
         "banded: duration drift in the simulator, largest |%|": (0, 5.0)}),
+    "qwen3_vocoder": ("04_qwen3_vocoder.ipynb", {  # quick mode: tiny widths, steps of 16 and 4 tokens
+        "stepwise vs full decode, worst schedule": (120, math.inf),  # measured 132.7 (tiny), gate 40
+        "cache hand-over alone (small step's cache into the main step)": (120, math.inf),
+        "control: every step from a zeroed cache": (10, 40),  # measured 24.5: the gate sees the state
+        "cache floats, released config": (1298567, 1298567),
+        "head dim, released config": (64, 64),
+        "KV length, released config": (71, 71),
+        "cache floats read back from the main step's graph": (6851, 6851),  # tiny widths
+        "simulator vs fp32, main step, worst step, rk3588": (40, math.inf),  # measured 59.3
+        "REGTASK lines, main step, rk3588": (0, 0),
+        "engine size, main step, rk3588": (80, 115),  # measured 96.8 MB (tiny widths)
+        "census: exporter settings predicting an abort": (0, 0),
+        "census: settings built / built ok": (1, 1),
+        "sidecar 16+64 streaming vs full decode": (120, math.inf),
+        "window role vs the package's chunked_decode": (120, math.inf)}),
     "flow_estimator": ("05_flow_estimator_memory.ipynb", {
         "seeds' measured sets the model reproduces": (8, 8),
         "admit/refuse rows agreeing, with S>=900 sets": (17, 17),

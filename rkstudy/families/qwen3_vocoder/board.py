@@ -1,0 +1,111 @@
+"""`rkstudy board run qwen3_vocoder`: the vocoder sidecar on RKNNLite, offline or 16+64 streaming.
+
+Input: codes, either a .npy `[16, T]` int64 file (what a talker wrote) or seeded random codes made
+here (the weights are seeded random, so any codes are as good as a talker's). Board side: numpy
+only (the job runs in the child that rkstudy.board.run measures).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from .sidecar import FAMILY
+
+REMAKE = "rkstudy qwen3 vocoder --codes-length 64 --skip-rknn --output qwen3_vocoder_b64.onnx"
+
+
+def _load_codes(payload: dict, contract):
+    import numpy as np
+
+    from .sidecar import random_codes
+
+    if payload.get("codes"):
+        return np.load(payload["codes"])
+    p = contract.params
+    return random_codes(payload["tokens"], payload["seed"], codebook_size=p["codebook_size"],
+                        num_quantizers=p["num_quantizers"])[0]
+
+
+def decode_job(*, contract, engine: Path, cores: str, payload: dict) -> dict:
+    """In the measured child: decode the codes (offline on the main engine, or streaming in events with
+    the first engine for the first group); return the audio and the row."""
+    import numpy as np
+
+    from ...contract import for_engine
+    from ...runtime import BoardRunner
+    from ...runtime.board import runtime_versions
+    from .sidecar import SAMPLE_RATE, VocoderSidecar, events
+
+    codes = _load_codes(payload, contract)
+    runners = [BoardRunner(engine, contract.input_names, cores=cores)]
+    first_contract = None
+    if payload.get("first"):
+        first_contract = for_engine(payload["first"], family=FAMILY, soc=contract.target, remake=REMAKE)
+        runners.append(BoardRunner(payload["first"], first_contract.input_names, cores=cores))
+    try:
+        side = VocoderSidecar(runners[0], contract, *(runners[1:2]), first_contract)
+        t0 = time.perf_counter()
+        first_audio = None
+        if payload["mode"] == "streaming":
+            pieces = []
+            for pcm in side.stream(events(codes, payload["event"])):
+                if first_audio is None and pcm.size:
+                    first_audio = time.perf_counter() - t0
+                pieces.append(pcm)
+            audio = np.concatenate(pieces)
+        else:
+            audio = side.decode(codes)
+        seconds = time.perf_counter() - t0
+    finally:
+        for r in runners:
+            r.close()
+    steps = sum(n for _, n in side.steps)
+    return {"audio": audio, "sample_rate": SAMPLE_RATE, "seconds": seconds, "audio_s": audio.size / SAMPLE_RATE,
+            "where": runners[0].where, "target": runners[0].target, "cores": runners[0].cores,
+            "runtime": runtime_versions(),
+            "row": {"mode": payload["mode"], "tokens": int(codes.shape[-1]),
+                    "engines": "+".join(str(b) for b, _ in side.steps), "steps": steps,
+                    "ms_per_token": round(1e3 * seconds / max(int(codes.shape[-1]), 1), 3),
+                    "first_audio_s": "" if first_audio is None else round(first_audio, 4)}}
+
+
+def _run(args) -> int:
+    from ...board.run import measure, require_board
+    from ...errors import UsageError
+
+    require_board()  # before reading any input: off a board, that is the one thing to say
+    if args.mode == "streaming" and args.first is None:
+        raise UsageError("--mode streaming runs the first group on the 16-token engine: pass --first ENGINE.rknn")
+    if args.first is not None:  # checked here too, so a wrong first engine is one line, not a child's error
+        from ...board import sysfs
+        from ...contract import for_engine
+
+        for_engine(args.first, family=FAMILY, soc=sysfs.soc(), remake=REMAKE)
+    payload = {"codes": str(Path(args.codes).resolve()) if args.codes else None, "tokens": args.tokens,
+               "seed": args.seed, "mode": args.mode, "event": args.event,
+               "first": str(Path(args.first).resolve()) if args.first else None}
+    measure(FAMILY, engine=args.engine, job="rkstudy.families.qwen3_vocoder.board:decode_job", payload=payload,
+            cores=args.cores, audio_out=args.audio, outputs_out=args.outputs, results_dir=args.results,
+            extra={"codes": Path(args.codes).name if args.codes else f"random seed {args.seed}"}, remake=REMAKE)
+    return 0
+
+
+def add_board(sub) -> None:
+    """Register `rkstudy board run qwen3_vocoder`."""
+    from ...cliutil import positive
+
+    p = sub.add_parser(FAMILY, help="the Qwen3 vocoder step engines on RKNNLite: offline or 16+64 streaming")
+    p.add_argument("--engine", type=Path, required=True, help="the main (64-token) .rknn, its .contract.json beside it")
+    p.add_argument("--first", type=Path, help="the first-group (16-token) .rknn, for --mode streaming")
+    p.add_argument("--mode", choices=("offline", "streaming"), default="offline")
+    p.add_argument("--codes", type=Path, help="codes [16, T] int64 (.npy); default: seeded random codes")
+    p.add_argument("--tokens", type=positive, default=300, help="random codes: how many tokens (12.5 per second)")
+    p.add_argument("--seed", type=int, default=0, help="random codes: their seed")
+    p.add_argument("--event", type=positive, default=12, help="streaming: tokens per event the talker hands over")
+    p.add_argument("--audio", type=Path, help="write the decoded audio here (16-bit WAV)")
+    p.add_argument("--outputs", type=Path, help="write the decoded audio here as float32 (.npz)")
+    p.add_argument("--results", type=Path, help="results root for the row (default: results/)")
+    p.add_argument("--cores", choices=("0_1_2", "0", "auto"), default="0_1_2",
+                   help="NPU core mask (0_1_2 falls back to auto where the driver refuses it)")
+    p.set_defaults(func=_run)
