@@ -60,7 +60,7 @@ def make_test_wall(repo: Path = REPO) -> dict:
 
 
 def record(row: dict, table: str) -> Path:
-    return results.write_table("benchmarks", table, [results.stamp(row, where="host", target="none")],
+    return results.write_table("benchmarks", table, [results.stamp(row, results.HOST)],
                                title=f"Benchmark: {row['benchmark']}")
 
 
