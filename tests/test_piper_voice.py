@@ -34,5 +34,5 @@ def test_paragraph_splits_into_sentences(voice):
     text = piper.read_text("paragraph")
     assert len(text) >= 400
     assert len(voice.sentences(text)) == 5
-    with pytest.raises(FileNotFoundError, match="shipped texts: paragraph, phone, short"):
+    with pytest.raises(FileNotFoundError, match="shipped texts: .*paragraph, phone, short"):
         piper.read_text("missing")
