@@ -43,6 +43,20 @@ def add_stage_args(p: argparse.ArgumentParser, *, output_help: str = "where stag
                    help="engine path (default: beside the graph, <family>-w<frames>-<target>-<graph digest>.rknn)")
 
 
+def add_board_run_args(p: argparse.ArgumentParser, *,
+                       audio_help: str | None = "write the decoded audio here (16-bit WAV)",
+                       outputs_help: str = "write the decoded audio here as float32 (.npz)") -> None:
+    """What every `rkstudy board run <family>` takes besides its inputs: where the audio and raw
+    outputs go, the results root for the row, and the NPU core mask (no --audio when `audio_help`
+    is None: the encoder makes no audio)."""
+    if audio_help:
+        p.add_argument("--audio", type=Path, help=audio_help)
+    p.add_argument("--outputs", type=Path, help=outputs_help)
+    p.add_argument("--results", type=Path, help="results root for the row (default: results/)")
+    p.add_argument("--cores", choices=("0_1_2", "0", "auto"), default="0_1_2",
+                   help="NPU core mask (0_1_2 falls back to auto where the driver refuses it)")
+
+
 def refuse_mixed(p: argparse.ArgumentParser, args, stage1: tuple[str, ...]) -> None:
     """Stage-1 flags with --onnx (stage 2) are a usage error, not silently ignored."""
     if args.onnx is None:

@@ -69,6 +69,8 @@ def _run(args) -> int:
 
 def add_board(sub) -> None:
     """Register `rkstudy board run kokoro_generator`."""
+    from ...cliutil import add_board_run_args
+
     p = sub.add_parser("kokoro_generator", help="the generator sidecar on RKNNLite: audio and one results row")
     p.add_argument("--engine", type=Path, required=True, help="the .rknn (its .contract.json beside it)")
     p.add_argument("--inputs", type=Path, required=True,
@@ -77,9 +79,6 @@ def add_board(sub) -> None:
                    help="frames two windows share, blended with a raised cosine (default 0)")
     p.add_argument("--gain", action="store_true",
                    help="correct each window's loudness toward the full-length decode in the inputs file")
-    p.add_argument("--audio", type=Path, help="write the audio here (16-bit WAV)")
-    p.add_argument("--outputs", type=Path, help="write the audio and each sentence's generator rows here (.npz)")
-    p.add_argument("--results", type=Path, help="results root for the row (default: results/)")
-    p.add_argument("--cores", choices=("0_1_2", "0", "auto"), default="0_1_2",
-                   help="NPU core mask (0_1_2 falls back to auto where the driver refuses it)")
+    add_board_run_args(p, audio_help="write the audio here (16-bit WAV)",
+                       outputs_help="write the audio and each sentence's generator rows here (.npz)")
     p.set_defaults(func=_run, validate_args=lambda a: a.overlap >= 0 or p.error("--overlap must be 0 or more"))

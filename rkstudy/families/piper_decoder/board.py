@@ -88,6 +88,8 @@ def _run(args) -> int:
 
 def add_board(sub) -> None:
     """Register `rkstudy board run piper_decoder`."""
+    from ...cliutil import add_board_run_args
+
     p = sub.add_parser("piper_decoder", help="the decoder sidecar on RKNNLite: audio and one results row")
     p.add_argument("--engine", type=Path, required=True, help="the .rknn (its .contract.json beside it)")
     src = p.add_mutually_exclusive_group(required=True)
@@ -98,11 +100,7 @@ def add_board(sub) -> None:
     p.add_argument("--voice-onnx", type=Path, help="with --text: the voice the engine was made from")
     p.add_argument("--voice-config", type=Path, help="with --text: its .onnx.json (default: beside it)")
     p.add_argument("--speaker", type=int, default=0, help="with --text: speaker id of a multi-speaker voice")
-    p.add_argument("--audio", type=Path, help="write the decoded audio here (16-bit WAV)")
-    p.add_argument("--outputs", type=Path, help="write the decoded audio here as float32 (.npz)")
-    p.add_argument("--results", type=Path, help="results root for the row (default: results/)")
-    p.add_argument("--cores", choices=("0_1_2", "0", "auto"), default="0_1_2",
-                   help="NPU core mask (0_1_2 falls back to auto where the driver refuses it)")
+    add_board_run_args(p)
     def check(args):
         if args.text and not args.voice_onnx:
             p.error("--text needs --voice-onnx (the voice the engine was made from)")

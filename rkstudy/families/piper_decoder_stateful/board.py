@@ -41,14 +41,12 @@ def _run(args) -> int:
 
 def add_board(sub) -> None:
     """Register `rkstudy board run piper_decoder_stateful`."""
+    from ...cliutil import add_board_run_args
+
     p = sub.add_parser("piper_decoder_stateful",
                        help="the stateful decoder step on RKNNLite: audio and one results row")
     p.add_argument("--engine", type=Path, required=True, help="the .rknn (its .contract.json beside it)")
     p.add_argument("--latents", type=Path, required=True,
                    help="latents written on the host by `rkstudy piper latents --text ... -o latents.npz`")
-    p.add_argument("--audio", type=Path, help="write the decoded audio here (16-bit WAV)")
-    p.add_argument("--outputs", type=Path, help="write the decoded audio here as float32 (.npz)")
-    p.add_argument("--results", type=Path, help="results root for the row (default: results/)")
-    p.add_argument("--cores", choices=("0_1_2", "0", "auto"), default="0_1_2",
-                   help="NPU core mask (0_1_2 falls back to auto where the driver refuses it)")
+    add_board_run_args(p)
     p.set_defaults(func=_run)

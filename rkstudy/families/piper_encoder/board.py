@@ -66,13 +66,14 @@ def _run(args) -> int:
 
 
 def add_board(sub) -> None:
+    """Register `rkstudy board run piper_encoder`."""
+    from ...cliutil import add_board_run_args
+
     p = sub.add_parser("piper_encoder", help="the encoder ladder on RKNNLite: per-chunk timings, one results row")
     p.add_argument("--engine", type=Path, action="append", required=True,
                    help="a ladder rung (.rknn with its .contract.json); repeat per width")
     p.add_argument("--latents", type=Path, required=True,
                    help="the file `rkstudy piper latents` writes (its phoneme ids are the chunks)")
     p.add_argument("--fallback", type=Path, help="the fp32 encoder slice for chunks above the widest rung")
-    p.add_argument("--outputs", type=Path, help="write each chunk's stats and cond here (.npz)")
-    p.add_argument("--results", type=Path, help="results root for the row (default: results/)")
-    p.add_argument("--cores", choices=("0_1_2", "0", "auto"), default="0_1_2")
+    add_board_run_args(p, audio_help=None, outputs_help="write each chunk's stats and cond here (.npz)")
     p.set_defaults(func=_run)

@@ -93,7 +93,7 @@ def _run(args) -> int:
 
 def add_board(sub) -> None:
     """Register `rkstudy board run qwen3_vocoder`."""
-    from ...cliutil import positive
+    from ...cliutil import add_board_run_args, positive
 
     p = sub.add_parser(FAMILY, help="the Qwen3 vocoder step engines on RKNNLite: offline or 16+64 streaming")
     p.add_argument("--engine", type=Path, required=True, help="the main (64-token) .rknn, its .contract.json beside it")
@@ -103,9 +103,5 @@ def add_board(sub) -> None:
     p.add_argument("--tokens", type=positive, default=300, help="random codes: how many tokens (12.5 per second)")
     p.add_argument("--seed", type=int, default=0, help="random codes: their seed")
     p.add_argument("--event", type=positive, default=12, help="streaming: tokens per event the talker hands over")
-    p.add_argument("--audio", type=Path, help="write the decoded audio here (16-bit WAV)")
-    p.add_argument("--outputs", type=Path, help="write the decoded audio here as float32 (.npz)")
-    p.add_argument("--results", type=Path, help="results root for the row (default: results/)")
-    p.add_argument("--cores", choices=("0_1_2", "0", "auto"), default="0_1_2",
-                   help="NPU core mask (0_1_2 falls back to auto where the driver refuses it)")
+    add_board_run_args(p)
     p.set_defaults(func=_run)
