@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from rkstudy import gates, graph
+from rkstudy import graph
 from rkstudy.families.piper import voice as piper
 from rkstudy.families.piper_encoder import producer, seam, tokens
 from rkstudy.paths import REPO
@@ -53,16 +53,6 @@ def references(voice: piper.Voice, width: int, counts: Sequence[int] | None = No
     return path
 
 
-def compare(ref: Sequence[np.ndarray], test: Sequence[np.ndarray], n: int) -> dict:
-    """SNR and max |diff| of stats and cond on the first n (real) token frames."""
-    row = {}
-    for name, a, b in (("stats", ref[0], test[0]), ("cond", ref[1], test[1])):
-        a, b = a[..., :n], b[..., :n]
-        row[f"{name}_snr_db"] = gates.snr_db(a, b)
-        row[f"{name}_max_diff"] = float(np.max(np.abs(a - b)))
-    return row
-
-
 def fp32_rows(voice: piper.Voice, width: int, fold: onnx.ModelProto, rewritten: onnx.ModelProto,
               counts: Sequence[int] | None = None) -> list[dict]:
     """The rewritten graph, padded to `width`, against the exact-length raw slice (the exactness
@@ -74,8 +64,8 @@ def fp32_rows(voice: piper.Voice, width: int, fold: onnx.ModelProto, rewritten: 
         ids = tokens.real_tokens(voice, n)
         padded = tokens.pad_ids(ids, width)
         got = test.run(padded)
-        vs_raw = compare(raw.run(piper.ids_feed(ids)), got, n)
-        vs_fold = compare(ref_fold.run(padded), got, n)
+        vs_raw = producer.both(raw.run(piper.ids_feed(ids)), got, n)
+        vs_fold = producer.both(ref_fold.run(padded), got, n)
         snr = min(vs_raw["stats_snr_db"], vs_raw["cond_snr_db"])
         diff = max(vs_raw["stats_max_diff"], vs_raw["cond_max_diff"])
         rows.append({"frames": width, "tokens": n, "pad_slots": width - n, **vs_raw,
