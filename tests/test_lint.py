@@ -226,6 +226,22 @@ def test_op_support_from_the_measured_table():
                                                if table["Slice/negative-step"]["support"] != "npu" else [])
 
 
+def test_layer_norm_is_told_apart_by_its_epsilon_attribute():
+    """The toolkit's LayerNorm fuse rule reads the epsilon attribute: without it the build fails (the
+    one-op probe), with it (as torch writes it, the DiT stand-in's five LayerNorms) it lands on the NPU."""
+    f = only(lint(honesty.layer_norm(epsilon_written=False)), "RK304")
+    assert f.severity == "error" and f.detail["key"] == "LayerNormalization/no-epsilon" and "epsilon" in f.fix
+    assert not [f for f in lint(honesty.layer_norm(epsilon_written=True)).findings if f.code == "RK304"]
+
+
+def test_expand_is_told_apart_by_the_axis_it_grows():
+    """The probes measured a batch-growing Expand on the CPU and a broadcast along channels on the NPU
+    (the DiT stand-in's mask broadcast, which the compiler kept on the NPU)."""
+    f = only(lint(honesty.expand(batch=True)), "RK304")
+    assert f.severity == "warning" and f.detail["key"] == "Expand/batch"
+    assert not [f for f in lint(honesty.expand(batch=False)).findings if f.code == "RK304"]
+
+
 def test_an_unprobed_op_is_reported_as_info():
     det = helper.make_node("Det", ["x"], ["d"], name="det")
     m = honesty._model([det], [honesty._vi("x", [2, 4, 4])], [honesty._vi("d", [2])])

@@ -207,6 +207,26 @@ def one_op(op: str, **attrs) -> onnx.ModelProto:
     return _model(nodes, [_vi("x", [1, 8, 32])], [_vi("y", [1, 8, 32])])
 
 
+def expand(batch: bool) -> onnx.ModelProto:
+    """Expand growing the batch axis (the form measured on the CPU) or a middle axis (on the NPU, as
+    the DiT stand-in broadcasts its mask), then an Add."""
+    src, dst = ([1, 8, 32], [2, 8, 32]) if batch else ([1, 1, 32], [1, 8, 32])
+    nodes = [helper.make_node("Expand", ["x", "s"], ["u"], name="expand"),
+             helper.make_node("Add", ["u", "u"], ["y"], name="add")]
+    return _model(nodes, [_vi("x", src)], [_vi("y", dst)], [_i64("s", dst)])
+
+
+def layer_norm(epsilon_written: bool) -> onnx.ModelProto:
+    """LayerNormalization over the last axis, with its epsilon attribute written (as torch writes it)
+    or left to the ONNX default."""
+    node = helper.make_node("LayerNormalization", ["x", "g", "b"], ["u"], name="layernorm", axis=-1,
+                            **({"epsilon": 1e-5} if epsilon_written else {}))
+    add = helper.make_node("Add", ["x", "u"], ["y"], name="add")
+    return _model([node, add], [_vi("x", [1, 8, 32])], [_vi("y", [1, 8, 32])],
+                  [numpy_helper.from_array(np.ones(32, np.float32), "g"),
+                   numpy_helper.from_array(np.zeros(32, np.float32), "b")])
+
+
 def flip(negative: bool) -> onnx.ModelProto:
     """Slice over the channel axis with step -1 (torch.flip, as VITS flows export it) or step 1."""
     start, end, step = ([7], [-(2 ** 31)], [-1]) if negative else ([0], [8], [1])
@@ -295,6 +315,14 @@ def cases() -> list[Case]:
         Case("unsupported op", "RK304", "Slice step -1 (flip)", True, lambda: flip(True), "cpu", feeds=x832),
         Case("unsupported op", "RK304", "Slice step 1", False, lambda: flip(False), "cpu", feeds=x832),
         Case("unsupported op", "RK304", "Tanh", False, lambda: one_op("Tanh"), "cpu", feeds=x832),
+        Case("unsupported op", "RK304", "Expand [1,8,32] -> [2,8,32] (batch)", True, lambda: expand(True), "cpu",
+             feeds=x832),
+        Case("unsupported op", "RK304", "Expand [1,1,32] -> [1,8,32]", False, lambda: expand(False), "cpu",
+             feeds=_normal("x", (1, 1, 32))),
+        Case("unsupported op", "RK304", "LayerNormalization, no epsilon attribute", True, lambda: layer_norm(False),
+             "build", feeds=x832),
+        Case("unsupported op", "RK304", "LayerNormalization, epsilon=1e-5 written", False, lambda: layer_norm(True),
+             "build", feeds=x832),
         Case("dynamic input dims", "RK401", "Conv over [1,4,T], no shapes given", True, lambda: dynamic_conv(False),
              "build", shapes={}),
         Case("dynamic input dims", "RK401", "Conv over [1,4,16]", False, lambda: dynamic_conv(True), "build",

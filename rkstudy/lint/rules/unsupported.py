@@ -24,16 +24,17 @@ FIXES = {
                         "noise head on the CPU)",
     "RandomUniformLike": "draw the noise outside the engine and feed it as an input",
     "Slice/negative-step": "flip with a constant-index Gather instead of a negative-step Slice",
-    "LayerNormalization": "export it decomposed (opset < 17: ReduceMean, Sub, Pow, Sqrt, Div), or build with "
-                          "rknn.config(disable_rules=['convert_layernorm_to_exnorm']) as the toolkit's log suggests "
-                          "(rkstudy build does not expose that knob)",
+    "LayerNormalization/no-epsilon": "write the epsilon attribute explicitly (1e-5, the ONNX default: the toolkit's "
+                                     "convert_layernorm_to_exnorm reads the attribute, not the default; "
+                                     "torch.onnx.export always writes it)",
 }
 
 
 def variant(g, n) -> str:
     """The op-support table key of node `n`: its op, qualified where the table measured that the
     answer changes (a ConvTranspose stride, a negative Slice step, a Clip with no min, a Pad or Resize
-    mode, constant Gather indices, a constant operand of Pow/Max/Min/Equal/Less/Greater, an Erf inside
+    mode, constant Gather indices, an Expand that grows the batch axis, a LayerNormalization with no
+    epsilon attribute, a constant operand of Pow/Max/Min/Equal/Less/Greater, an Erf inside
     GELU); `domain.op` outside the ONNX domain."""
     op = n.op_type
     if n.domain not in ("", "ai.onnx"):
@@ -62,9 +63,23 @@ def variant(g, n) -> str:
         return "Gather/const-indices" if g.is_const(n.input[1]) else "Gather"
     if op in CONST_OPERAND and len(n.input) == 2 and any(g.is_const(t) for t in n.input):
         return f"{op}/const"
+    if op == "Expand":
+        return "Expand/batch" if _grows_batch(g, n) else "Expand"
+    if op == "LayerNormalization" and g.attr(n, "epsilon") is None:
+        return "LayerNormalization/no-epsilon"
     if op == "Erf" and _in_gelu(g, n):
         return "Erf/gelu"
     return op
+
+
+def _grows_batch(g, n) -> bool:
+    """An Expand whose output has a larger leading (batch) dim than its input (a missing leading dim
+    counts as 1): the probe measured that form on the CPU and a broadcast along another axis on the NPU."""
+    out, target = g.shape(n.output[0]), g.const(n.input[1])
+    dims = list(out) if out else ([int(d) for d in target] if target is not None else [])
+    src = g.shape(n.input[0]) or ()
+    src_batch = src[0] if len(src) == len(dims) else 1
+    return bool(dims) and dims[0] is not None and src_batch is not None and dims[0] > src_batch
 
 
 def _in_gelu(g, n) -> bool:
