@@ -242,6 +242,15 @@ def test_expand_is_told_apart_by_the_axis_it_grows():
     assert not [f for f in lint(honesty.expand(batch=False)).findings if f.code == "RK304"]
 
 
+def test_a_reciprocal_written_as_div_is_its_own_key():
+    """1 / x (an AdaIN's 1/std in the Kokoro trunk) lands on the CPU; x / y stays on the NPU."""
+    one_over = helper.make_node("Div", ["one", "x"], ["y"], name="one_over")
+    m = honesty._model([one_over], [honesty._vi("x", [1, 8, 32])], [honesty._vi("y", [1, 8, 32])],
+                       [honesty._f32("one", 1.0)])
+    f = only(lint(m), "RK304")
+    assert f.detail["key"] == "Div/const-numerator" and f.severity == "warning"
+
+
 def test_an_unprobed_op_is_reported_as_info():
     det = helper.make_node("Det", ["x"], ["d"], name="det")
     m = honesty._model([det], [honesty._vi("x", [2, 4, 4])], [honesty._vi("d", [2])])

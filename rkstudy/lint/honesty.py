@@ -453,13 +453,18 @@ def real_cases(voice) -> list[Case]:
                  False, lambda: graph.fold(unfolded, shapes), "build", feeds=feeds)]
 
 
-def _attribute(layer: compiler.Layer, names: set[str], producer: Mapping[str, str]) -> str | None:
+def _attribute(layer: compiler.Layer, names: set[str], producer: Mapping[str, str],
+               padded_by: Mapping[str, str] = {}) -> str | None:  # noqa: B006 (read only)
     """The ONNX node a compiler layer belongs to: its name is the node's, or a tensor's (the node that
-    produces it), possibly with the compiler's suffixes (`#k`, `-rs`, `_rs`, `_pad`, `-rs_conv`)."""
+    produces it), possibly with the compiler's suffixes (`#k`, `-rs`, `_rs`, `_pad`, `-rs_conv`). A
+    ConvTranspose's input padding layer (`exConvTransposePad`, named after the input tensor) belongs
+    to the ConvTranspose that reads the tensor (`padded_by`), not to the tensor's producer."""
     t = layer.node
     while t:
         if t in names:
             return t
+        if layer.op.startswith("exConvTranspose") and t in padded_by:
+            return padded_by[t]
         if t in producer:
             return producer[t]
         cut = max(t.rfind("_"), t.rfind("-"))
@@ -479,9 +484,10 @@ def placement(label: str, model: onnx.ModelProto, target: str = "rk3588", feeds:
     v = compiler.ask(model, target, feeds, name=f"placement_{label.split()[0]}")
     names = {n.name or n.output[0] for n in model.graph.node}
     producer = {o: (n.name or n.output[0]) for n in model.graph.node for o in n.output}
+    padded_by = {n.input[0]: (n.name or n.output[0]) for n in model.graph.node if n.op_type == "ConvTranspose"}
     found, unattributed = set(), []
     for layer in v.cpu_work(sorted(names)):
-        node = _attribute(layer, names, producer)
+        node = _attribute(layer, names, producer, padded_by)
         (found.add(node) if node else unattributed.append(f"{layer.op}:{layer.name}"))
     both, lint_only, compiler_only = predicted & found, predicted - found, found - predicted
     show = lambda nodes: ", ".join(sorted(nodes)[:4]) + (f", … ({len(nodes)})" if len(nodes) > 4 else "")  # noqa: E731

@@ -160,6 +160,7 @@ def probes() -> list[Probe]:
             _one("Pad", ["p"], [i64("p", [0, 0, 2, 0, 0, 2])], mode="constant"),
             _one("Pad", ["p"], [i64("p", [0, 0, 2, 0, 0, 2])], mode="reflect", key="Pad/reflect"),
             _one("Pad", ["p"], [i64("p", [0, 0, 2, 0, 0, 2])], mode="edge", key="Pad/edge"),
+            _one("Div", ["x"], [_c("one", np.float32(1.0))], data="one", key="Div/const-numerator"),
             _one("Tile", ["r"], [i64("r", [1, 1, 2])]),
             _one("Expand", ["s"], [i64("s", [2, 8, 32])], key="Expand/batch"),
             _one("Expand", ["s"], [i64("s", [1, 8, 32])], shape=(1, 1, 32)),

@@ -24,6 +24,9 @@ FIXES = {
                         "noise head on the CPU)",
     "RandomUniformLike": "draw the noise outside the engine and feed it as an input",
     "Slice/negative-step": "flip with a constant-index Gather instead of a negative-step Slice",
+    "Div/const-numerator": "no NPU form of 1/x was measured (Reciprocal and Pow(x, -1) land on the CPU too); on a "
+                           "per-channel statistic ([1, C, 1], an AdaIN's 1/std) the CPU hop is small, on a full "
+                           "tensor keep the division outside the engine",
     "LayerNormalization/no-epsilon": "write the epsilon attribute explicitly (1e-5, the ONNX default: the toolkit's "
                                      "convert_layernorm_to_exnorm reads the attribute, not the default; "
                                      "torch.onnx.export always writes it)",
@@ -33,7 +36,8 @@ FIXES = {
 def variant(g, n) -> str:
     """The op-support table key of node `n`: its op, qualified where the table measured that the
     answer changes (a ConvTranspose stride, a negative Slice step, a Clip with no min, a Pad or Resize
-    mode, constant Gather indices, an Expand that grows the batch axis, a LayerNormalization with no
+    mode, constant Gather indices, an Expand that grows the batch axis, a Div of a
+    constant by a tensor, a LayerNormalization with no
     epsilon attribute, a constant operand of Pow/Max/Min/Equal/Less/Greater, an Erf inside
     GELU); `domain.op` outside the ONNX domain."""
     op = n.op_type
@@ -67,6 +71,8 @@ def variant(g, n) -> str:
         return "Expand/batch" if _grows_batch(g, n) else "Expand"
     if op == "LayerNormalization" and g.attr(n, "epsilon") is None:
         return "LayerNormalization/no-epsilon"
+    if op == "Div" and g.is_const(n.input[0]) and not g.is_const(n.input[1]):
+        return "Div/const-numerator"
     if op == "Erf" and _in_gelu(g, n):
         return "Erf/gelu"
     return op
