@@ -1,6 +1,7 @@
 """Child side of rkstudy.build: runs the toolkit in its own process.
 
-`python -m rkstudy._engine_child SPEC_JSON CONTROL_FD` runs config -> load_onnx -> build ->
+`python -m rkstudy._engine_child SPEC_JSON CONTROL_FD` runs config -> load_onnx -> build (fp16, or
+quantized on the spec's calibration dataset) ->
 (accuracy_analysis, when the spec asks for it) ->
 export_rknn, then (when the spec asks to serve) init_runtime on the simulator and answers
 inference requests until told to stop, then release. Its fds 1 and 2 belong to the parent, which
@@ -39,16 +40,20 @@ def main(spec_path: str, fd: str) -> int:
         from rknn.api import RKNN
 
         rknn = RKNN(verbose=spec.get("verbose", False))
+        quantize = spec.get("quantize")
+        settings = {k: quantize[k] for k in ("quantized_dtype", "quantized_algorithm", "quantized_method")} \
+            if quantize else {}
         step = "config"
         _step(conn, step, rknn.config(target_platform=spec["target"], float_dtype="float16",
-                                      optimization_level=spec["optimization_level"]))
+                                      optimization_level=spec["optimization_level"], **settings))
         step = "load_onnx"
         names = list(spec["inputs"])
         _step(conn, step, rknn.load_onnx(model=spec["onnx"], inputs=names or None,
                                          input_size_list=[spec["inputs"][n] for n in names] or None,
                                          outputs=spec.get("outputs")))
         step = "build"
-        _step(conn, step, rknn.build(do_quantization=False))
+        _step(conn, step, rknn.build(do_quantization=bool(quantize),
+                                     dataset=quantize["dataset"] if quantize else None))
         if spec.get("analysis"):
             step = "accuracy_analysis"
             _step(conn, step, rknn.accuracy_analysis(inputs=spec["analysis"]["inputs"],

@@ -35,6 +35,8 @@ from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+import numpy as np
+
 from . import atomic, cache, graph
 from .contract import TARGETS
 from .errors import Failed, NeedsConverter, UsageError, one_line
@@ -68,6 +70,60 @@ def require_toolkit() -> None:
                              "(or pip install --no-deps rknn-toolkit2==2.5.0) on the host")
 
 
+@dataclass(frozen=True, eq=False)
+class Calibration:
+    """What makes a quantized build: the calibration feeds ({input name: array}, one dict per sample)
+    the toolkit runs to find each tensor's range, and the toolkit's quantization settings.
+
+    The defaults are the toolkit's own (rknn.config: quantized_dtype w8a8, i.e. 8-bit asymmetric
+    weights and activations; algorithm normal, i.e. min/max; per-channel weights), so `label` names
+    exactly what was built. The feeds are written as .npy files plus the dataset .txt the toolkit
+    reads (one line per sample: that sample's .npy paths in input order)."""
+
+    feeds: Sequence[Mapping[str, object]]
+    dtype: str = "w8a8"
+    algorithm: str = "normal"
+    method: str = "channel"
+
+    def __post_init__(self):
+        if not self.feeds:
+            raise UsageError("a quantized build needs at least one calibration feed; pass Calibration([{name: array}])")
+
+    @property
+    def label(self) -> str:
+        """The dtype column of a quantized build: 'int8 w8a8' (the bits of the weights name it)."""
+        bits = re.match(r"w(\d+)", self.dtype)
+        return f"int{bits.group(1) if bits else '?'} {self.dtype}"
+
+    def key(self, names: Sequence[str]) -> str:
+        """Digest of the settings and every calibration array (by content, in input order)."""
+        arrays = [np.ascontiguousarray(feed[n]) for feed in self.feeds for n in names]
+        return cache.digest(self.dtype, self.algorithm, self.method, [(str(a.dtype), a.shape) for a in arrays],
+                            *[a.tobytes() for a in arrays])
+
+    def write(self, folder: Path, names: Sequence[str]) -> Path:
+        """The .npy files and the dataset .txt under `folder`; the .txt's path."""
+        folder.mkdir(parents=True, exist_ok=True)
+        lines = []
+        for i, feed in enumerate(self.feeds):
+            missing = [n for n in names if n not in feed]
+            if missing:
+                raise UsageError(f"calibration feed {i} has no array for {', '.join(missing)}; give every "
+                                 f"feed one array per graph input ({', '.join(names)})")
+            paths = []
+            for j, name in enumerate(names):
+                paths.append(folder / f"{i}_{j}.npy")
+                np.save(paths[-1], np.asarray(feed[name]))
+            lines.append(" ".join(str(p) for p in paths))
+        dataset = folder / "dataset.txt"
+        dataset.write_text("\n".join(lines) + "\n")
+        return dataset
+
+    def spec(self, dataset: Path) -> dict:
+        return {"dataset": str(dataset), "quantized_dtype": self.dtype, "quantized_algorithm": self.algorithm,
+                "quantized_method": self.method}
+
+
 @dataclass
 class BuildReport:
     """What one build did. `status` is ok, failed (a toolkit step returned an error),
@@ -85,6 +141,7 @@ class BuildReport:
     toolkit_version: str
     log: str
     regtask_max: int = 0  # largest field value a REGTASK line reported (limit 0x1fff)
+    dtype: str = "fp16"  # what the engine computes in: fp16, or a quantized build's Calibration.label
     peak_rss_mb: float = 0.0
     failed_step: str | None = None
     error: str | None = None
@@ -97,8 +154,9 @@ class BuildReport:
         return self.status == "ok"
 
     def row(self) -> dict:
-        """Results-row fragment: size, seconds, REGTASK lines and largest value, converter peak RSS."""
-        return {"status": self.status, "target": self.target, "regtask": self.regtask,
+        """Results-row fragment: dtype (fp16 or int8 w8a8), size, seconds, REGTASK lines and largest
+        value, converter peak RSS."""
+        return {"status": self.status, "target": self.target, "dtype": self.dtype, "regtask": self.regtask,
                 "regtask_max_value": self.regtask_max,
                 "engine_mb": round(self.engine_bytes / 1e6, 3), "build_s": round(self.seconds, 1),
                 "converter_peak_mb": round(self.peak_rss_mb, 1),
@@ -127,13 +185,14 @@ class EngineProcess:
 
     `analysis` ({"inputs": [npy paths in input order], "output_dir": dir}) also runs the toolkit's
     per-layer rknn.accuracy_analysis on the simulator after the build (see
-    rkstudy.engine.accuracy_analysis)."""
+    rkstudy.engine.accuracy_analysis). `quantize` (a Calibration) makes it a quantized build:
+    its feeds are written into the child's own directory and calibrate rknn.build."""
 
     def __init__(self, onnx_path, target: str, shapes: Mapping[str, Sequence[int]] | None = None,
                  out=None, *, optimization_level: int = 3, serve: bool = False,
                  regtask_limit: int = REGTASK_LIMIT, outputs: Sequence[str] | None = None,
                  log=None, verbose: bool = False, timeout: float = BUILD_TIMEOUT_S,
-                 analysis: Mapping | None = None):
+                 analysis: Mapping | None = None, quantize: Calibration | None = None):
         _check_target(target)
         require_toolkit()
         self.onnx = Path(onnx_path).resolve()
@@ -161,10 +220,17 @@ class EngineProcess:
             # when the build succeeds, so a killed build never leaves a truncated engine behind
             self._partial = self.out.with_name(f".{self.out.stem}.{os.getpid()}.part.rknn")
 
+        # The toolkit writes check*.onnx (and, past 2 GB, check_external_data/) into its working
+        # directory and reads them back: two builds sharing one delete each other's files and the
+        # compiler segfaults. Each child gets a directory of its own (the calibration set lives there too).
+        self._workdir = tempfile.mkdtemp(prefix="rkstudy-build-")
+        self.dtype = quantize.label if quantize else "fp16"
         spec = {"onnx": str(self.onnx), "target": target, "inputs": self.shapes,
                 "outputs": list(outputs) if outputs else None, "out": str(self._partial) if self.out else None,
                 "optimization_level": optimization_level, "serve": serve, "verbose": verbose,
-                "analysis": dict(analysis) if analysis else None}
+                "analysis": dict(analysis) if analysis else None,
+                "quantize": quantize.spec(quantize.write(Path(self._workdir) / "calibration", list(self.shapes)))
+                if quantize else None}
         fd, self._spec = tempfile.mkstemp(prefix="rkstudy-spec-", suffix=".json")
         with os.fdopen(fd, "w") as fh:
             json.dump(spec, fh)
@@ -172,10 +238,6 @@ class EngineProcess:
         parent, child = socket.socketpair()
         self.conn = Connection(parent.detach())
         child_fd = child.detach()
-        # The toolkit writes check*.onnx (and, past 2 GB, check_external_data/) into its working
-        # directory and reads them back: two builds sharing one delete each other's files and the
-        # compiler segfaults. Each child gets a directory of its own.
-        self._workdir = tempfile.mkdtemp(prefix="rkstudy-build-")
         self._started = time.monotonic()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "rkstudy._engine_child", self._spec, str(child_fd)],
@@ -298,7 +360,7 @@ class EngineProcess:
         return BuildReport(status=status, target=self.target, onnx=str(self.onnx), engine=engine,
                            engine_bytes=os.path.getsize(engine) if engine else 0,
                            seconds=time.monotonic() - self._started, regtask=self.regtask,
-                           regtask_max=self.regtask_max, peak_rss_mb=self.peak_rss_mb,
+                           regtask_max=self.regtask_max, dtype=self.dtype, peak_rss_mb=self.peak_rss_mb,
                            toolkit_version=toolkit_version(), log=str(self.log),
                            failed_step=None if ok else self.step, error=error,
                            log_tail=list(self.tail))
@@ -347,21 +409,26 @@ def default_engine_path(onnx_path: Path, target: str, key: str) -> Path:
 
 def build_engine(onnx_path, target: str, shapes: Mapping[str, Sequence[int]] | None = None,
                  out=None, *, optimization_level: int = 3, regtask_limit: int = REGTASK_LIMIT,
-                 reuse: bool = True, verbose: bool = False, timeout: float = BUILD_TIMEOUT_S) -> BuildReport:
-    """Compile `onnx_path` for `target` (fp16, not quantized) into `out` in a child process and
-    return its report: status, engine bytes, seconds, REGTASK lines and largest field value, the
-    converter child's peak RSS (BuildReport.row() is the results-row fragment every family uses).
+                 reuse: bool = True, verbose: bool = False, timeout: float = BUILD_TIMEOUT_S,
+                 quantize: Calibration | None = None) -> BuildReport:
+    """Compile `onnx_path` for `target` into `out` in a child process and return its report: dtype,
+    status, engine bytes, seconds, REGTASK lines and largest field value, the converter child's peak
+    RSS (BuildReport.row() is the results-row fragment every family uses).
 
-    With `reuse`, an engine already built from the same ONNX bytes, target, shapes, level and
-    toolkit is returned from its recorded report instead of being rebuilt. `out` defaults to
-    the cache (default_engine_path).
+    The engine is fp16 unless `quantize` (a Calibration) is given: then it is quantized with the
+    toolkit's settings the Calibration names (default w8a8: int8), calibrated on its feeds.
+
+    With `reuse`, an engine already built from the same ONNX bytes, target, shapes, level, toolkit
+    (and calibration set and settings) is returned from its recorded report instead of being rebuilt.
+    `out` defaults to the cache (default_engine_path).
     """
     _check_target(target)
     onnx_path = Path(onnx_path)
     graph.load(onnx_path)  # an unreadable graph is an input error, said before a child starts
     shapes = {k: [int(d) for d in v] for k, v in
               (shapes if shapes is not None else graph.input_shapes(onnx_path)).items()}
-    key = cache.digest(onnx_path, target, shapes, optimization_level, toolkit_version())
+    key = cache.digest(onnx_path, target, shapes, optimization_level, toolkit_version(),
+                       *([quantize.key(list(shapes))] if quantize else []))  # fp16 keys stay as they were
     out = Path(out) if out else default_engine_path(onnx_path, target, key)
     record = out.with_suffix(".json")
     if reuse and out.exists() and record.exists():
@@ -369,7 +436,7 @@ def build_engine(onnx_path, target: str, shapes: Mapping[str, Sequence[int]] | N
         if saved.get("key") == key:
             return BuildReport(**saved["report"])
     proc = EngineProcess(onnx_path, target, shapes, out, optimization_level=optimization_level,
-                         regtask_limit=regtask_limit, verbose=verbose, timeout=timeout)
+                         regtask_limit=regtask_limit, verbose=verbose, timeout=timeout, quantize=quantize)
     report = proc.wait_built()
     if report.ok:
         atomic.write_text(record, json.dumps({"key": key, "report": asdict(report)}, indent=1))

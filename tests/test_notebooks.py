@@ -71,6 +71,9 @@ EXPECT = {
         "simulator vs fp32, main step, worst step, rk3588": (40, math.inf),  # measured 59.3
         "REGTASK lines, main step, rk3588": (0, 0),
         "engine size, main step, rk3588": (80, 115),  # measured 96.8 MB (tiny widths)
+        "simulator vs fp32, first step, fp16, worst step, rk3588": (40, math.inf),  # measured 59.1
+        # int8 w8a8 loses ~26 dB to fp16 on the same steps (measured 33.5; 32.7 at released widths, B=16)
+        "simulator vs fp32, first step, int8 w8a8, worst step, rk3588": (25, 42),
         "census: exporter settings predicting an abort": (0, 0),
         "census: settings built / built ok": (1, 1),
         "sidecar 16+64 streaming vs full decode": (120, math.inf),

@@ -27,6 +27,7 @@ SIM_GATE = gates.Gate("simulator_vs_fp32_step", 30.0)  # fp16 engine alive, cach
 FP32 = {"where": "fp32", "target": "none"}
 HOST_ROW = {"where": HOST.where, "target": HOST.target}
 CODES_SEED = 7
+CALIBRATION_SEED = 1234  # int8 calibration codes: a different stream from every evaluation's
 
 
 @lru_cache(maxsize=4)
@@ -174,10 +175,12 @@ def carried_feeds(onnx_path, steps: int = 3, seed: int = CODES_SEED + 1) -> list
     return feeds
 
 
-def engine_rows(onnx_path, targets, out_dir=None, steps: int = 3, keep_last: int | None = None) -> list[dict]:
-    """The fp16 engine for each target: REGTASK lines, size, and the simulator against onnxruntime
-    fp32 on each step of a carried-cache stream (audio and cache_out SNR, non-finite counts); with
-    `keep_last`, only the last steps (a released-width step takes minutes in the simulator)."""
+def engine_rows(onnx_path, targets, out_dir=None, steps: int = 3, keep_last: int | None = None,
+                quantize=None) -> list[dict]:
+    """The fp16 engine (or, with `quantize`, a rkstudy.build.Calibration, the quantized one) for each
+    target: REGTASK lines, size, and the simulator against onnxruntime fp32 on each step of a
+    carried-cache stream (audio and cache_out SNR, non-finite counts); with `keep_last`, only the
+    last steps (a released-width step takes minutes in the simulator)."""
     from pathlib import Path
 
     from ...engine import compare_outputs, simulator_vs_fp32
@@ -189,8 +192,9 @@ def engine_rows(onnx_path, targets, out_dir=None, steps: int = 3, keep_last: int
     feeds = feeds[first:]
     rows = []
     for target in targets:
-        out = Path(out_dir) / f"{Path(onnx_path).stem}-{target}.rknn" if out_dir else None
-        sim = simulator_vs_fp32(onnx_path, target, feeds, out=out,
+        name = f"{Path(onnx_path).stem}-{target}{'-int8' if quantize else ''}.rknn"
+        out = Path(out_dir) / name if out_dir else None
+        sim = simulator_vs_fp32(onnx_path, target, feeds, out=out, quantize=quantize,
                                 compare=lambda ref, test, item: compare_outputs(ref, test, ["audio", "cache_out"]))
         for k, r in enumerate(sim.rows):
             rows.append({"codes_length": c.params["codes_length"], "step": first + k, **sim.report.row(),
@@ -200,19 +204,36 @@ def engine_rows(onnx_path, targets, out_dir=None, steps: int = 3, keep_last: int
     return rows
 
 
-def build_rows(onnx_path, targets) -> list[dict]:
-    """Build only (no simulator): REGTASK lines, size, build time, for targets whose simulator run did not
-    fit the timebox; the engine table's columns, the SNR ones empty."""
+def calibration(onnx_path, steps: int = 4, seed: int = CALIBRATION_SEED):
+    """The int8 calibration set: the (codes, cache_in) feeds of `steps` consecutive steps of a
+    random-code stream (codes from `seed`, not the evaluation codes' seed), the cache carried by
+    onnxruntime fp32, so the quantizer sees the ranges a stream feeds (a zeroed cache and real
+    history), with the toolkit's default settings (w8a8, min/max, per-channel)."""
+    from ...build import Calibration
+
+    return Calibration(carried_feeds(onnx_path, steps, seed=seed))
+
+
+def int8_rows(onnx_path, target: str = "rk3588", out_dir=None, steps: int = 3, keep_last: int | None = None,
+              calibration_steps: int = 4, fp16: list[dict] | None = None) -> list[dict]:
+    """fp16 against int8 (w8a8) in the simulator, each against onnxruntime fp32 on the same carried
+    evaluation steps engine_rows runs. `fp16` takes the engine table's rows of this graph and target
+    (the same function on the same feeds) instead of building the fp16 engine again. With seeded
+    random weights the int8 SNR measures the quantizer on these activations, not on the released
+    model's (the Snake's sin^2 is what the seeds blame)."""
     from .producer import read_contract
 
-    c = read_contract(onnx_path)
-    rows = []
-    for target in targets:
-        report = build_engine(onnx_path, target, shapes={t.name: list(t.shape) for t in c.inputs}, reuse=True)
-        rows.append({"codes_length": c.params["codes_length"], "step": "", **report.row(), "audio_snr_db": "",
-                     "cache_out_snr_db": "", "audio_nonfinite": "", "cache_out_nonfinite": "",
-                     "simulator_s": "not run (timebox)", "where": report.where, "target": report.target})
-    return rows
+    n = read_contract(onnx_path).params["codes_length"]
+    if fp16 is None:
+        fp16 = engine_rows(onnx_path, [target], out_dir, steps, keep_last)
+    fp16 = [r for r in fp16 if r["codes_length"] == n and r["target"] == target and r["audio_snr_db"] != ""]
+    if not fp16:
+        raise ValueError(f"no simulated fp16 row of the {n}-token step on {target} to compare int8 with")
+    cal = calibration(onnx_path, calibration_steps)
+    int8 = engine_rows(onnx_path, [target], out_dir, steps, keep_last, quantize=cal)
+    fp16 = [{k: r[k] for k in int8[0]} for r in fp16]  # the engine table's rows, in engine_rows' columns
+    return [{**r, "calibration": f"{len(cal.feeds)} carried steps, codes seed {CALIBRATION_SEED}"
+             if r["dtype"] != "fp16" else "", "evaluation_codes_seed": CODES_SEED + 1} for r in fp16 + int8]
 
 
 def sidecar_rows(main_path, first_path, tokens: int, event: int, window_event: int = 12,
