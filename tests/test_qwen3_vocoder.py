@@ -190,3 +190,12 @@ def test_board_run_through_the_replay_double_equals_the_fp32_sidecar(tmp_path):
     wrong = rkstudy("board", "run", "qwen3_vocoder", "--engine", tmp_path / "b4.rknn", "--mode", "streaming",
                     check=False)
     assert wrong.returncode == 2 and "pass --first ENGINE.rknn" in wrong.stderr
+
+
+def test_an_opset_past_the_toolkit_is_predicted_to_fail():
+    """The dynamo exporter writes opset 20, which load_onnx refuses (measured); say so at export time."""
+    abort, why = producer.predict_abort({"opset": 20, "shape_chains": 0})
+    assert abort and "opset 20" in why and "<= 19" in why
+    assert not producer.predict_abort({"opset": 17, "shape_chains": 0})[0]
+    with pytest.warns(producer.AbortPredicted, match="opset 20"):
+        assert producer.warn_if_abort({"opset": 20, "shape_chains": 0}, "step.onnx")

@@ -299,12 +299,21 @@ def hazard_census(model) -> dict:
     return row
 
 
+# the newest opset rknn-toolkit2 2.5.0's load_onnx accepts (measured on the dynamo export, opset 20:
+# "Unsupport onnx opset 20, need <= 19"; the same graph exported at opset 18 builds)
+MAX_OPSET = 19
+
+
 def predict_abort(census: dict) -> tuple[bool, str]:
-    """(abort expected, why) for rknn.build on a graph with this census: run-time shape chains (lint
-    RK101) are what the seeds saw abort fold_constant with a core dump (rknn-toolkit2 2.3.2; their
-    2653-node export). The measured builds beside the prediction say what 2.5.0 does."""
+    """(failure expected, why) for rknn.build on a graph with this census: an opset past MAX_OPSET
+    (load_onnx refuses it), or run-time shape chains (lint RK101), which the seeds saw abort
+    fold_constant with a core dump (rknn-toolkit2 2.3.2; their 2653-node export). The measured builds
+    beside the prediction say what 2.5.0 does."""
+    if census.get("opset", 0) > MAX_OPSET:
+        return True, f"opset {census['opset']}: load_onnx of rknn-toolkit2 2.5.0 takes opset <= {MAX_OPSET}"
     if census.get("shape_chains", 0) > 0:
-        return True, f"{census['shape_chains']} run-time Shape -> ConstantOfShape/Range/Expand chain(s)"
+        return True, (f"{census['shape_chains']} run-time Shape -> ConstantOfShape/Range/Expand chain(s): the seeds' "
+                      "rknn.build would abort in fold_constant with a core dump")
     if census.get("shape_chains", 0) < 0:
         return True, "lint could not pin the graph's shapes (a dynamic axis)"
     return False, "no run-time shape chains"
@@ -314,9 +323,9 @@ def warn_if_abort(census: dict, where: str) -> bool:
     """Say so at export time, where it is cheap to act on; True when an abort is predicted."""
     abort, why = predict_abort(census)
     if abort:
-        warnings.warn(f"{where}: rknn.build is expected to abort in fold_constant with a core dump ({why}); "
-                      "export with --exporter torchscript17 (fixed shapes) or fold at pinned shapes first "
-                      "(rkstudy fold)", AbortPredicted, stacklevel=2)
+        warnings.warn(f"{where}: the toolkit is expected to refuse this graph ({why}); export with --exporter "
+                      "torchscript17 (opset 17, fixed shapes) or fold at pinned shapes first (rkstudy fold)",
+                      AbortPredicted, stacklevel=2)
     return abort
 
 
