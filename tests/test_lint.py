@@ -251,6 +251,19 @@ def test_a_reciprocal_written_as_div_is_its_own_key():
     assert f.detail["key"] == "Div/const-numerator" and f.severity == "warning"
 
 
+def test_the_reciprocal_inside_an_rms_norm_is_not_reported():
+    """1 / sqrt(ReduceMean(x^2) + eps): the compiler fuses the RMSNorm pattern on the NPU."""
+    nodes = [helper.make_node("Mul", ["x", "x"], ["sq"], name="sq"),
+             helper.make_node("ReduceMean", ["sq"], ["ms"], name="mean", axes=[-1], keepdims=1),
+             helper.make_node("Add", ["ms", "eps"], ["v"], name="add"),
+             helper.make_node("Sqrt", ["v"], ["rms"], name="sqrt"),
+             helper.make_node("Div", ["one", "rms"], ["inv"], name="inv"),
+             helper.make_node("Mul", ["x", "inv"], ["y"], name="norm")]
+    m = honesty._model(nodes, [honesty._vi("x", [1, 8, 32])], [honesty._vi("y", [1, 8, 32])],
+                       [honesty._f32("one", 1.0), honesty._f32("eps", 1e-6)])
+    assert not [f for f in lint(m).findings if f.code == "RK304" and f.detail.get("key") == "Div/const-numerator"]
+
+
 def test_an_unprobed_op_is_reported_as_info():
     det = helper.make_node("Det", ["x"], ["d"], name="det")
     m = honesty._model([det], [honesty._vi("x", [2, 4, 4])], [honesty._vi("d", [2])])

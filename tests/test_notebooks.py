@@ -74,8 +74,10 @@ EXPECT = {
         "simulator vs fp32, first step, fp16, worst step, rk3588": (40, math.inf),  # measured 59.1
         # int8 w8a8 loses ~26 dB to fp16 on the same steps (measured 33.5; 32.7 at released widths, B=16)
         "simulator vs fp32, first step, int8 w8a8, worst step, rk3588": (25, 42),
-        "census: exporter settings predicting an abort": (0, 0),
-        "census: settings built / built ok": (1, 1),
+        # the dynamo export (onnxscript in the models extra) writes opset 20: predicted, and load_onnx refuses it
+        "census: exporter settings predicting an abort": (1, 1),
+        "census: settings built / built ok": (0.75, 0.75),
+        "census: builds the producer's prediction got right": (1, 1),
         "sidecar 16+64 streaming vs full decode": (120, math.inf),
         "window role vs the package's chunked_decode": (120, math.inf)}),
     "flow_estimator": ("05_flow_estimator_memory.ipynb", {

@@ -71,7 +71,7 @@ def variant(g, n) -> str:
         return "Expand/batch" if _grows_batch(g, n) else "Expand"
     if op == "LayerNormalization" and g.attr(n, "epsilon") is None:
         return "LayerNormalization/no-epsilon"
-    if op == "Div" and g.is_const(n.input[0]) and not g.is_const(n.input[1]):
+    if op == "Div" and g.is_const(n.input[0]) and not g.is_const(n.input[1]) and not _in_rms_norm(g, n):
         return "Div/const-numerator"
     if op == "Erf" and _in_gelu(g, n):
         return "Erf/gelu"
@@ -86,6 +86,23 @@ def _grows_batch(g, n) -> bool:
     src = g.shape(n.input[0]) or ()
     src_batch = src[0] if len(src) == len(dims) else 1
     return bool(dims) and dims[0] is not None and src_batch is not None and dims[0] > src_batch
+
+
+def _in_rms_norm(g, n) -> bool:
+    """1 / sqrt(ReduceMean(...) + eps), as an RMSNorm exports it: the compiler fuses the pattern into one
+    norm layer on the NPU (measured: the Qwen3 step's 17 RMSNorm Divs), unlike the same reciprocal on a
+    GlobalAveragePool statistic (the Kokoro AdaIN's 46 Divs, on the CPU)."""
+    t = n.input[1]
+    for _ in range(3):  # Sqrt <- Add(eps) <- ReduceMean
+        p = g.producer.get(t)
+        if p is None:
+            return False
+        if p.op_type == "ReduceMean":
+            return True
+        if p.op_type not in ("Sqrt", "Add"):
+            return False
+        t = next((i for i in p.input if not g.is_const(i)), "")
+    return False
 
 
 def _in_gelu(g, n) -> bool:
