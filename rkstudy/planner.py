@@ -202,6 +202,19 @@ def white_noise_like(latents: Sequence[np.ndarray], seed: int = 0) -> list[np.nd
     return [(rng.standard_normal(z.shape) * scale).astype(np.float32) for z in latents]
 
 
+def receptive_field_rows(pt: PlanTarget, latent=None) -> list[dict]:
+    """The receptive field of the decoder on `latent` (default: the longest of pt.latents), then of each
+    of pt.variants on the same latent (rows labelled by `decode` when there are variants)."""
+    latent = latent if latent is not None else max(pt.latents, key=pt.n_frames or _frames)
+    rf_kw = {"perturb": pt.perturb, "n_frames": pt.n_frames}
+    rows = [{**receptive_field(pt.decode, latent, pt.hop, **rf_kw), "family": pt.family}]
+    if pt.variants:
+        rows = [{"decode": "as compiled", **rows[0]}]
+        rows += [{"decode": name, **receptive_field(fn, latent, pt.hop, **rf_kw), "family": pt.family}
+                 for name, fn in pt.variants.items()]
+    return rows
+
+
 def plan(pt: PlanTarget, targets: Sequence[str], snr_targets: Sequence[float], *, contexts: Sequence[int] | None = None,
          max_window: int | None = None, budgets: dict | None = None, build=None) -> dict[str, list[dict]]:
     """Every planner table for one decoder: receptive field, context sweep (speech and white noise),
@@ -213,16 +226,8 @@ def plan(pt: PlanTarget, targets: Sequence[str], snr_targets: Sequence[float], *
     from .build import build_engine
 
     build = build or build_engine
-    frames_of = pt.n_frames or _frames
-    longest = max(pt.latents, key=frames_of)
-    rf_kw = {"perturb": pt.perturb, "n_frames": pt.n_frames}
-    rf = receptive_field(pt.decode, longest, pt.hop, **rf_kw)
-    rf_rows = [{**rf, "family": pt.family}]
-    if pt.variants:
-        rf_rows = [{"decode": "as compiled", **rf_rows[0]}]
-        rf_rows += [{"decode": name, **receptive_field(fn, longest, pt.hop, **rf_kw), "family": pt.family}
-                    for name, fn in pt.variants.items()]
-    reach = max(rf["left_frames"], rf["right_frames"])
+    rf_rows = receptive_field_rows(pt)
+    reach = max(rf_rows[0]["left_frames"], rf_rows[0]["right_frames"])
     if contexts is None:
         contexts = pt.contexts if pt.contexts is not None else range(0, reach + 9, 4)
     contexts = sorted(set(contexts) | {pt.default_context})

@@ -126,3 +126,41 @@ def test_the_sidecar_refuses_another_models_latent(contract):
     gen = side.generate(np.zeros((512, 200), np.float32), np.zeros((22, 12001), np.float32), np.zeros(128),
                         progress=False)
     assert gen.shape == (22, 12001) and np.all(gen == 1.0)  # three windows stitched at 60 columns a frame + 1
+
+
+def test_a_build_row_says_when_the_window_is_walked_inside_the_graph(model):
+    """The sweep's in-graph window row (--max-axis 8041): W = 256 as inner windows of 134 frames,
+    four of them at 28 frames of context (rkstudy.window.plan_windows), labelled beside the monolithic rows."""
+    from types import SimpleNamespace
+
+    from rkstudy.build import BuildReport
+
+    report = BuildReport(status="failed", target="rk3588", onnx="", engine=None, engine_bytes=0, seconds=1.0,
+                         regtask=0, toolkit_version="", log="")
+    rows = {}
+    for max_axis in (None, 60 * 134 + 1):
+        c = producer.generator_contract(frames=256, context=28, rw=generator.ENGINE, max_axis=max_axis,
+                                        source=model.source, head=model.head)
+        produced = producer.Produced(path=None, contract=c, census=SimpleNamespace(longest_axis=0))
+        rows[max_axis] = study.build_row(produced, SimpleNamespace(report=report, target="rk3588"), None)
+    assert (rows[None]["graph"], rows[None]["inner_windows"], rows[None]["max_axis"]) == ("one window", 1, 0)
+    walked = rows[8041]
+    assert walked["graph"] == "in-graph walk: 4 windows of 134"
+    assert (walked["inner_frames"], walked["inner_windows"], walked["max_axis"]) == (134, 4, 8041)
+    assert walked["nonfinite"] == -1 and math.isnan(walked["snr_vs_fp32_db"])  # no engine: no simulator columns
+
+
+def test_known_builds_answer_the_planner_from_the_sweep_rows_only(model, monkeypatch):
+    """A planner build of a window the sweep built returns that row; an in-graph walk row or a row of a
+    build not made answers nothing (the planner then builds)."""
+    path = producer.produce(128, 28, model=model).path
+    row = {"window": 128, "target": "rk3588", "rewrites": generator.ENGINE.tag(), "max_axis": 0, "status": "ok",
+           "regtask": 0, "regtask_max_value": 0, "engine_mb": 54.46, "build_s": 615.0}
+    built = []
+    monkeypatch.setattr(study, "build_engine", lambda p, t: built.append((p, t)) or "built")
+    got = study.known_builds([row])(path, "rk3588")
+    assert (got.status, got.regtask, got.regtask_max, got.engine_bytes, built) == ("ok", 0, 0, 54_460_000, [])
+    others = [{**row, "max_axis": 8041}, {"window": 128, "target": "rk3588", "status": "not built: BUILDS = False",
+                                          "rewrites": "", "max_axis": 0, "engine_mb": ""}]
+    assert study.known_builds(others)(path, "rk3588") == "built" and built == [(path, "rk3588")]
+    assert study.known_builds([row])(path, "rk3566") == "built"

@@ -116,6 +116,7 @@ def test_a_decoder_with_two_walked_inputs_and_global_statistics():
     tables = planner.plan(pt, ["rk3588"], [60.0], max_window=30, build=lambda path, target: Clean(
         ok=True, regtask=0, regtask_max=0, status="ok", engine_bytes=1000))
     rf = {r["decode"]: r for r in tables["receptive_field"]}
+    assert planner.receptive_field_rows(pt) == tables["receptive_field"]  # the notebooks' quick-mode rows
     assert (rf["as compiled"]["left_frames"], rf["as compiled"]["right_frames"]) == (60, 59)  # the whole latent
     assert (rf["frozen statistics"]["left_frames"], rf["frozen statistics"]["right_frames"]) == (1, 1)
     assert rf["as compiled"]["latent_frames"] == 80

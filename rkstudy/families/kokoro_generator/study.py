@@ -23,8 +23,8 @@ import onnx
 import torch
 from tqdm.auto import tqdm
 
-from ... import gates, graph
-from ...build import REGTASK_LIMIT, BuildReport, EngineProcess, build_engine
+from ... import cache, gates, graph
+from ...build import BUILD_TIMEOUT_S, REGTASK_LIMIT, BuildReport, EngineProcess, build_engine
 from ...planner import PlanTarget
 from ...results import HOST
 from ...runtime import OrtRunner
@@ -279,12 +279,13 @@ class SimulatedEngine(Runner):
 
     where = "simulator"
 
-    def __init__(self, onnx_path, target: str, out=None, *, regtask_limit: int = REGTASK_LIMIT, verbose: bool = True):
+    def __init__(self, onnx_path, target: str, out=None, *, regtask_limit: int = REGTASK_LIMIT, verbose: bool = True,
+                 timeout: float = BUILD_TIMEOUT_S):
         self.target = target
         self.shapes = graph.input_shapes(Path(onnx_path))
         self.input_names = list(self.shapes)
         self._proc = EngineProcess(str(onnx_path), target, self.shapes, str(out) if out else None, serve=True,
-                                   regtask_limit=regtask_limit, verbose=verbose)
+                                   regtask_limit=regtask_limit, verbose=verbose, timeout=timeout)
         self.report: BuildReport = self._proc.wait_built()
         if not self.report.ok:
             self.close()
@@ -350,8 +351,12 @@ def build_row(produced: Produced, eng: SimulatedEngine, feed: dict | None) -> di
     """The build row (REGTASK lines and largest value, engine size, build time, child peak), the ops
     left on the CPU, and the simulator on `feed` against onnxruntime fp32 on the same graph."""
     c = produced.contract
+    inner = c.params["inner_frames"]
+    walk = plan_windows(c.window.frames, inner - 2 * c.window.context, c.window.context) if c.params["max_axis"] else []
     row = {"window": c.window.frames, "fine_axis": FINE * c.window.frames + 1, "rewrites": c.params["rewrites"],
-           "max_axis": c.params["max_axis"], "longest_axis": produced.census.longest_axis, **eng.report.row(),
+           "max_axis": c.params["max_axis"], "inner_frames": inner, "inner_windows": len(walk) or 1,
+           "graph": f"in-graph walk: {len(walk)} windows of {inner}" if len(walk) > 1 else "one window",
+           "longest_axis": produced.census.longest_axis, **eng.report.row(),
            "cpu_ops": cpu_ops(eng.report.log) if Path(eng.report.log).is_file() else ""}
     sim = {"nonfinite": -1, "sim_rms": float("nan"), "fp32_rms": float("nan"), "sim_max_abs": float("nan"),
            "snr_vs_fp32_db": float("nan")}
@@ -371,6 +376,7 @@ class Case:
     rw: Rewrites = ENGINE
     max_axis: int | None = None
     regtask_limit: int = REGTASK_LIMIT
+    timeout: float = BUILD_TIMEOUT_S  # a build past it is killed and its row says timeout (a bounded run)
 
 
 def sweep(model: KokoroModel, cases: Sequence[Case], utt: frontend.Utterance, *, context: int = DEFAULT_CONTEXT,
@@ -382,7 +388,8 @@ def sweep(model: KokoroModel, cases: Sequence[Case], utt: frontend.Utterance, *,
     for i, case in enumerate(tqdm(cases, desc="builds", disable=not progress)):
         produced = produce(case.frames, min(context, (case.frames - 1) // 2), case.rw, max_axis=case.max_axis,
                            model=model)
-        eng = SimulatedEngine(produced.path, case.target, regtask_limit=case.regtask_limit)
+        out = cache.cache_dir("engines") / f"{Path(produced.path).stem}-{case.target}.rknn"  # the size is the file's
+        eng = SimulatedEngine(produced.path, case.target, out, regtask_limit=case.regtask_limit, timeout=case.timeout)
         w = produced.contract.window
         feed = last_window_feed(utt, w.frames, w.context) if utt.frames >= w.frames else \
             window_feed(utt.x, utt.har, utt.style, 0, utt.frames, w.frames)
@@ -759,9 +766,9 @@ def known_builds(rows: Sequence[dict]):
     """A planner `build(onnx_path, target)` that answers from the sweep's build rows where it has one
     (same window and target, the default rewrites) and builds otherwise."""
     done = {}
-    for r in rows:
-        if r["rewrites"] == ENGINE.tag() and not r["max_axis"]:
-            done[(r["window"], r["target"])] = r
+    for r in rows:  # rows of builds not made (no rewrites, no status "ok"/...) and in-graph walks answer nothing
+        if r.get("rewrites") == ENGINE.tag() and not r.get("max_axis") and r.get("engine_mb", "") != "":
+            done[(int(r["window"]), r["target"])] = r
 
     def build(onnx_path, target):
         w = graph.input_shapes(onnx_path)["x"][-1]
@@ -769,6 +776,7 @@ def known_builds(rows: Sequence[dict]):
         if r is None:
             return build_engine(onnx_path, target)
         return BuildReport(status=r["status"], target=target, onnx=str(onnx_path), engine=None,
-                           engine_bytes=int(r["engine_mb"] * 1e6), seconds=r["build_s"], regtask=r["regtask"],
-                           toolkit_version="", log="", regtask_max=r["regtask_max_value"])
+                           engine_bytes=int(float(r["engine_mb"]) * 1e6), seconds=float(r["build_s"]),
+                           regtask=int(r["regtask"]), toolkit_version="", log="",
+                           regtask_max=int(r["regtask_max_value"]))
     return build
