@@ -146,10 +146,11 @@ def flow_graphs(frames: int = 64, depth: int = 2) -> list[FamilyGraph]:
                         onnx.load(str(product.path)), sample=sample)]
 
 
-def kokoro_graphs(frames: int = 128, wide: int | None = 256, max_axis: int = 8161) -> list[FamilyGraph]:
+def kokoro_graphs(frames: int = 128, wide: int | None = 256, max_axis: int = 60 * 134 + 1) -> list[FamilyGraph]:
     """Kokoro generator: the re-traced trunk with no rewrites (weight norm traced, exact sine, no
     masks) against the engine's graph at `frames`; the exact sine left alone; and, with `wide`, the
-    monolithic wide window (raw-sum statistics, the seeds' form) against the in-graph walk."""
+    monolithic wide window (raw-sum statistics, the seeds' form) against the in-graph walk (notebook
+    03's: inner windows of 134 frames, whose largest REGTASK field value stays inside 8191)."""
     from ..families.kokoro_generator import producer as kp
     from ..families.kokoro_generator.generator import ENGINE, REFERENCE, Rewrites
 
