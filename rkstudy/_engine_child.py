@@ -25,6 +25,16 @@ def _send(conn: Connection, msg: dict) -> None:
     conn.send({**msg, "peak_rss_kb": peak_rss_kb()})
 
 
+def _reason(exc: Exception) -> str:
+    """`Type: message`; the toolkit re-raises its errors with the whole inner traceback as the
+    message, whose last line is the reason ("ValueError: Unsupport onnx opset 20, need <= 19!")."""
+    text = str(exc)
+    if "Traceback (most recent call last)" in text:
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        return lines[-1] if lines else type(exc).__name__
+    return f"{type(exc).__name__}: {text}"
+
+
 def _step(conn: Connection, name: str, rc) -> None:
     _send(conn, {"event": "step", "step": name, "rc": rc})
     if rc not in (0, None):
@@ -83,7 +93,7 @@ def main(spec_path: str, fd: str) -> int:
         return 0
     except Exception as exc:
         traceback.print_exc()
-        _send(conn, {"event": "failed", "step": step, "error": f"{type(exc).__name__}: {exc}"})
+        _send(conn, {"event": "failed", "step": step, "error": _reason(exc)})
         return 1
 
 

@@ -71,6 +71,17 @@ def test_a_compiler_crash_comes_back_as_a_report(probe, tmp_path):
     assert report.engine is None
 
 
+def test_a_toolkit_error_is_its_reason_not_its_traceback(tmp_path):
+    """The toolkit re-raises with the inner traceback as the message; the row keeps the last line."""
+    model = toolchain.vocoder_probe()
+    model.opset_import[0].version = 20
+    path = tmp_path / "opset20.onnx"
+    onnx.save(model, str(path))
+    report = build.build_engine(path, "rk3588", out=tmp_path / "opset20.rknn", reuse=False)
+    assert report.status == "failed" and report.failed_step == "load_onnx"
+    assert report.error.startswith("ValueError: Unsupport onnx opset 20") and "Traceback" not in report.error
+
+
 def test_a_failing_step_is_named(tmp_path):
     # a graph onnx reads but the toolkit's loader rejects: an input shape the graph does not have
     path = tmp_path / "probe.onnx"
