@@ -223,8 +223,7 @@ def layer_norm(epsilon_written: bool) -> onnx.ModelProto:
                             **({"epsilon": 1e-5} if epsilon_written else {}))
     add = helper.make_node("Add", ["x", "u"], ["y"], name="add")
     return _model([node, add], [_vi("x", [1, 8, 32])], [_vi("y", [1, 8, 32])],
-                  [numpy_helper.from_array(np.ones(32, np.float32), "g"),
-                   numpy_helper.from_array(np.zeros(32, np.float32), "b")])
+                  [_f32("g", np.ones(32)), _f32("b", np.zeros(32))])
 
 
 def flip(negative: bool) -> onnx.ModelProto:
@@ -454,7 +453,7 @@ def real_cases(voice) -> list[Case]:
 
 
 def _attribute(layer: compiler.Layer, names: set[str], producer: Mapping[str, str],
-               padded_by: Mapping[str, str] = {}) -> str | None:  # noqa: B006 (read only)
+               padded_by: Mapping[str, str]) -> str | None:
     """The ONNX node a compiler layer belongs to: its name is the node's, or a tensor's (the node that
     produces it), possibly with the compiler's suffixes (`#k`, `-rs`, `_rs`, `_pad`, `-rs_conv`). A
     ConvTranspose's input padding layer (`exConvTransposePad`, named after the input tensor) belongs

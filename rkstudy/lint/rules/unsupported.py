@@ -36,10 +36,9 @@ FIXES = {
 def variant(g, n) -> str:
     """The op-support table key of node `n`: its op, qualified where the table measured that the
     answer changes (a ConvTranspose stride, a negative Slice step, a Clip with no min, a Pad or Resize
-    mode, constant Gather indices, an Expand that grows the batch axis, a Div of a
-    constant by a tensor, a LayerNormalization with no
-    epsilon attribute, a constant operand of Pow/Max/Min/Equal/Less/Greater, an Erf inside
-    GELU); `domain.op` outside the ONNX domain."""
+    mode, constant Gather indices, an Expand that grows the batch axis, a Div of a constant by a
+    tensor, a LayerNormalization with no epsilon attribute, a constant operand of
+    Pow/Max/Min/Equal/Less/Greater, an Erf inside GELU); `domain.op` outside the ONNX domain."""
     op = n.op_type
     if n.domain not in ("", "ai.onnx"):
         return f"{n.domain}.{op}"
