@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import sys
 import traceback
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 
 
@@ -35,45 +36,47 @@ def _reason(exc: Exception) -> str:
     return f"{type(exc).__name__}: {text}"
 
 
-def _step(conn: Connection, name: str, rc) -> None:
-    _send(conn, {"event": "step", "step": name, "rc": rc})
-    if rc not in (0, None):
-        raise RuntimeError(f"rknn.{name} returned {rc}")
-
-
 def main(spec_path: str, fd: str) -> int:
     conn = Connection(int(fd))
     with open(spec_path, encoding="utf-8") as fh:
         spec = json.load(fh)
     step = "import"
+
+    def run(name: str, call: Callable[[], object]) -> None:
+        """Announce the step before it runs, so a timeout or a signal names the step that was
+        running (not the last one that finished), then report its return code."""
+        nonlocal step
+        step = name
+        _send(conn, {"event": "start", "step": name})
+        rc = call()
+        _send(conn, {"event": "step", "step": name, "rc": rc})
+        if rc not in (0, None):
+            raise RuntimeError(f"rknn.{name} returned {rc}")
+
     try:
+        _send(conn, {"event": "start", "step": step})
         from rknn.api import RKNN
 
         rknn = RKNN(verbose=spec.get("verbose", False))
         quantize = spec.get("quantize")
         settings = {k: quantize[k] for k in ("quantized_dtype", "quantized_algorithm", "quantized_method")} \
             if quantize else {}
-        step = "config"
-        _step(conn, step, rknn.config(target_platform=spec["target"], float_dtype="float16",
-                                      optimization_level=spec["optimization_level"], **settings))
-        step = "load_onnx"
+        run("config", lambda: rknn.config(target_platform=spec["target"], float_dtype="float16",
+                                          optimization_level=spec["optimization_level"], **settings))
         names = list(spec["inputs"])
-        _step(conn, step, rknn.load_onnx(model=spec["onnx"], inputs=names or None,
-                                         input_size_list=[spec["inputs"][n] for n in names] or None,
-                                         outputs=spec.get("outputs")))
-        step = "build"
-        _step(conn, step, rknn.build(do_quantization=bool(quantize),
-                                     dataset=quantize["dataset"] if quantize else None))
+        run("load_onnx", lambda: rknn.load_onnx(model=spec["onnx"], inputs=names or None,
+                                                input_size_list=[spec["inputs"][n] for n in names] or None,
+                                                outputs=spec.get("outputs")))
+        run("build", lambda: rknn.build(do_quantization=bool(quantize),
+                                        dataset=quantize["dataset"] if quantize else None))
         if spec.get("analysis"):
-            step = "accuracy_analysis"
-            _step(conn, step, rknn.accuracy_analysis(inputs=spec["analysis"]["inputs"],
-                                                     output_dir=spec["analysis"]["output_dir"], target=None))
+            run("accuracy_analysis", lambda: rknn.accuracy_analysis(inputs=spec["analysis"]["inputs"],
+                                                                    output_dir=spec["analysis"]["output_dir"],
+                                                                    target=None))
         if spec.get("out"):
-            step = "export_rknn"
-            _step(conn, step, rknn.export_rknn(spec["out"]))
+            run("export_rknn", lambda: rknn.export_rknn(spec["out"]))
         if spec.get("serve"):
-            step = "init_runtime"
-            _step(conn, step, rknn.init_runtime(target=None))
+            run("init_runtime", lambda: rknn.init_runtime(target=None))
             _send(conn, {"event": "ready"})
             while True:
                 msg = conn.recv()

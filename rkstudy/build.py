@@ -299,7 +299,7 @@ class EngineProcess:
             msg = self._recv(timeout=self.timeout - (time.monotonic() - self._started))
             if msg is None:
                 return self._finish()
-            if msg["event"] == "step":
+            if msg["event"] == "start":  # the step now running: what a timeout or a signal interrupts
                 self.step = msg["step"]
             elif msg["event"] == "failed":
                 self.step, self.error = msg["step"], msg["error"]

@@ -55,6 +55,7 @@ def test_regtask_limit_kills_the_build(tmp_path):
     onnx.save(toolchain.long_axis_probe(32768), str(path))
     report = build.build_engine(path, "rk3588", out=tmp_path / "long.rknn", regtask_limit=5, reuse=False)
     assert report.status == "regtask-limit"
+    assert report.failed_step == "build"  # the step that was running, not load_onnx (the last one that finished)
     assert report.regtask > 5 and report.engine is None
     assert not (tmp_path / "long.rknn").exists()
     with pytest.raises(build.BuildFailed, match="regtask-limit .*13-bit field"):
