@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from rkstudy import gates
 from rkstudy.errors import EngineMismatch, UsageError
 from rkstudy.families.kokoro_generator import generator, producer, study
 from rkstudy.families.kokoro_generator.sidecar import GeneratorSidecar
@@ -129,8 +130,9 @@ def test_the_sidecar_refuses_another_models_latent(contract):
 
 
 def test_a_build_row_says_when_the_window_is_walked_inside_the_graph(model):
-    """The sweep's in-graph window row (--max-axis 8041): W = 256 as inner windows of 134 frames,
-    four of them at 28 frames of context (rkstudy.window.plan_windows), labelled beside the monolithic rows."""
+    """The sweep's in-graph window row (--max-axis 8041): W = 256 as inner windows of 134 frames at 28
+    frames of context; the walk's plan has four, the last two start at frame 122, so the batch is three
+    distinct windows, labelled beside the monolithic rows."""
     from types import SimpleNamespace
 
     from rkstudy.build import BuildReport
@@ -145,9 +147,30 @@ def test_a_build_row_says_when_the_window_is_walked_inside_the_graph(model):
         rows[max_axis] = study.build_row(produced, SimpleNamespace(report=report, target="rk3588"), None)
     assert (rows[None]["graph"], rows[None]["inner_windows"], rows[None]["max_axis"]) == ("one window", 1, 0)
     walked = rows[8041]
-    assert walked["graph"] == "in-graph walk: 4 windows of 134"
-    assert (walked["inner_frames"], walked["inner_windows"], walked["max_axis"]) == (134, 4, 8041)
+    assert walked["graph"] == "in-graph walk: 3 windows of 134, batched"
+    assert (walked["inner_frames"], walked["inner_windows"], walked["max_axis"]) == (134, 3, 8041)
     assert walked["nonfinite"] == -1 and math.isnan(walked["snr_vs_fp32_db"])  # no engine: no simulator columns
+
+
+def test_the_in_graph_walk_is_the_window_walk_batched(model, short):
+    """The in-graph walk stacks its distinct inner windows on the batch axis and runs one trunk: it must
+    give what running the trunk window by window and stitching the emitted columns gives (50 frames as
+    windows of 30 with 8 of context: four windows in the plan, the last two at frame 20, three in the batch)."""
+    frames, inner, context = 50, 30, 8
+    trunk = model.trunk(generator.ENGINE, clamp_count=True)
+    walk = generator.InGraphWalk(trunk, frames, inner, context)
+    assert [w.start for w in walk.plan] == [0, 6, 20, 20] and walk.starts == [0, 6, 20]
+    feed = producer.window_feed(short.x, short.har, short.style, 0, frames, frames)
+    got = producer.run_torch(walk, feed)
+    pieces = []
+    for w in walk.plan:
+        f = producer.window_feed(short.x, short.har, short.style, w.start, inner, inner)
+        g = producer.run_torch(trunk, f)
+        last = 1 if w.emit_stop == frames else 0
+        pieces.append(g[..., 60 * w.offset: 60 * (w.offset + w.emit_stop - w.emit_start) + last])
+    want = np.concatenate(pieces, axis=-1)
+    assert got.shape == want.shape == (1, 22, 60 * frames + 1)
+    assert gates.snr_db(want, got) > 100.0
 
 
 def test_known_builds_answer_the_planner_from_the_sweep_rows_only(model, monkeypatch):

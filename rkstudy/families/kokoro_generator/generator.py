@@ -290,9 +290,9 @@ class PolyphaseUp(nn.Module):
             self.conv.bias.copy_(up.bias.detach().repeat_interleave(s))
 
     def forward(self, x):
-        n = x.shape[-1]
-        z = self.conv(x)                                       # [1, out*s, n+1]
-        z = z.reshape(1, self.cout, self.s, n + 1).transpose(2, 3).reshape(1, self.cout, self.s * (n + 1))
+        b, n = x.shape[0], x.shape[-1]
+        z = self.conv(x)                                       # [b, out*s, n+1]
+        z = z.reshape(b, self.cout, self.s, n + 1).transpose(2, 3).reshape(b, self.cout, self.s * (n + 1))
         return z[..., self.p: self.p + self.s * n]
 
 
@@ -482,30 +482,46 @@ class FedStatsTrunk(nn.Module):
 
 
 class InGraphWalk(nn.Module):
-    """The runtime's window walk moved inside the graph (--max-axis): a `frames`-wide window run as
+    """The runtime's window walk moved inside the graph (--max-axis): a `frames`-wide window cut into
     inner windows of `inner` frames with `context` frames each side (rkstudy.window.plan_windows, at
-    trace time), each through the whole trunk, the emitted columns concatenated as the runtime stitches
-    them. Every axis is then at most the inner window's fine axis (60 inner + 1), so the compiler's
-    13-bit field and the statistics' range are those of one inner window; the price is a copy of the
-    trunk's work per inner window, and a synthesis with per-inner-window statistics."""
+    trace time), stacked on the batch axis and run through one copy of the trunk, the emitted columns
+    concatenated as the runtime stitches them. Every axis is then at most the inner window's fine
+    axis (60 inner + 1), so the compiler's 13-bit field and the statistics' range are those of one
+    inner window (GlobalAveragePool averages per batch item: each inner window keeps its own
+    statistics, as the runtime walk's windows do).
+
+    Batched rather than one trunk copy per window: four copies of the W = 256 trunk (4,523 nodes)
+    kept the toolkit's graph optimizer busy past 50 minutes, one batched copy is 1,683 nodes. Windows
+    the plan repeats (the last two start at the same frame when the walk is clamped to the end) are
+    run once: the toolkit's concat rewrite fails on a Concat that takes the same tensor twice."""
 
     def __init__(self, trunk: GeneratorTrunk, frames: int, inner: int, context: int):
         super().__init__()
         if inner - 2 * context < 1:
             raise ValueError(f"inner window {inner} leaves nothing to emit with {context} frames of context")
-        self.trunk, self.frames = trunk, frames
+        self.trunk, self.frames, self.inner = trunk, frames, inner
         self.plan = plan_windows(frames, inner - 2 * context, context)
+        self.starts = inner_window_starts(frames, inner, context)
 
     def forward(self, x, har, style, m10, m60):
+        r = self.inner
+
+        def stack(t, per: int, extra: int):
+            return torch.cat([t[..., per * a: per * (a + r) + extra] for a in self.starts], dim=0)
+
+        g = self.trunk(stack(x, 1, 0), stack(har, FINE, 1), style, stack(m10, COARSE, 0), stack(m60, FINE, 1))
         pieces = []
         for w in self.plan:
-            a, r = w.start, w.real
-            g = self.trunk(x[..., a: a + r], har[..., FINE * a: FINE * (a + r) + 1], style,
-                           m10[..., COARSE * a: COARSE * (a + r)], m60[..., FINE * a: FINE * (a + r) + 1])
+            b = self.starts.index(w.start)
             lo = FINE * w.offset
             hi = FINE * (w.offset + w.emit_stop - w.emit_start) + (1 if w.emit_stop == self.frames else 0)
-            pieces.append(g[..., lo:hi])
+            pieces.append(g[b:b + 1, :, lo:hi])
         return torch.cat(pieces, dim=-1) if len(pieces) > 1 else pieces[0]
+
+
+def inner_window_starts(frames: int, inner: int, context: int) -> list[int]:
+    """The distinct first frames of the in-graph walk's inner windows: its batch, in order."""
+    return sorted({w.start for w in plan_windows(frames, inner - 2 * context, context)})
 
 
 def reference_trunk(gen, x, s, har):

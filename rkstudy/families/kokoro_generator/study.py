@@ -352,10 +352,10 @@ def build_row(produced: Produced, eng: SimulatedEngine, feed: dict | None) -> di
     left on the CPU, and the simulator on `feed` against onnxruntime fp32 on the same graph."""
     c = produced.contract
     inner = c.params["inner_frames"]
-    walk = plan_windows(c.window.frames, inner - 2 * c.window.context, c.window.context) if c.params["max_axis"] else []
+    walk = generator.inner_window_starts(c.window.frames, inner, c.window.context) if c.params["max_axis"] else []
     row = {"window": c.window.frames, "fine_axis": FINE * c.window.frames + 1, "rewrites": c.params["rewrites"],
            "max_axis": c.params["max_axis"], "inner_frames": inner, "inner_windows": len(walk) or 1,
-           "graph": f"in-graph walk: {len(walk)} windows of {inner}" if len(walk) > 1 else "one window",
+           "graph": f"in-graph walk: {len(walk)} windows of {inner}, batched" if len(walk) > 1 else "one window",
            "longest_axis": produced.census.longest_axis, **eng.report.row(),
            "cpu_ops": cpu_ops(eng.report.log) if Path(eng.report.log).is_file() else ""}
     sim = {"nonfinite": -1, "sim_rms": float("nan"), "fp32_rms": float("nan"), "sim_max_abs": float("nan"),
