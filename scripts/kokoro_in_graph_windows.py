@@ -44,7 +44,7 @@ def main() -> int:
     utt = model.utterance(args.utterance)
     first = plan_windows(utt.frames, frames - 2 * context, context)[-1].start  # the W = 256 window's frame 0
     feed = last_window_feed(utt, frames, context)
-    pieces = generator.InGraphWalk(model.trunk(generator.ENGINE, clamp_count=True), frames, inner, context).plan
+    walk = generator.InGraphWalk(model.trunk(generator.ENGINE, clamp_count=True), frames, inner, context)
 
     def simulate(produced, feeds):
         """fp32 and simulator outputs of `produced` on each feed (one build, closed after)."""
@@ -55,12 +55,11 @@ def main() -> int:
 
     (walked,) = simulate(produce(frames, context, max_axis=max_axis, model=model), [feed])
     (whole,) = simulate(produce(frames, context, model=model), [feed])
-    starts = sorted({w.start for w in pieces})
-    alone = dict(zip(starts, simulate(produce(inner, context, model=model),
+    alone = dict(zip(walk.starts, simulate(produce(inner, context, model=model),
                                       [window_feed(utt.x, utt.har, utt.style, first + a, inner, inner)
-                                       for a in starts])))
+                                       for a in walk.starts])))
     rows = []
-    for w in pieces:
+    for w in walk.plan:
         last = 1 if w.emit_stop == frames else 0
         out = slice(FINE * w.emit_start, FINE * w.emit_stop + last)  # columns of the W = 256 output
         own = slice(FINE * w.offset, FINE * (w.offset + w.emit_stop - w.emit_start) + last)  # the same in its window
