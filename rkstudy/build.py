@@ -40,6 +40,7 @@ import numpy as np
 from . import atomic, cache, graph
 from .contract import TARGETS
 from .errors import Failed, NeedsConverter, UsageError, one_line
+from .gates import board_risk
 from .results import toolkit_version
 
 REGTASK_LIMIT = 100_000  # past this, the overflow is the ~800k-line regime that ruins an engine
@@ -155,12 +156,15 @@ class BuildReport:
 
     def row(self) -> dict:
         """Results-row fragment: dtype (fp16 or int8 w8a8), size, seconds, REGTASK lines and largest
-        value, converter peak RSS."""
+        value, converter peak RSS, and the board-risk verdict of what the compiler logged
+        (rkstudy.gates.board_risk)."""
         return {"status": self.status, "target": self.target, "dtype": self.dtype, "regtask": self.regtask,
                 "regtask_max_value": self.regtask_max,
                 "engine_mb": round(self.engine_bytes / 1e6, 3), "build_s": round(self.seconds, 1),
                 "converter_peak_mb": round(self.peak_rss_mb, 1),
                 "failed_step": self.failed_step or "", "error": one_line(self.error or "", 160),
+                "board_risk": board_risk({"status": self.status, "target": self.target, "regtask": self.regtask,
+                                          "regtask_max_value": self.regtask_max}),
                 "where": self.where}
 
     def raise_for_status(self) -> BuildReport:

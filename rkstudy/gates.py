@@ -158,3 +158,74 @@ class Gate:
             raise GateFailed(f"gate {self.name!r} failed{where}: measured {measured:.4g} {self.unit}, "
                              f"needs {op} {self.threshold:g} {self.unit}")
         return row
+
+
+# --- board risk: what a simulator number cannot vouch for ----------------------------------------
+# The toolkit's PC simulator does not model the compiler's register-field overflow (notebook 00
+# measures it bit-identical across targets and REGTASK counts), so a simulator SNR says nothing about
+# an engine whose build logged REGTASK lines. The verdict is read from what the compiler logged.
+FIELD_LIMIT = 0x1FFF  # the 13-bit field every RKNPU2 target's compiler printed here but rk3576's
+FIELD_LIMITS = {"rk3576": 0x3FFF}  # rk3576's compiler prints `limit: 0x3fff` (a 14-bit field)
+# The RKNN decoder-path document's board measurement: the Kokoro W=512 engine, whose build logged
+# ~800k lines of field value 0x7800, voiced clipped noise at -27 dB against the CPU decode on an RK3588.
+KNOWN_BAD_FIELD_VALUE = 0x7800
+KNOWN_BAD = ("0x7800 = 30,720, the value whose ~800k lines made the Kokoro W=512 engine voice clipped "
+             "noise at -27 dB on an RK3588 board (the RKNN decoder-path document)")
+FP16_MAX = 65504.0
+_NONFINITE = ("nonfinite", "audio_nonfinite", "gen_nonfinite", "cache_out_nonfinite")
+_MAX_ABS = ("sim_max_abs", "gen_max_abs")
+
+
+def field_limit(target: str | None) -> int:
+    """The register field's largest value for `target` (the `limit:` its compiler prints)."""
+    return FIELD_LIMITS.get(target or "", FIELD_LIMIT)
+
+
+def _number(row, *keys) -> float | None:
+    for key in keys:
+        value = row.get(key)
+        if value in (None, ""):
+            continue
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            continue
+    return None
+
+
+def board_risk(row) -> str:
+    """`clean`, `at risk: <why>` or `known bad on a board: <the reference figure>` for one engine row
+    (a build row, or any table row with its REGTASK columns), from what the compiler logged: REGTASK
+    lines and their largest field value against the target's field, non-finite outputs or an output
+    near the fp16 limit, and ops the compiler placed on the CPU. `not built: <status>` when the build
+    did not finish, and `not an engine row` when the row has no REGTASK count at all.
+
+    Rows are read as written (numbers or the strings of a committed CSV), so the results index can
+    state the verdict of rows made before the column existed.
+    """
+    status = str(row.get("status") or "ok")
+    if status != "ok":
+        return f"not built: {status}"
+    lines = _number(row, "regtask")
+    if lines is None:
+        return "not an engine row"
+    value = _number(row, "regtask_max_value", "regtask_max") or 0.0
+    limit = field_limit(row.get("target"))
+    if value >= KNOWN_BAD_FIELD_VALUE:
+        return (f"known bad on a board: field value {int(value):,} ({int(lines):,} REGTASK lines) is at or "
+                f"past {KNOWN_BAD}")
+    why = []
+    if lines > 0:
+        largest = f", largest field value {int(value):,}" if value else ""
+        past = f" (field limit {limit:,})" if value > limit else ""
+        why.append(f"{int(lines):,} REGTASK lines{largest}{past}: the simulator does not model the overflow")
+    nonfinite = _number(row, *_NONFINITE)
+    if nonfinite:
+        why.append(f"{int(nonfinite):,} non-finite outputs (fp16 range)")
+    peak = _number(row, *_MAX_ABS)
+    if peak is not None and peak > FP16_MAX / 2:
+        why.append(f"an output reaches {peak:.4g}, within 2x of the fp16 limit {FP16_MAX:g}")
+    cpu = str(row.get("cpu_ops") or "").strip()
+    if cpu and cpu not in ("0", "{}", "none"):
+        why.append(f"ops on the CPU ({cpu}): board time the simulator does not measure")
+    return "at risk: " + "; ".join(why) if why else "clean"

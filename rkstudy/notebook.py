@@ -10,10 +10,19 @@ from pathlib import Path
 
 import numpy as np
 
-from . import cache, results
+from . import cache, gates, results
 from .paths import results_root
 
 CLIP_SECONDS = 5.0  # audio embedded in an executed notebook; the full render goes to the cache
+
+
+def _with_risk(row: Mapping) -> dict:
+    """An engine row (one with a REGTASK count) with its board-risk verdict, read from the whole row:
+    a simulator SNR is never written without what the compiler logged beside it."""
+    row = dict(row)
+    if "regtask" in row:
+        row["board_risk"] = gates.board_risk(row)
+    return row
 
 
 class Study:
@@ -51,8 +60,9 @@ class Study:
     def table(self, name: str, rows: Iterable[Mapping], title: str, by=None,
               show: list[str] | bool = True) -> list[dict]:
         """Stamp `rows` (where/target from `by` or from each row) and keep them for write_tables();
-        show them (the given columns, or all) unless `show=False`."""
-        stamped = [results.stamp(r, by) for r in rows]
+        show them (the given columns, or all) unless `show=False`. A row with a REGTASK count gets
+        its `board_risk` verdict (rkstudy.gates.board_risk) from everything else in the row."""
+        stamped = [results.stamp(_with_risk(r), by) for r in rows]
         self.tables[name] = (stamped, title)
         if show:
             self.show(stamped, show if isinstance(show, list) else None)

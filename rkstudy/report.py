@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from . import atomic, results
+from . import atomic, gates, results
 from .paths import RESULTS
 
 # Studies that are not families: their folder, what they hold, and the notebook that writes them.
@@ -35,6 +35,10 @@ The design documents' own figures are in `data/reference/seeds.csv` (with seed f
 where a headline has one, it is shown beside ours and labelled as theirs. The executed notebooks,
 with their plots, tables and audio, are under `notebooks/`.
 """
+
+
+_BUILD_COLUMNS = ("status", "regtask", "dtype", "engine_bytes", "engine_mb", "build_s", "before_nodes",
+                  "nodes", "parameters", "onnx_bytes")
 
 
 def _studies() -> list[tuple[str, str, str | None]]:
@@ -66,6 +70,46 @@ def _title(md: Path) -> str:
     return first[2:].strip() if first.startswith("# ") else ""
 
 
+def _row_label(row: dict, columns: list[str]) -> str:
+    """The columns that say which engine a row is (those before its build columns), as k=v."""
+    stop = next((i for i, c in enumerate(columns) if c in _BUILD_COLUMNS), len(columns))
+    keys = [c for c in columns[:stop] if c not in results.STAMP][:3]
+    return ", ".join(f"{k}={row[k]}" for k in keys if row.get(k, "") != "")
+
+
+def _risk_section(study: str, tables: list[Path]) -> str:
+    """Every engine row of the study's tables (rows with a REGTASK count) with its board-risk
+    verdict: the rows that are not clean listed with their simulator SNR, so no SNR of an engine at
+    risk stands in the index without what the compiler logged."""
+    counts = {"clean": 0, "at risk": 0, "known bad on a board": 0}
+    listed = []
+    for csv in tables:
+        rows = results.read_table(csv)
+        if not rows or "regtask" not in rows[0]:
+            continue
+        columns = list(rows[0])
+        snr = next((c for c in columns if "snr" in c and c.endswith("_db")), None)
+        for row in rows:
+            verdict = row.get("board_risk") or gates.board_risk(row)
+            kind = next((k for k in counts if verdict.startswith(k)), None)
+            if kind is None:
+                continue
+            counts[kind] += 1
+            if kind != "clean":
+                shown = f"{row[snr]} dB ({snr})" if snr and row.get(snr) else ""
+                listed.append(f"| [`{csv.stem}`]({study}/{csv.stem}.md) | {_row_label(row, columns)} | "
+                              f"{row.get('target', '')} | {shown} | {verdict} |\n")
+    if not sum(counts.values()):
+        return ""
+    text = (f"\nBoard risk of the {sum(counts.values())} engine rows in these tables (from what the compiler "
+            f"logged; `rkstudy.gates.board_risk`): {counts['clean']} clean, {counts['at risk']} at risk, "
+            f"{counts['known bad on a board']} known bad on a board.")
+    if listed:
+        text += (" A simulator SNR beside a verdict that is not clean does not vouch for the board:\n\n"
+                 "| table | engine | target | simulator SNR | board risk |\n|---|---|---|---|---|\n" + "".join(listed))
+    return text + "\n"
+
+
 def generate(root: Path = RESULTS) -> str:
     """The index text for the results under `root`."""
     parts = [INTRO]
@@ -94,6 +138,7 @@ def generate(root: Path = RESULTS) -> str:
             rows = results.read_table(csv)
             link = f"[`{study}/{csv.stem}`]({study}/{csv.stem}.md)"
             parts.append(f"| {link} | {_title(csv.with_suffix('.md'))} | {len(rows)} |\n")
+        parts.append(_risk_section(study, tables))
         figures = sorted((folder / "figures").glob("*.png")) if (folder / "figures").is_dir() else []
         for png in figures:
             parts.append(f"\n![{study}: {png.stem}]({study}/figures/{png.name})\n")

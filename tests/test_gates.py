@@ -82,3 +82,31 @@ def test_gate_records_and_raises():
     lines = gates.Gate("regtask", 100_000, unit="lines", at_least=False)
     assert lines.passes(0) and not lines.passes(100_001)
     assert not g.passes(float("nan"))
+
+
+@pytest.mark.parametrize("row, verdict", [
+    ({"status": "ok", "target": "rk3588", "regtask": 0, "regtask_max_value": 0}, "clean"),
+    ({"status": "ok", "target": "rk3588", "regtask": "0", "regtask_max_value": "0", "nonfinite": "0"}, "clean"),
+    ({"status": "failed", "regtask": 0}, "not built: failed"),
+    ({"snr_db": 40.0}, "not an engine row"),
+    # the Piper 93-frame rk3588 build: lines past the 13-bit field, below the known-bad magnitude
+    ({"status": "ok", "target": "rk3588", "regtask": 18, "regtask_max_value": 16352},
+     "at risk: 18 REGTASK lines, largest field value 16,352 (field limit 8,191): the simulator does not model "
+     "the overflow"),
+    # rk3576 prints a 14-bit limit: the same value is inside its field
+    ({"status": "ok", "target": "rk3576", "regtask": 14, "regtask_max_value": 16352},
+     "at risk: 14 REGTASK lines, largest field value 16,352: the simulator does not model the overflow"),
+    ({"status": "ok", "target": "rk3588", "regtask": 0, "regtask_max_value": 0, "nonfinite": 337942},
+     "at risk: 337,942 non-finite outputs (fp16 range)"),
+    ({"status": "ok", "target": "rk3588", "regtask": 0, "sim_max_abs": 60000.0},
+     "at risk: an output reaches 6e+04, within 2x of the fp16 limit 65504"),
+])
+def test_board_risk_reads_what_the_compiler_logged(row, verdict):
+    assert gates.board_risk(row) == verdict
+
+
+def test_a_field_value_past_the_known_bad_one_is_known_bad():
+    verdict = gates.board_risk({"status": "ok", "target": "rk3588", "regtask": 62031, "regtask_max_value": 30869})
+    assert verdict.startswith("known bad on a board: field value 30,869 (62,031 REGTASK lines) is at or past "
+                              "0x7800 = 30,720")
+    assert "-27 dB" in verdict and "RKNN decoder-path document" in verdict

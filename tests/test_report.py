@@ -39,3 +39,16 @@ def test_family_order_does_not_depend_on_import_order(monkeypatch):
     shuffled = dict(reversed(list(registered.items())))  # as if the last family had been imported first
     monkeypatch.setattr(families, "REGISTRY", shuffled)
     assert list(families.load_all()) == list(families.FAMILIES)
+
+
+def test_the_index_states_the_board_risk_beside_every_engine_row(tmp_path):
+    rows = [results.stamp({"window": w, "status": "ok", "regtask": n, "regtask_max_value": v, "snr_vs_fp32_db": snr},
+                          Origin("simulator", "rk3588"))
+            for w, n, v, snr in ((128, 0, 0, 63.5), (256, 31013, 15509, 65.6), (512, 62031, 30869, 65.7))]
+    results.write_table("kokoro_generator", "builds", rows, root=tmp_path, title="Builds")
+    text = report.generate(tmp_path)
+    assert "Board risk of the 3 engine rows in these tables" in text
+    assert "1 clean, 1 at risk, 1 known bad on a board" in text
+    assert "| window=256 | rk3588 | 65.6 dB (snr_vs_fp32_db) | at risk: 31,013 REGTASK lines" in text
+    assert "| window=512 | rk3588 | 65.7 dB (snr_vs_fp32_db) | known bad on a board: field value 30,869" in text
+    assert "window=128 |" not in text  # clean rows are counted, not listed
