@@ -148,6 +148,13 @@ def _cmd_results_index(args) -> int:
     return report.main(check=args.check)
 
 
+def _cmd_results_check(args) -> int:
+    from . import provenance
+    from .paths import REPO
+
+    return provenance.main(REPO, args.results, as_json=args.json)
+
+
 def _cmd_board_check(args) -> int:
     from dataclasses import asdict
 
@@ -262,10 +269,15 @@ def _add_core(sub) -> None:
     w.add_argument("--results", type=Path, help="results root (default: results/)")
     w.set_defaults(func=_cmd_plan_window, validate_args=lambda a: setattr(a, "snr", a.snr or [60.0, 80.0, 100.0]))
 
-    r = sub.add_parser("results", help="the results index").add_subparsers(dest="what", required=True)
+    r = sub.add_parser("results", help="the results index and its checks").add_subparsers(dest="what", required=True)
     i = r.add_parser("index", help="write results/README.md from the committed tables")
     i.add_argument("--check", action="store_true", help="exit 1 if the committed index differs")
     i.set_defaults(func=_cmd_results_index)
+    ch = r.add_parser("check", help="exit 1 unless every table is stamped by a clean ancestor commit whose "
+                      "producing code is HEAD's, with where/target and units that fit its numbers")
+    ch.add_argument("--results", type=Path, help="results root (default: results/)")
+    ch.add_argument("--json", action="store_true", help="print the problems as JSON")
+    ch.set_defaults(func=_cmd_results_check)
 
 
 def _add_families(sub, board_sub) -> None:
