@@ -148,6 +148,12 @@ def _cmd_results_index(args) -> int:
     return report.main(check=args.check)
 
 
+def _cmd_results_diff(args) -> int:
+    from . import results_diff
+
+    return results_diff.main(args.a, args.b, args.out)
+
+
 def _cmd_results_check(args) -> int:
     from . import provenance
     from .paths import REPO
@@ -278,6 +284,12 @@ def _add_core(sub) -> None:
     ch.add_argument("--results", type=Path, help="results root (default: results/)")
     ch.add_argument("--json", action="store_true", help="print the problems as JSON")
     ch.set_defaults(func=_cmd_results_check)
+    df = r.add_parser("diff", help="what moved between two result trees, with tolerances by kind of column "
+                      "(exit 1 when a count, a byte size, a REGTASK line, a dB beyond 0.5 or another value moved)")
+    df.add_argument("a", type=Path, help="the earlier result tree (such as the committed results/)")
+    df.add_argument("b", type=Path, help="the later one")
+    df.add_argument("--out", type=Path, help="write the Markdown report here (default: print it)")
+    df.set_defaults(func=_cmd_results_diff)
 
 
 def _add_families(sub, board_sub) -> None:
