@@ -33,9 +33,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .results import STAMP, TARGETS, WHERE
-
-CARRIED = "carried_from"
+from .results import CARRIED, STAMP, TARGETS, WHERE
 
 # Tables that no notebook writes: the benchmarks, each made by its own module.
 BENCHMARKS = {"walker": "rkstudy/bench.py", "make_test": "rkstudy/bench.py", "reproduce": "rkstudy/reproduce.py"}
