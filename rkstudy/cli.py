@@ -148,6 +148,12 @@ def _cmd_results_index(args) -> int:
     return report.main(check=args.check)
 
 
+def _cmd_reproduce(args) -> int:
+    from . import reproduce
+
+    return reproduce.main(args.study, restart=args.restart, listing=args.listing)
+
+
 def _cmd_results_diff(args) -> int:
     from . import results_diff
 
@@ -274,6 +280,16 @@ def _add_core(sub) -> None:
     w.add_argument("--max-window", type=positive, help="upper end of the search (default: twice today's window)")
     w.add_argument("--results", type=Path, help="results root (default: results/)")
     w.set_defaults(func=_cmd_plan_window, validate_args=lambda a: setattr(a, "snr", a.snr or [60.0, 80.0, 100.0]))
+
+    rp = sub.add_parser("reproduce", help="every study in full mode at one clean commit (`make reproduce`): "
+                        "selectable, resumable, each step timed into results/benchmarks/reproduce.csv")
+    rp.add_argument("--study", nargs="+", default=[], metavar="NAME",
+                    help="study names or notebook stems, such as kokoro_generator or 01b_piper_decoder_stateful "
+                    "(default: every step not yet finished at this commit)")
+    rp.add_argument("--restart", action="store_true", help="run every step again, even those finished at this commit")
+    rp.add_argument("--list", action="store_true", dest="listing",
+                    help="list the steps, which are finished at this commit and their expected minutes; run nothing")
+    rp.set_defaults(func=_cmd_reproduce)
 
     r = sub.add_parser("results", help="the results index and its checks").add_subparsers(dest="what", required=True)
     i = r.add_parser("index", help="write results/README.md from the committed tables")

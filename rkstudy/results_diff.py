@@ -236,12 +236,14 @@ def _change_summary(column: str, rule: Rule, changes: list[tuple[float | None, s
     return text
 
 
-def report(a: Path, b: Path) -> tuple[str, bool]:
-    """The Markdown report, and whether anything moved past its tolerance."""
+def report(a: Path, b: Path, labels: tuple[str, str] | None = None) -> tuple[str, bool]:
+    """The Markdown report (the trees named by `labels`, default their paths), and whether anything
+    moved past its tolerance."""
     diffs, only_a, only_b = diff_trees(a, b)
     failed = [d for d in diffs if d.failed]
     n_fail = sum(len(d.failures) for d in diffs)
-    lines = [f"# Results diff: `{a}` (A) against `{b}` (B)", "",
+    name_a, name_b = labels or (f"`{a}`", f"`{b}`")
+    lines = [f"# Results diff: {name_a} (A) against {name_b} (B)", "",
              f"{len(diffs)} tables compared; {n_fail} cells in {len(failed)} tables moved past their tolerance"
              + (" (exit 1)." if n_fail else "."),
              f"Tolerances: counts, nodes, bytes and REGTASK lines exact; dB within {DB_TOLERANCE}; times and "
