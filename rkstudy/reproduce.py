@@ -13,6 +13,8 @@ results/benchmarks/reproduce_diff.md.
   study it makes has tables written by this run and stamped with this commit.
 * Recorded: results/benchmarks/reproduce.csv has one row per step (a step not run at this commit
   keeps the row of the run that timed it, marked carried) and the total of this commit's steps.
+* Checked: once every step is finished at this commit, `rkstudy results check` runs on the tree and
+  its problems make the run fail (exit 1).
 
 It refuses a tree with uncommitted changes outside results/: the stamps would say `-dirty`, and
 tables are only ever committed from a clean tree.
@@ -277,7 +279,14 @@ def reproduce(repo: Path, names: Sequence[str] = (), *, restart: bool = False, r
     left = [s.name for s in all_steps if s.name not in done]
     print(f"reproduce: {len(todo)} steps in {(clock() - began) / 60:.1f} min this time; {len(done)} of "
           f"{len(all_steps)} finished at {short} ({total:.1f} min)" + (f"; not yet: {', '.join(left)}" if left else ""))
-    return 0
+    if left:
+        return 0
+    # every study was made at this commit: now the committed tree must pass `rkstudy results check`
+    problems, counts = provenance.check(repo)
+    for p in problems:
+        print(p.line())
+    print(provenance.summary(problems, counts))
+    return 1 if problems else 0
 
 
 def main(names: Sequence[str], restart: bool = False, listing: bool = False) -> int:

@@ -113,6 +113,7 @@ def test_a_full_run_times_each_step_and_ends_with_the_index_and_the_diff(repo, c
     assert "reproduce [1/3] 00_alpha (alpha): running, no earlier run recorded" in out
     assert "reproduce [2/3] 01_beta (beta): finished in 5.0 min -> results/benchmarks/reproduce.csv" in out
     assert f"3 of 3 finished at {head(repo)} (7.5 min)" in out
+    assert out.splitlines()[-1].startswith("results check: 4 tables, 7 rows in 3 studies: every row is stamped")
     state = json.loads((repo / "build" / "reproduce" / "state.json").read_text())
     assert state["commit"] == git(repo, "rev-parse", "HEAD") and sorted(state["steps"]) == ["00_alpha", "01_beta",
                                                                                             "walker"]
@@ -156,6 +157,19 @@ def test_a_step_counts_as_finished_only_when_it_wrote_its_tables_at_this_commit(
 
     with pytest.raises(Failed, match="results/alpha/other.csv is stamped 0123456789ab, not"):
         run(repo, OtherCommit(repo))
+
+
+def test_a_finished_run_fails_when_its_tables_do_not_pass_the_check(repo, capsys):
+    class Unstamped(FakeRunner):
+        def __call__(self, command, cwd):
+            if command[-2:] == ["bench", "walker"]:
+                (self.repo / "results" / "beta" / "bare.csv").write_text("frames\n1\n")
+            return super().__call__(command, cwd)
+
+    assert run(repo, Unstamped(repo)) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[-2].startswith("results/beta/bare.csv: unstamped: no rkstudy_version")
+    assert out[-1].startswith("results check: 1 problems in 5 tables")
 
 
 def test_a_new_commit_starts_over_and_a_selection_runs_only_what_it_names(repo, capsys):
