@@ -237,3 +237,23 @@ def test_the_command_line_and_the_makefile_call_it():
     assert args.study == ["kokoro_generator", "06_lint"] and args.restart and not args.listing
     makefile = (Path(__file__).resolve().parent.parent / "Makefile").read_text()
     assert "\t$(PY) -m rkstudy reproduce $(if $(STUDY),--study $(STUDY))\n" in makefile
+
+
+def test_every_notebook_defaults_to_quick_mode_and_reads_the_committed_tables_only():
+    """papermill's `-p QUICK False` needs a `parameters` cell, and `pytest --nbmake notebooks/` (which
+    passes no parameters) must run each notebook in quick mode, whose tables go to build/quick-results."""
+    from rkstudy import provenance
+    from rkstudy.paths import NOTEBOOKS
+
+    notebooks = sorted(NOTEBOOKS.glob("*.ipynb"))
+    assert len(notebooks) >= 8
+    for nb in notebooks:
+        cells = json.loads(nb.read_text())["cells"]
+        params = [c for c in cells if "parameters" in c.get("metadata", {}).get("tags", [])]
+        assert len(params) == 1, f"{nb.name}: one cell tagged `parameters`"
+        assert "QUICK = True" in "".join(params[0]["source"]).splitlines(), nb.name
+        for cell in provenance.code_cells(nb):
+            assert "results_root(quick=False)" not in cell and "root=RESULTS" not in cell, nb.name
+            for line in cell.splitlines():
+                if "RESULTS" in line:  # the committed tables, read (a carried row, a script's table)
+                    assert any(w in line for w in ("import RESULTS", "read_table(", "carried_sizes(")), (nb.name, line)
