@@ -148,6 +148,12 @@ def _imports(tree: ast.AST, package: str) -> set[str]:
     return {m for m in out if m == "rkstudy" or m.startswith("rkstudy.")}
 
 
+# The command-line dispatcher: counted, not followed. Each handler imports its own command's code,
+# so following them would make every study depend on every command; the notebooks call it only in
+# board cells, whose rows go to results/board/.
+DISPATCHERS = ("rkstudy.cli", "rkstudy.__main__")
+
+
 def import_closure(repo: Path, sources: list[tuple[str, str]]) -> set[str]:
     """Repository-relative files of every rkstudy module reachable by import from `sources`
     ((code, package it lives in) pairs), parents' __init__.py included: importing a.b runs a."""
@@ -168,6 +174,8 @@ def import_closure(repo: Path, sources: list[tuple[str, str]]) -> set[str]:
                 if rel is None or rel in seen:
                     continue
                 seen.add(rel)
+                if name in DISPATCHERS:
+                    continue
                 is_package = rel.endswith("__init__.py")
                 todo.append(((repo / rel).read_text(encoding="utf-8"), name if is_package else name.rpartition(".")[0]))
     return seen
