@@ -252,7 +252,7 @@ def reproduce(repo: Path, names: Sequence[str] = (), *, restart: bool = False, r
         write_state(repo, head, done)
         before, t0 = tables(repo, step), clock()
         code = runner(list(step.command), repo)
-        minutes = round((clock() - t0) / 60, 1)
+        minutes = round((clock() - t0) / 60, 2)
         if code != 0:
             raise Failed(f"{step.label()} stopped after {minutes} min (exit {code}); fix it and run "
                          f"`make reproduce` again to continue from it")

@@ -131,7 +131,9 @@ class TableDiff:
     columns_only: dict[str, list[str]] = field(default_factory=dict)
     rows_only: dict[str, list[str]] = field(default_factory=dict)
     failures: list[tuple[str, str, str, str, str, float | None]] = field(default_factory=list)
-    changes: dict[str, list[tuple[float | None, str, str]]] = field(default_factory=lambda: defaultdict(list))
+    # (column, the rule its cells got) -> [(B - A, A, B)] for cells that changed within their tolerance
+    changes: dict[tuple[str, Rule], list[tuple[float | None, str, str]]] = field(
+        default_factory=lambda: defaultdict(list))
 
     @property
     def failed(self) -> bool:
@@ -205,7 +207,7 @@ def diff_table(name: str, a: list[dict], b: list[dict]) -> TableDiff:
             if past:
                 d.failures.append((_label(d.keys, key), c, rule.describe(), ra[c], rb[c], delta))
             elif ra[c] != rb[c]:
-                d.changes[c].append((delta, ra[c], rb[c]))
+                d.changes[(c, rule)].append((delta, ra[c], rb[c]))
     return d
 
 
@@ -264,8 +266,8 @@ def report(a: Path, b: Path, labels: tuple[str, str] | None = None) -> tuple[str
         for side, rows in d.rows_only.items():
             shown = "; ".join(rows[:10]) + (f"; and {len(rows) - 10} more" if len(rows) > 10 else "")
             lines.append(f"- rows only in {side} ({len(rows)}): {shown}")
-        for column, changes in d.changes.items():
-            lines.append("- " + _change_summary(column, d.rules[column], changes))
+        for (column, rule), changes in d.changes.items():
+            lines.append("- " + _change_summary(column, rule, changes))
         if d.failures:
             lines += ["", "| row | column | rule | A | B | change |", "|---|---|---|---|---|---|"]
             lines += [f"| {key} | `{c}` | {rule} | {va} | {vb} | {_fmt_delta(delta, va)} |"

@@ -121,8 +121,10 @@ def test_value_and_measured_take_the_rule_of_their_unit(tmp_path):
         return [stamped(gate="g", measured=snr, threshold=30, unit="dB", passed=True),
                 stamped(gate="t", measured=seconds, threshold=30, unit="ms/window", passed=True)]
 
-    _, failed = run(tmp_path, {"s/gate": gates(60.0, 0.02)}, {"s/gate": gates(60.4, 0.05)})
+    text, failed = run(tmp_path, {"s/gate": gates(60.0, 0.02)}, {"s/gate": gates(60.4, 0.05)})
     assert not failed
+    assert "- `measured` (dB, within 0.5 (by unit)): 1 row changed, change +0.4 to +0.4" in text
+    assert "- `measured` (time, reported (by unit)): 1 row changed, change +0.03 to +0.03, B/A median 2.5" in text
     text, failed = run(tmp_path / "2", {"s/gate": gates(60.0, 0.02)}, {"s/gate": gates(59.0, 0.02)})
     assert failed and "| target=rk3588, where=simulator, gate=g | `measured` | dB, within 0.5 (by unit) |" in text
 
