@@ -85,7 +85,7 @@ def select(all_steps: list[Step], names: Sequence[str]) -> list[Step]:
 
 
 def git(repo: Path, *args: str) -> str:
-    proc = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, timeout=60)
+    proc = provenance.Git(repo).run(*args)
     if proc.returncode != 0:
         raise UsageError(f"`git {' '.join(args)}` failed in {repo}: {proc.stderr.strip()}; reproduce runs in a "
                          "git checkout of the project")
