@@ -26,6 +26,7 @@ import datetime as _dt
 import io
 import json
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -190,7 +191,7 @@ def record(repo: Path, all_steps: list[Step], done: dict, recorded: dict[str, di
             carried = results.carried(before, f"results/benchmarks/{TABLE}.csv")
             rows.append({**base, "expected_minutes": before.get("expected_minutes", ""), "minutes": before["minutes"],
                          **carried})
-    total = round(sum(float(done[s.name]["minutes"]) for s in all_steps if s.name in done), 1)
+    total = round(sum(float(done[s.name]["minutes"]) for s in all_steps if s.name in done), 2)
     rows.append({"step": "total", "studies": f"{sum(s.name in done for s in all_steps)} of {len(all_steps)} steps "
                  "at this commit", "expected_minutes": "", "minutes": total, results.CARRIED: ""})
     return bench.record(rows, TABLE, title="Benchmark: `make reproduce`, minutes per step at one commit",
@@ -205,8 +206,6 @@ def committed_results(repo: Path) -> Path | None:
         return None
     target = Path(repo) / COMMITTED
     if target.exists():
-        import shutil
-
         shutil.rmtree(target)
     target.mkdir(parents=True)
     with tarfile.open(fileobj=io.BytesIO(proc.stdout)) as tar:
