@@ -9,9 +9,8 @@ ENV_STAMP    := $(VENV)/.rkstudy-env
 MODELS_STAMP := $(VENV)/.rkstudy-models
 TOOLKIT = $$($(PY) -c 'import tomllib; print(tomllib.load(open("pyproject.toml","rb"))["tool"]["rkstudy"]["toolkit"])')
 NO_DEPS = $$($(PY) -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml","rb"))["tool"]["rkstudy"]["models-no-deps"]))')
-NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb))
 
-.PHONY: venv models toolkit test reproduce bench doctor lab lint format board-env clean
+.PHONY: venv models toolkit test check-results reproduce bench doctor lab lint format board-env clean
 
 $(ENV_STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -44,15 +43,18 @@ doctor: venv
 test: models
 	$(PY) -m pytest tests
 
-# Every notebook in full mode: each rewrites its tables and figures under results/; the executed
-# notebooks (outputs included) are kept under results/notebooks/; then the index is regenerated.
+# Every committed table stamped by a clean ancestor commit whose producing code is HEAD's, with a
+# where/target and units that fit its numbers (`make test` runs it once the tables are re-made).
+check-results: venv
+	$(PY) -m rkstudy results check
+
+# Every notebook in full mode, then the walker benchmark: each rewrites its tables and figures under
+# results/, the executed notebooks are kept under results/notebooks/, the index is regenerated and
+# the tables it replaced are diffed (results/benchmarks/reproduce_diff.md). `STUDY=kokoro_generator`
+# (or a list of study names or notebook stems) runs those only; a plain run continues from the
+# first step not finished at this commit. Refuses a tree with uncommitted code.
 reproduce: models
-	mkdir -p results/notebooks
-	for nb in $(NOTEBOOKS); do \
-	  $(PY) -m papermill --cwd notebooks --kernel rkstudy -p QUICK False $$nb results/notebooks/$$(basename $$nb) || exit 1; \
-	done
-	$(PY) -m rkstudy bench walker
-	$(PY) -m rkstudy results index
+	$(PY) -m rkstudy reproduce $(if $(STUDY),--study $(STUDY))
 
 # Benchmarks: the walker's per-window overhead, and the wall time of the whole test suite.
 bench: venv

@@ -3,6 +3,7 @@
 * walker: the window walker's own per-window cost with a null engine, against a budget of
   0.2 ms per window, 1% of the ~21 ms one Piper window takes on the RK3588 NPU.
 * make-test: the wall time of the whole test suite, against the 30-minute CI budget.
+* reproduce: each study's minutes in `make reproduce` and the total (written by rkstudy.reproduce).
 """
 
 from __future__ import annotations
@@ -59,9 +60,12 @@ def make_test_wall(repo: Path = REPO) -> dict:
             "machine": _machine()}
 
 
-def record(row: dict, table: str) -> Path:
-    return results.write_table("benchmarks", table, [results.stamp(row, results.HOST)],
-                               title=f"Benchmark: {row['benchmark']}")
+def record(rows: dict | list[dict], table: str, title: str | None = None, root: Path | None = None) -> Path:
+    """Stamp benchmark rows (host-side timings; a carried row keeps its own stamp) and write
+    `<root>/benchmarks/<table>` (root: results/, or $RKSTUDY_RESULTS)."""
+    rows = [rows] if isinstance(rows, dict) else list(rows)
+    return results.write_table("benchmarks", table, [results.stamp(r, results.HOST) for r in rows], root=root,
+                               title=title or f"Benchmark: {rows[0]['benchmark']}")
 
 
 def main(which: str) -> int:

@@ -148,6 +148,25 @@ def _cmd_results_index(args) -> int:
     return report.main(check=args.check)
 
 
+def _cmd_reproduce(args) -> int:
+    from . import reproduce
+
+    return reproduce.main(args.study, restart=args.restart, listing=args.listing)
+
+
+def _cmd_results_diff(args) -> int:
+    from . import results_diff
+
+    return results_diff.main(args.a, args.b, args.out)
+
+
+def _cmd_results_check(args) -> int:
+    from . import provenance
+    from .paths import REPO
+
+    return provenance.main(REPO, args.results, as_json=args.json)
+
+
 def _cmd_board_check(args) -> int:
     from dataclasses import asdict
 
@@ -262,10 +281,31 @@ def _add_core(sub) -> None:
     w.add_argument("--results", type=Path, help="results root (default: results/)")
     w.set_defaults(func=_cmd_plan_window, validate_args=lambda a: setattr(a, "snr", a.snr or [60.0, 80.0, 100.0]))
 
-    r = sub.add_parser("results", help="the results index").add_subparsers(dest="what", required=True)
+    rp = sub.add_parser("reproduce", help="every study in full mode at one clean commit (`make reproduce`): "
+                        "selectable, resumable, each step timed into results/benchmarks/reproduce.csv")
+    rp.add_argument("--study", nargs="+", default=[], metavar="NAME",
+                    help="study names or notebook stems, such as kokoro_generator or 01b_piper_decoder_stateful "
+                    "(default: every step not yet finished at this commit)")
+    rp.add_argument("--restart", action="store_true", help="run every step again, even those finished at this commit")
+    rp.add_argument("--list", action="store_true", dest="listing",
+                    help="list the steps, which are finished at this commit and their expected minutes; run nothing")
+    rp.set_defaults(func=_cmd_reproduce)
+
+    r = sub.add_parser("results", help="the results index and its checks").add_subparsers(dest="what", required=True)
     i = r.add_parser("index", help="write results/README.md from the committed tables")
     i.add_argument("--check", action="store_true", help="exit 1 if the committed index differs")
     i.set_defaults(func=_cmd_results_index)
+    ch = r.add_parser("check", help="exit 1 unless every table is stamped by a clean ancestor commit whose "
+                      "producing code is HEAD's, with where/target and units that fit its numbers")
+    ch.add_argument("--results", type=Path, help="results root (default: results/)")
+    ch.add_argument("--json", action="store_true", help="print the problems as JSON")
+    ch.set_defaults(func=_cmd_results_check)
+    df = r.add_parser("diff", help="what moved between two result trees, with tolerances by kind of column "
+                      "(exit 1 when a count, a byte size, a REGTASK line, a dB beyond 0.5 or another value moved)")
+    df.add_argument("a", type=Path, help="the earlier result tree (such as the committed results/)")
+    df.add_argument("b", type=Path, help="the later one")
+    df.add_argument("--out", type=Path, help="write the Markdown report here (default: print it)")
+    df.set_defaults(func=_cmd_results_diff)
 
 
 def _add_families(sub, board_sub) -> None:

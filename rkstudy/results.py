@@ -3,7 +3,8 @@ headline numbers each notebook records for the generated index and the notebook 
 
 Where a number came from is part of the number, so every row carries its provenance: the rkstudy
 version and the git commit of the code that made it (`-dirty` when the tree had changes outside
-`results/`), the toolkit version, the target SoC, where it ran and the date. `where` and `target`
+`results/`), the toolkit version, the target SoC, where it ran and the date; a row carried from an
+earlier run keeps that run's stamp and says so in `carried_from`. `where` and `target`
 come from the thing that produced the numbers (a runner, a BuildReport, or rkstudy.results.HOST
 for a host-side computation), never from a literal typed in a notebook.
 
@@ -33,6 +34,8 @@ from .paths import REPO, SEEDS, results_root  # noqa: F401  (results_root re-exp
 WHERE = ("fp32", "simulator", "board", "replay", "host")
 TARGETS = ("rk3588", "rk3566", "none")
 STAMP = ("rkstudy_version", "commit", "toolkit_version", "target", "where", "date")
+# The column a row carried from an earlier run names that run's table in (empty for a measured row).
+CARRIED = "carried_from"
 
 
 @dataclass(frozen=True)
@@ -72,23 +75,47 @@ def commit() -> str:
         return "unknown"
 
 
+def carried(row: Mapping, source: str) -> dict:
+    """The provenance of a row read back from an earlier table, to merge into the row rebuilt from
+    it: `carried_from` (the first source, kept when the row was already carried) and the stamp of
+    the run that measured it, which stamp() then keeps instead of this run's."""
+    missing = [k for k in STAMP if not row.get(k)]
+    if missing:
+        raise ValueError(f"{source}: the row to carry has no {', '.join(missing)}, so no one knows which run "
+                         "measured it; measure it again instead of carrying it")
+    return {CARRIED: row.get(CARRIED) or source, **{k: row[k] for k in STAMP}}
+
+
 def stamp(row: Mapping, by=None) -> dict:
     """`row` plus its provenance columns (last, in STAMP order).
 
     `where`/`target` come from `by` (a Runner, a BuildReport or an Origin such as HOST) or, when
     `by` is None, from the row itself: measurement functions copy them from the runner they used.
+    A row whose `carried_from` names an earlier table was measured by an earlier run: it keeps that
+    run's stamp (see carried()), so the number stays attributed to the code that made it.
     """
     row = dict(row)
-    where = by.where if by is not None else row.get("where")
-    target = (getattr(by, "target", "none") if by is not None else row.get("target")) or "none"
-    for key in STAMP:
-        row.pop(key, None)
+    if row.get(CARRIED):
+        missing = [k for k in STAMP if not row.get(k)]
+        if missing:
+            raise ValueError(f"a row carried from {row[CARRIED]} has no {', '.join(missing)}: keep the stamp of "
+                             "the run that measured it (merge rkstudy.results.carried(old_row, source) into it)")
+        where, target = row["where"], row["target"]
+        kept = {key: row.pop(key) for key in STAMP}
+    else:
+        where = by.where if by is not None else row.get("where")
+        target = (getattr(by, "target", "none") if by is not None else row.get("target")) or "none"
+        for key in STAMP:
+            row.pop(key, None)
+        kept = None
     if where not in WHERE:
         raise ValueError(f"where={where!r}: must be one of {', '.join(WHERE)} (pass the runner, "
                          "BuildReport or rkstudy.results.HOST that produced the row)")
     if target not in TARGETS:
         raise ValueError(f"target={target!r}: must be one of {', '.join(TARGETS)} "
                          "(use 'none' for an fp32 or host row that no SoC produced)")
+    if kept is not None:
+        return {**row, **kept}
     return {**row, "rkstudy_version": __version__, "commit": commit(), "toolkit_version": toolkit_version(),
             "target": target, "where": where, "date": _dt.date.today().isoformat()}
 

@@ -5,10 +5,11 @@ import numpy as np
 import onnx
 import pytest
 
-from rkstudy import cli, contract, gates
+from rkstudy import cli, contract, gates, results
 from rkstudy.errors import EngineMismatch
 from rkstudy.families.piper import voice as piper
 from rkstudy.families.piper_encoder import producer, seam, sidecar, study, tokens
+from rkstudy.results import HOST
 from rkstudy.runtime import OrtRunner, SimulatorRunner
 
 W = 32
@@ -183,15 +184,23 @@ def test_relshift_growth_prefers_the_dedicated_build_and_scores_the_targets():
     assert not goals["width 384 built and simulated"]["met"] and not goals["width 512 built and simulated"]["met"]
 
 
-def test_carried_gather_rows_come_from_the_committed_sizes(tmp_path):
+def test_carried_gather_rows_come_from_the_committed_sizes_with_their_stamp(tmp_path):
     path = tmp_path / "sizes.csv"
-    path.write_text("frames,onnx_initializer_bytes,engine_bytes,build_s,regtask,child_peak_rss_gb,status,target,where,date\n"
-                    "256,37879252,901928284,44.7,0,6.79,ok,rk3588,host,2026-11-30\n")
+    path.write_text("frames,onnx_initializer_bytes,engine_bytes,build_s,regtask,child_peak_rss_gb,status,"
+                    "rkstudy_version,commit,toolkit_version,target,where,date\n"
+                    "256,37879252,901928284,44.7,0,6.79,ok,"
+                    "0.1.0,4ba221b00000,rknn-toolkit2 2.5.0,rk3588,host,2026-11-30\n")
     (row,) = study.carried_sizes(path, (256,))
     assert row["engine_bytes"] == 901928284 and row["converter_peak_gb"] == round(6.79e9 / 2**30, 2)
-    assert "sizes.csv (2026-11-30)" in row["carried_from"]
+    assert row["carried_from"] == "results/piper_encoder/sizes.csv"
+    stamped = results.stamp(row, HOST)  # the run that built it keeps the number
+    assert (stamped["commit"], stamped["date"], stamped["target"]) == ("4ba221b00000", "2026-11-30", "rk3588")
     with pytest.raises(FileNotFoundError, match=r"no gather rows at widths \[320\]"):
         study.carried_sizes(path, (256, 320))
+    path.write_text("frames,onnx_initializer_bytes,engine_bytes,build_s,regtask,child_peak_rss_gb,status,target,where,date\n"
+                    "256,37879252,901928284,44.7,0,6.79,ok,rk3588,host,2026-11-30\n")
+    with pytest.raises(ValueError, match="has no rkstudy_version, commit, toolkit_version"):
+        study.carried_sizes(path, (256,))  # a table from before stamps: which run built it is unknown
 
 
 def test_ladder_plans_count_the_fallback_chunks(voice):

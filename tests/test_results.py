@@ -39,6 +39,48 @@ def test_where_comes_from_the_producer_never_a_literal():
         results.stamp({"x": 1}, Origin("fp32", "rk3576"))
 
 
+def earlier_row():
+    """A row as read back from a committed table (strings), stamped by an earlier run."""
+    return {"frames": "256", "engine_bytes": "901928284", "rkstudy_version": "0.0.9", "commit": "4ba221b0c0de",
+            "toolkit_version": "rknn-toolkit2 2.3.2", "target": "rk3588", "where": "host", "date": "2026-11-30"}
+
+
+def test_a_carried_row_keeps_the_stamp_of_the_run_that_measured_it():
+    old = earlier_row()
+    row = {"frames": 256, "engine_bytes": 901928284, **results.carried(old, "results/s/sizes.csv"), "status": "ok"}
+    got = results.stamp(row, Origin("simulator", "rk3566"))  # this run's runner does not overwrite it
+    assert list(got) == ["frames", "engine_bytes", "carried_from", "status", *results.STAMP]
+    assert got["carried_from"] == "results/s/sizes.csv"
+    assert [got[k] for k in results.STAMP] == ["0.0.9", "4ba221b0c0de", "rknn-toolkit2 2.3.2", "rk3588", "host",
+                                               "2026-11-30"]
+    fresh = results.stamp({"frames": 64, "engine_bytes": 1, "carried_from": "", "status": "ok"}, HOST)
+    assert fresh["commit"] == results.commit() and fresh["date"] == datetime.date.today().isoformat()
+
+
+def test_carried_twice_still_names_the_first_table():
+    once = {**earlier_row(), "carried_from": "results/s/sizes.csv"}
+    assert results.carried(once, "results/s/growth.csv")["carried_from"] == "results/s/sizes.csv"
+    assert results.carried(once, "results/s/growth.csv")["commit"] == "4ba221b0c0de"
+
+
+def test_a_carried_row_without_its_stamp_is_refused():
+    old = {k: v for k, v in earlier_row().items() if k != "commit"}
+    with pytest.raises(ValueError, match="has no commit, so no one knows which run measured it"):
+        results.carried(old, "results/s/sizes.csv")
+    with pytest.raises(ValueError, match="a row carried from results/s/sizes.csv has no rkstudy_version, commit"):
+        results.stamp({"frames": 256, "carried_from": "results/s/sizes.csv", "where": "host", "target": "none"})
+    with pytest.raises(ValueError, match="where='npu'"):
+        results.stamp({**earlier_row(), "where": "npu", "carried_from": "results/s/sizes.csv"})
+
+
+def test_carried_and_fresh_rows_share_a_table(tmp_path):
+    fresh = results.stamp({"frames": 64, "carried_from": ""}, HOST)
+    kept = results.stamp({"frames": 256, **results.carried(earlier_row(), "results/s/sizes.csv")})
+    back = results.read_table(results.write_table("s", "sizes", [fresh, kept], root=tmp_path))
+    assert [(r["frames"], r["commit"], r["carried_from"]) for r in back] == [
+        ("64", results.commit(), ""), ("256", "4ba221b0c0de", "results/s/sizes.csv")]
+
+
 def test_write_table_writes_csv_and_markdown(tmp_path):
     path = results.write_table("study", "sweep", rows(), root=tmp_path, title="Sweep")
     back = results.read_table(path)

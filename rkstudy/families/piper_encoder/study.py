@@ -18,7 +18,7 @@ from ...build import build_engine
 from ...cache import cache_dir, sha256_file
 from ...engine import simulator_vs_fp32
 from ...graph.relshift import BANDED, GATHER
-from ...results import HOST, read_table
+from ...results import HOST, STAMP, carried, read_table
 from ...runtime import OrtRunner, SimulatorRunner
 from ..piper import voice as piper
 from .producer import Product, both, counts_for, produce
@@ -148,7 +148,7 @@ def build_size(voice: piper.Voice, frames: int, target: str = "rk3588", mode: st
 def carried_sizes(path, widths: Sequence[int]) -> list[dict]:
     """Gather-form size rows at `widths` from an earlier committed sizes.csv (not rebuilt here:
     the 320 build peaks at ~12 GB). Read before the run rewrites that file; rows say where they
-    came from and keep their original where/target/date."""
+    came from and keep the stamp of the run that built them."""
     rows = []
     for r in read_table(path):
         if int(r["frames"]) not in widths or r.get("relshift", GATHER) != GATHER:
@@ -161,8 +161,7 @@ def carried_sizes(path, widths: Sequence[int]) -> list[dict]:
                      "build_s": float(r["build_s"]), "regtask": int(r["regtask"]),
                      "regtask_max": int(r["regtask_max"]) if r.get("regtask_max") else "",
                      "converter_peak_gb": peak, "peak_from": r.get("peak_from") or "dedicated build child",
-                     "carried_from": r.get("carried_from") or f"results/piper_encoder/sizes.csv ({r.get('date', '')})",
-                     "status": r["status"], "where": r["where"], "target": r["target"]})
+                     **carried(r, "results/piper_encoder/sizes.csv"), "status": r["status"]})
     missing = sorted(set(widths) - {r["frames"] for r in rows})
     if missing:
         raise FileNotFoundError(f"{path} has no gather rows at widths {missing}; build them with "
@@ -212,7 +211,8 @@ def relshift_growth(sizes: Sequence[dict], fidelity: Sequence[dict], pads: Seque
                     "fp32_worst_snr_db": min(min(p["stats_snr_db"], p["cond_snr_db"]) for p in fp) if fp else "",
                     "fp32_max_diff": max(max(p["stats_max_diff"], p["cond_max_diff"]) for p in fp) if fp else "",
                     "status": r["status"], "carried_from": r.get("carried_from", ""),
-                    "where": r["where"], "target": r["target"]})
+                    # a carried width keeps the stamp of the run that built it (rkstudy.results.stamp)
+                    **{k: r[k] for k in STAMP if k in r}})
     return out
 
 

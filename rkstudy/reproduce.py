@@ -1,0 +1,294 @@
+"""`make reproduce` (`rkstudy reproduce`): every study in full mode from one clean commit, selectable
+and resumable, with each study's minutes recorded.
+
+The steps are the notebooks in notebooks/ (run with papermill, QUICK = False, the executed copy kept
+under results/notebooks/), then the walker benchmark; after any of them, the results index is
+regenerated and `rkstudy results diff` of HEAD's committed tables against the new ones is written to
+results/benchmarks/reproduce_diff.md.
+
+* Selectable: `--study kokoro_generator 01b_piper_decoder_stateful` (study names or notebook stems,
+  or a comma list) runs those only.
+* Resumable: a plain run skips the steps already finished at this commit (build/reproduce/state.json,
+  keyed by the commit). A step counts as finished only when its notebook ran to the end and every
+  study it makes has tables written by this run and stamped with this commit.
+* Recorded: results/benchmarks/reproduce.csv has one row per step (a step not run at this commit
+  keeps the row of the run that timed it, marked carried) and the total of this commit's steps.
+* Checked: once every step is finished at this commit, `rkstudy results check` runs on the tree and
+  its problems make the run fail (exit 1).
+
+It refuses a tree with uncommitted changes outside results/: the stamps would say `-dirty`, and
+tables are only ever committed from a clean tree.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import io
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import atomic, bench, provenance, results
+from .errors import Failed, UsageError
+
+TABLE = "reproduce"
+STATE = Path("build") / "reproduce" / "state.json"
+COMMITTED = Path("build") / "reproduce" / "committed"
+DIFF = Path("results") / "benchmarks" / "reproduce_diff.md"
+WALKER = "walker"
+
+Runner = Callable[[list[str], Path], int]
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str                  # the notebook's stem, or "walker"
+    studies: tuple[str, ...]   # the result folders it writes
+    command: tuple[str, ...]
+    tables: tuple[str, ...] = ()  # when it writes only some of a folder's tables (benchmarks)
+
+    def label(self) -> str:
+        return f"{self.name} ({', '.join(self.studies)})" if self.studies else self.name
+
+
+def steps(repo: Path) -> list[Step]:
+    """Every notebook in notebooks/, in order, then the walker benchmark."""
+    made = provenance.notebook_studies(repo)
+    out = []
+    for nb in sorted((Path(repo) / "notebooks").glob("*.ipynb")):
+        studies = tuple(s for s, notebooks in made.items() if f"notebooks/{nb.name}" in notebooks)
+        out.append(Step(nb.stem, studies, (sys.executable, "-m", "papermill", "--cwd", "notebooks", "--kernel",
+                                           "rkstudy", "-p", "QUICK", "False", f"notebooks/{nb.name}",
+                                           f"results/notebooks/{nb.name}")))
+    out.append(Step(WALKER, ("benchmarks",), (sys.executable, "-m", "rkstudy", "bench", "walker"), tables=(WALKER,)))
+    return out
+
+
+def select(all_steps: list[Step], names: Sequence[str]) -> list[Step]:
+    """The steps named by study names or notebook stems ("kokoro_generator", "03_kokoro_generator"),
+    in run order; names may also come as one comma or space separated string."""
+    wanted = [n for item in names for n in re.split(r"[,\s]+", item) if n]
+    chosen = set()
+    for name in wanted:
+        hits = [s.name for s in all_steps if name == s.name or name in s.studies]
+        if not hits:
+            choices = ", ".join(sorted({s.name for s in all_steps} | {x for s in all_steps for x in s.studies}))
+            raise UsageError(f"no study or notebook {name!r} to reproduce; choose from {choices}")
+        chosen.update(hits)
+    return [s for s in all_steps if s.name in chosen]
+
+
+def git(repo: Path, *args: str) -> str:
+    proc = provenance.Git(repo).run(*args)
+    if proc.returncode != 0:
+        raise UsageError(f"`git {' '.join(args)}` failed in {repo}: {proc.stderr.strip()}; reproduce runs in a "
+                         "git checkout of the project")
+    return proc.stdout
+
+
+def require_clean(repo: Path) -> str:
+    """HEAD's full hash, when no tracked file outside results/ differs from it."""
+    changed = [line[3:] for line in git(repo, "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                        ":(exclude)results").splitlines() if line.strip()]
+    if changed:
+        shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
+        raise UsageError(f"uncommitted changes outside results/ ({shown}): commit or stash them first; tables "
+                         "are only made from a clean tree, so every row's stamp names a commit")
+    return git(repo, "rev-parse", "HEAD").strip()
+
+
+def read_state(repo: Path, head: str) -> dict:
+    """{step: {"minutes", "finished"}} finished at `head`; empty for another commit's state."""
+    path = Path(repo) / STATE
+    if path.is_file():
+        state = json.loads(path.read_text(encoding="utf-8"))
+        if state.get("commit") == head:
+            return state["steps"]
+    return {}
+
+
+def write_state(repo: Path, head: str, done: dict) -> None:
+    atomic.write_text(Path(repo) / STATE, json.dumps({"commit": head, "steps": done}, indent=1) + "\n")
+
+
+def last_recorded(repo: Path) -> dict[str, dict]:
+    """{step: row} from the reproduce table as committed before this run rewrites it."""
+    path = Path(repo) / "results" / "benchmarks" / f"{TABLE}.csv"
+    return {r["step"]: r for r in results.read_table(path)} if path.is_file() else {}
+
+
+def tables(repo: Path, step: Step) -> dict[Path, int]:
+    """{table: its mtime in ns} for what `step` writes, as it is now."""
+    out = {}
+    for study in step.studies:
+        folder = Path(repo) / "results" / study
+        csvs = [folder / f"{t}.csv" for t in step.tables] if step.tables else sorted(folder.glob("*.csv"))
+        out.update({p: p.stat().st_mtime_ns for p in csvs if p.is_file()})
+    return out
+
+
+def written(repo: Path, step: Step, short: str, before: dict[Path, int]) -> list[str]:
+    """Why `step`'s tables do not count as written by this run at `short` (empty when they do);
+    `before` is tables() from before it ran."""
+    problems = []
+    now = tables(repo, step)
+    for study in step.studies:
+        folder = Path(repo) / "results" / study
+        fresh = [p for p, mtime in now.items() if p.parent == folder and before.get(p) != mtime]
+        if not fresh:
+            problems.append(f"no table under results/{study}/ was written")
+        for path in fresh:
+            commits = {r["commit"] for r in results.read_table(path) if not r.get(results.CARRIED)}
+            if commits - {short}:
+                problems.append(f"results/{study}/{path.name} is stamped {', '.join(sorted(commits))}, not {short}")
+    return problems
+
+
+def prior_minutes(repo: Path, all_steps: list[Step], recorded: dict[str, dict]) -> dict[str, tuple[float, str]]:
+    """{step: (minutes, where that figure comes from)} from the last recorded run: the reproduce
+    table, else papermill's own duration in the executed notebook under results/notebooks/."""
+    out = {}
+    for step in all_steps:
+        row = recorded.get(step.name)
+        executed = Path(repo) / "results" / "notebooks" / f"{step.name}.ipynb"
+        if row is not None and row.get("minutes"):
+            out[step.name] = (float(row["minutes"]), f"as run at {row['commit']}")
+        elif executed.is_file():
+            meta = json.loads(executed.read_text(encoding="utf-8")).get("metadata", {}).get("papermill", {})
+            if meta.get("duration"):
+                source = f"papermill's time in results/notebooks/{executed.name}, {meta.get('end_time', '')[:10]}"
+                out[step.name] = (round(meta["duration"] / 60, 1), source)
+    return out
+
+
+def expected(step: Step, prior: dict[str, tuple[float, str]]) -> str:
+    if step.name not in prior:
+        return "no earlier run recorded"
+    minutes, source = prior[step.name]
+    return f"expected {minutes:.0f} min ({source})"
+
+
+def record(repo: Path, all_steps: list[Step], done: dict, recorded: dict[str, dict],
+           prior: dict[str, tuple[float, str]]) -> Path:
+    """results/benchmarks/reproduce.csv: this commit's minutes per step (beside the last recorded
+    figure), the last recorded row for a step not run at this commit (carried, with its stamp), and
+    the total of this commit's steps."""
+    rows = []
+    for step in all_steps:
+        before = recorded.get(step.name)
+        base = {"step": step.name, "studies": " ".join(step.studies),
+                "expected_minutes": prior[step.name][0] if step.name in prior else ""}
+        if step.name in done:
+            rows.append({**base, "minutes": done[step.name]["minutes"], results.CARRIED: ""})
+        elif before is not None and before.get("minutes"):
+            carried = results.carried(before, f"results/benchmarks/{TABLE}.csv")
+            rows.append({**base, "expected_minutes": before.get("expected_minutes", ""), "minutes": before["minutes"],
+                         **carried})
+    total = round(sum(float(done[s.name]["minutes"]) for s in all_steps if s.name in done), 2)
+    rows.append({"step": "total", "studies": f"{sum(s.name in done for s in all_steps)} of {len(all_steps)} steps "
+                 "at this commit", "expected_minutes": "", "minutes": total, results.CARRIED: ""})
+    return bench.record(rows, TABLE, title="Benchmark: `make reproduce`, minutes per step at one commit",
+                        root=Path(repo) / "results")
+
+
+def committed_results(repo: Path) -> Path | None:
+    """HEAD's results/ unpacked under build/ (the tables this run replaces), or None when HEAD has none."""
+    proc = subprocess.run(["git", "archive", "--format=tar", "HEAD", "results"], cwd=repo, capture_output=True,
+                          timeout=300)
+    if proc.returncode != 0:
+        return None
+    target = Path(repo) / COMMITTED
+    if target.exists():
+        shutil.rmtree(target)
+    target.mkdir(parents=True)
+    with tarfile.open(fileobj=io.BytesIO(proc.stdout)) as tar:
+        tar.extractall(target, filter="data")
+    return target / "results"
+
+
+def run_command(command: list[str], cwd: Path) -> int:
+    return subprocess.run(command, cwd=cwd).returncode
+
+
+def reproduce(repo: Path, names: Sequence[str] = (), *, restart: bool = False, runner: Runner = run_command,
+              listing: bool = False, clock: Callable[[], float] = time.monotonic) -> int:
+    repo = Path(repo)
+    all_steps = steps(repo)
+    chosen = select(all_steps, names) if names else all_steps
+    recorded = last_recorded(repo)
+    prior = prior_minutes(repo, all_steps, recorded)
+    if listing:
+        head = git(repo, "rev-parse", "HEAD").strip()
+        done = read_state(repo, head)
+        for i, step in enumerate(all_steps, 1):
+            state = (f"finished at this commit in {done[step.name]['minutes']} min" if step.name in done
+                     else expected(step, prior))
+            print(f"[{i}/{len(all_steps)}] {step.label()}: {state}")
+        return 0
+    head = require_clean(repo)
+    short = head[:12]
+    done = {} if restart else read_state(repo, head)
+    todo = [s for s in chosen if names or s.name not in done]
+    for step in chosen:
+        if step not in todo:
+            print(f"reproduce: {step.label()} finished at {short} in {done[step.name]['minutes']} min; skipped "
+                  "(--restart runs it again)")
+    (repo / "results" / "notebooks").mkdir(parents=True, exist_ok=True)
+    known = [prior[s.name][0] for s in todo if s.name in prior]
+    print(f"reproduce: {len(todo)} steps to run at {short}"
+          + (f", {sum(known):.0f} min as last recorded for {len(known)} of them" if known else ""), flush=True)
+    began = clock()
+    for i, step in enumerate(todo, 1):
+        print(f"reproduce [{i}/{len(todo)}] {step.label()}: running, {expected(step, prior)}", flush=True)
+        done.pop(step.name, None)
+        write_state(repo, head, done)
+        before, t0 = tables(repo, step), clock()
+        code = runner(list(step.command), repo)
+        minutes = round((clock() - t0) / 60, 2)
+        if code != 0:
+            raise Failed(f"{step.label()} stopped after {minutes} min (exit {code}); fix it and run "
+                         f"`make reproduce` again to continue from it")
+        missing = written(repo, step, short, before)
+        if missing:
+            raise Failed(f"{step.label()} ran to the end but {'; '.join(missing)}; it does not count as finished")
+        now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+        done[step.name] = {"minutes": minutes, "finished": now}
+        write_state(repo, head, done)
+        print(f"reproduce [{i}/{len(todo)}] {step.label()}: finished in {minutes} min -> "
+              f"{record(repo, all_steps, done, recorded, prior).relative_to(repo)}", flush=True)
+    if todo:
+        if runner([sys.executable, "-m", "rkstudy", "results", "index"], repo) != 0:
+            raise Failed("`rkstudy results index` failed after the studies ran; run it alone to see why")
+        committed = committed_results(repo)
+        if committed is not None:
+            from . import results_diff
+
+            text, _ = results_diff.report(committed, repo / "results",
+                                          labels=(f"the tables committed at {short}", "this run's"))
+            atomic.write_text(repo / DIFF, text)
+            print(f"reproduce: {text.splitlines()[2]} -> {DIFF}")
+    total = sum(float(d["minutes"]) for d in done.values())
+    left = [s.name for s in all_steps if s.name not in done]
+    print(f"reproduce: {len(todo)} steps in {(clock() - began) / 60:.1f} min this time; {len(done)} of "
+          f"{len(all_steps)} finished at {short} ({total:.1f} min)" + (f"; not yet: {', '.join(left)}" if left else ""))
+    if left:
+        return 0
+    # every study was made at this commit: now the committed tree must pass `rkstudy results check`
+    problems, counts = provenance.check(repo)
+    for p in problems:
+        print(p.line())
+    print(provenance.summary(problems, counts))
+    return 1 if problems else 0
+
+
+def main(names: Sequence[str], restart: bool = False, listing: bool = False) -> int:
+    from .paths import REPO
+
+    return reproduce(REPO, names, restart=restart, listing=listing)

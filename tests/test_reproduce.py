@@ -1,0 +1,259 @@
+"""`make reproduce` orchestration (rkstudy.reproduce) in a temporary git repository, with a fake
+notebook runner that writes what a notebook would: no real notebook runs here."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from rkstudy import reproduce, results
+from rkstudy.errors import Failed, UsageError
+
+
+def git(repo, *args):
+    return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def notebook(study):
+    return json.dumps({"cells": [{"cell_type": "code", "metadata": {"tags": ["parameters"]}, "source": "QUICK = True"},
+                                 {"cell_type": "code", "metadata": {}, "source": f'study = Study("{study}", QUICK)'}],
+                       "metadata": {}, "nbformat": 4, "nbformat_minor": 5})
+
+
+STUDIES = {"00_alpha": "alpha", "01_beta": "beta"}
+MINUTES = {"00_alpha": 2.0, "01_beta": 5.0, "walker": 0.5}
+
+
+def row(commit, **values):
+    return {**values, "rkstudy_version": "0.1.0", "commit": commit, "toolkit_version": "rknn-toolkit2 2.5.0",
+            "target": "none", "where": "host", "date": "2026-12-01"}
+
+
+@pytest.fixture
+def repo(tmp_path, monkeypatch):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "config", "user.email", "t@example.com")
+    git(repo, "config", "user.name", "t")
+    for stem, study in STUDIES.items():
+        (repo / "notebooks").mkdir(exist_ok=True)
+        (repo / "notebooks" / f"{stem}.ipynb").write_text(notebook(study))
+    (repo / "code.py").write_text("x = 1\n")
+    (repo / ".gitignore").write_text("build/\n")
+    results.write_table("alpha", "sweep", [row("0" * 12, frames=64, regtask=10)], root=repo / "results")
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "start")
+    monkeypatch.setattr(results, "commit", lambda: head(repo))
+    return repo
+
+
+def head(repo):
+    return git(repo, "rev-parse", "--short=12", "HEAD")
+
+
+class FakeRunner:
+    """Runs nothing: for each command, what its notebook or benchmark would write, and the minutes it
+    takes on a fake clock. `fail` names steps that exit 1, `silent` ones that write no table."""
+
+    def __init__(self, repo, fail=(), silent=(), regtask=10):
+        self.repo, self.fail, self.silent, self.regtask = repo, set(fail), set(silent), regtask
+        self.commands, self.now = [], 0.0
+
+    def clock(self):
+        return self.now
+
+    def __call__(self, command, cwd):
+        assert cwd == self.repo
+        self.commands.append(command)
+        if command[1:3] == ["-m", "papermill"]:
+            stem = command[-2].split("/")[-1].removesuffix(".ipynb")
+            assert command[-4:-2] == ["QUICK", "False"] and command[-1] == f"results/notebooks/{stem}.ipynb"
+        elif command[-2:] == ["bench", "walker"]:
+            stem = "walker"
+        else:
+            assert command[-2:] == ["results", "index"]
+            (self.repo / "results" / "README.md").write_text("index\n")
+            return 0
+        self.now += MINUTES[stem] * 60
+        if stem in self.fail:
+            return 1
+        if stem not in self.silent:
+            study, table = ("benchmarks", "walker") if stem == "walker" else (STUDIES[stem], "sweep")
+            results.write_table(study, table, [row(head(self.repo), frames=64, regtask=self.regtask)],
+                                root=self.repo / "results")
+        return 0
+
+
+def run(repo, runner, *names, restart=False):
+    return reproduce.reproduce(repo, names, runner=runner, clock=runner.clock, restart=restart)
+
+
+def table(repo):
+    return {r["step"]: r for r in results.read_table(repo / "results" / "benchmarks" / "reproduce.csv")}
+
+
+def ran(runner):
+    return [c[-2].split("/")[-1] if "papermill" in c else " ".join(c[-2:]) for c in runner.commands]
+
+
+def test_a_full_run_times_each_step_and_ends_with_the_index_and_the_diff(repo, capsys):
+    runner = FakeRunner(repo, regtask=11)
+    assert run(repo, runner) == 0
+    assert ran(runner) == ["00_alpha.ipynb", "01_beta.ipynb", "bench walker", "results index"]
+    assert runner.commands[0] == [sys.executable, "-m", "papermill", "--cwd", "notebooks", "--kernel", "rkstudy", "-p",
+                                  "QUICK", "False", "notebooks/00_alpha.ipynb", "results/notebooks/00_alpha.ipynb"]
+    rows = table(repo)
+    assert {k: (r["minutes"], r["carried_from"], r["commit"]) for k, r in rows.items()} == {
+        "00_alpha": ("2", "", head(repo)), "01_beta": ("5", "", head(repo)), "walker": ("0.5", "", head(repo)),
+        "total": ("7.5", "", head(repo))}
+    assert rows["total"]["studies"] == "3 of 3 steps at this commit" and rows["00_alpha"]["where"] == "host"
+    out = capsys.readouterr().out
+    assert "reproduce [1/3] 00_alpha (alpha): running, no earlier run recorded" in out
+    assert "reproduce [2/3] 01_beta (beta): finished in 5.0 min -> results/benchmarks/reproduce.csv" in out
+    assert f"3 of 3 finished at {head(repo)} (7.5 min)" in out
+    assert out.splitlines()[-1].startswith("results check: 4 tables, 7 rows in 3 studies: every row is stamped")
+    state = json.loads((repo / "build" / "reproduce" / "state.json").read_text())
+    assert state["commit"] == git(repo, "rev-parse", "HEAD") and sorted(state["steps"]) == ["00_alpha", "01_beta",
+                                                                                            "walker"]
+    diff = (repo / "results" / "benchmarks" / "reproduce_diff.md").read_text()  # HEAD's tables against the new
+    assert diff.startswith(f"# Results diff: the tables committed at {head(repo)} (A) against this run's (B)")
+    assert "| (the one row) | `regtask` | exact (by name) | 10 | 11 | +1 (+10.00%) |" in diff
+    assert "Tables only in B" in diff and "`beta/sweep`" in diff
+
+
+def test_an_interrupted_run_continues_from_the_first_step_not_finished(repo, capsys):
+    runner = FakeRunner(repo, fail={"01_beta"})
+    with pytest.raises(Failed, match=r"01_beta \(beta\) stopped after 5.0 min \(exit 1\); fix it and run "
+                                     "`make reproduce` again to continue from it"):
+        run(repo, runner)
+    assert ran(runner) == ["00_alpha.ipynb", "01_beta.ipynb"]
+    assert table(repo)["total"]["studies"] == "1 of 3 steps at this commit"
+    again = FakeRunner(repo)
+    assert run(repo, again) == 0
+    assert ran(again) == ["01_beta.ipynb", "bench walker", "results index"]
+    out = capsys.readouterr().out
+    assert f"reproduce: 00_alpha (alpha) finished at {head(repo)} in 2.0 min; skipped" in out
+    assert {k: r["minutes"] for k, r in table(repo).items()} == {"00_alpha": "2", "01_beta": "5", "walker": "0.5",
+                                                                "total": "7.5"}
+    nothing = FakeRunner(repo)
+    assert run(repo, nothing) == 0 and nothing.commands == []  # all finished at this commit
+    restarted = FakeRunner(repo)
+    assert run(repo, restarted, restart=True) == 0 and len(restarted.commands) == 4
+
+
+def test_a_step_counts_as_finished_only_when_it_wrote_its_tables_at_this_commit(repo):
+    with pytest.raises(Failed, match=r"00_alpha \(alpha\) ran to the end but no table under results/alpha/ was "
+                                     "written; it does not count as finished"):
+        run(repo, FakeRunner(repo, silent={"00_alpha"}))
+    assert reproduce.read_state(repo, git(repo, "rev-parse", "HEAD")) == {}
+
+    class OtherCommit(FakeRunner):
+        def __call__(self, command, cwd):
+            code = super().__call__(command, cwd)
+            results.write_table("alpha", "other", [row("0123456789ab", frames=1)], root=self.repo / "results")
+            return code
+
+    with pytest.raises(Failed, match="results/alpha/other.csv is stamped 0123456789ab, not"):
+        run(repo, OtherCommit(repo))
+
+
+def test_a_finished_run_fails_when_its_tables_do_not_pass_the_check(repo, capsys):
+    class Unstamped(FakeRunner):
+        def __call__(self, command, cwd):
+            if command[-2:] == ["bench", "walker"]:
+                (self.repo / "results" / "beta" / "bare.csv").write_text("frames\n1\n")
+            return super().__call__(command, cwd)
+
+    assert run(repo, Unstamped(repo)) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[-2].startswith("results/beta/bare.csv: unstamped: no rkstudy_version")
+    assert out[-1].startswith("results check: 1 problems in 5 tables")
+
+
+def test_a_new_commit_starts_over_and_a_selection_runs_only_what_it_names(repo, capsys):
+    first = head(repo)
+    run(repo, FakeRunner(repo))
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "tables")
+    (repo / "code.py").write_text("x = 2\n")
+    git(repo, "commit", "-qam", "code")
+    runner = FakeRunner(repo)
+    assert run(repo, runner, "beta") == 0
+    assert ran(runner) == ["01_beta.ipynb", "results index"]
+    rows = table(repo)
+    assert (rows["01_beta"]["commit"], rows["01_beta"]["carried_from"], rows["01_beta"]["expected_minutes"]) == (
+        head(repo), "", "5")
+    # the steps not run at this commit keep the row (and stamp) of the run that timed them, marked carried
+    assert (rows["00_alpha"]["commit"], rows["00_alpha"]["carried_from"]) == (first, "results/benchmarks/reproduce.csv")
+    assert rows["total"]["minutes"] == "5" and rows["total"]["studies"] == "1 of 3 steps at this commit"
+    assert f"running, expected 5 min (as run at {first})" in capsys.readouterr().out
+    both = FakeRunner(repo)
+    run(repo, both, "00_alpha,walker")
+    assert ran(both) == ["00_alpha.ipynb", "bench walker", "results index"]
+
+
+def test_selection_by_study_or_stem():
+    steps = [reproduce.Step("00_alpha", ("alpha",), ()), reproduce.Step("01_pair", ("beta", "gamma"), ()),
+             reproduce.Step("walker", ("benchmarks",), ())]
+    assert [s.name for s in reproduce.select(steps, ["gamma 00_alpha"])] == ["00_alpha", "01_pair"]
+    assert [s.name for s in reproduce.select(steps, ["walker,beta"])] == ["01_pair", "walker"]
+    with pytest.raises(UsageError, match="no study or notebook 'delta' to reproduce; choose from 00_alpha, 01_pair"):
+        reproduce.select(steps, ["delta"])
+
+
+def test_it_refuses_a_tree_with_uncommitted_code_but_not_changed_tables(repo):
+    (repo / "code.py").write_text("x = 3\n")
+    runner = FakeRunner(repo)
+    with pytest.raises(UsageError, match=r"uncommitted changes outside results/ \(code.py\): commit or stash them"):
+        run(repo, runner)
+    assert runner.commands == []
+    git(repo, "checkout", "code.py")
+    (repo / "results" / "alpha" / "sweep.csv").write_text("changed\n")
+    assert run(repo, FakeRunner(repo)) == 0
+
+
+def test_list_shows_what_is_finished_and_the_expected_minutes(repo, capsys):
+    nb = repo / "results" / "notebooks" / "01_beta.ipynb"
+    nb.parent.mkdir(parents=True)
+    nb.write_text(json.dumps({"cells": [], "metadata": {"papermill": {"duration": 1234.5,
+                                                                      "end_time": "2026-11-30T18:00:00"}}}))
+    run(repo, FakeRunner(repo), "alpha")
+    capsys.readouterr()
+    assert reproduce.reproduce(repo, (), listing=True) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "[1/3] 00_alpha (alpha): finished at this commit in 2.0 min",
+        "[2/3] 01_beta (beta): expected 21 min (papermill's time in results/notebooks/01_beta.ipynb, 2026-11-30)",
+        "[3/3] walker (benchmarks): no earlier run recorded"]
+
+
+def test_the_command_line_and_the_makefile_call_it():
+    from pathlib import Path
+
+    from rkstudy.cli import parser
+
+    args = parser().parse_args(["reproduce", "--study", "kokoro_generator", "06_lint", "--restart"])
+    assert args.study == ["kokoro_generator", "06_lint"] and args.restart and not args.listing
+    makefile = (Path(__file__).resolve().parent.parent / "Makefile").read_text()
+    assert "\t$(PY) -m rkstudy reproduce $(if $(STUDY),--study $(STUDY))\n" in makefile
+
+
+def test_every_notebook_defaults_to_quick_mode_and_reads_the_committed_tables_only():
+    """papermill's `-p QUICK False` needs a `parameters` cell, and `pytest --nbmake notebooks/` (which
+    passes no parameters) must run each notebook in quick mode, whose tables go to build/quick-results."""
+    from rkstudy import provenance
+    from rkstudy.paths import NOTEBOOKS
+
+    notebooks = sorted(NOTEBOOKS.glob("*.ipynb"))
+    assert len(notebooks) >= 8
+    for nb in notebooks:
+        cells = json.loads(nb.read_text())["cells"]
+        params = [c for c in cells if "parameters" in c.get("metadata", {}).get("tags", [])]
+        assert len(params) == 1, f"{nb.name}: one cell tagged `parameters`"
+        assert "QUICK = True" in "".join(params[0]["source"]).splitlines(), nb.name
+        for cell in provenance.code_cells(nb):
+            assert "results_root(quick=False)" not in cell and "root=RESULTS" not in cell, nb.name
+            for line in cell.splitlines():
+                if "RESULTS" in line:  # the committed tables, read (a carried row, a script's table)
+                    assert any(w in line for w in ("import RESULTS", "read_table(", "carried_sizes(")), (nb.name, line)
