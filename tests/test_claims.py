@@ -2,14 +2,16 @@
 kind, the loud failures), the Study method that records the table, and the committed spec against
 the committed tables and the reference figures it must cover."""
 
+import ast
 import csv
+import json
 import math
 
 import pytest
 
 from rkstudy import claims, results
 from rkstudy.notebook import Study
-from rkstudy.paths import RESULTS
+from rkstudy.paths import NOTEBOOKS, RESULTS
 from rkstudy.results import Origin
 
 STUDY = "piper_decoder"  # its reference figures are real rows of data/reference/seeds.csv
@@ -165,3 +167,30 @@ def test_every_reference_figure_has_a_claim():
 def test_numbers_read_as_a_reader_writes_them():
     assert claims._show(62031.0) == "62,031" and claims._show(0.30727) == "0.3073"
     assert claims._show(1168460.5) == "1,168,460.5" and claims._show(math.inf) == "inf"
+
+
+def code_cells(path):
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    return ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
+
+
+def test_every_notebook_headline_beside_a_reference_figure_says_whether_they_compare():
+    """Read from the notebooks' sources, so a headline that would be refused at the end of a full run
+    fails here first."""
+    checked = 0
+    for path in sorted(NOTEBOOKS.glob("*.ipynb")):
+        for source in code_cells(path):
+            lines = [ln for ln in source.splitlines() if not ln.lstrip().startswith(("%", "!"))]
+            for node in ast.walk(ast.parse("\n".join(lines))):
+                if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "headline":
+                    keywords = {k.arg for k in node.keywords}
+                    if "seeds" in keywords:
+                        checked += 1
+                        assert "comparable" in keywords, f"{path.name}: {ast.unparse(node)[:120]}"
+    assert checked >= 40
+
+
+def test_every_notebook_records_its_claims_before_it_finishes():
+    for path in sorted(NOTEBOOKS.glob("*.ipynb")):
+        last = code_cells(path)[-1]
+        assert "reference_claims()" in last and last.index("reference_claims()") < last.index("finish()"), path.name
