@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 
 from . import results
 from .errors import InputError
-from .paths import REFERENCE
+from .paths import REFERENCE, REPO
 
 CLAIMS = REFERENCE / "claims.csv"
 RULES = ("tolerance", "differs", "board only", "not measured")
@@ -35,6 +35,10 @@ OPEN_QUESTION = "an open question: no table here explains the gap"
 
 class ClaimError(InputError):
     """A claims.csv row that cannot be evaluated against what the notebook wrote."""
+
+
+def _fix() -> str:
+    return f"fix {CLAIMS.relative_to(REPO) if CLAIMS.is_relative_to(REPO) else CLAIMS}"
 
 
 def spec(study: str, path=None) -> list[dict]:
@@ -107,19 +111,19 @@ def _ours(claim: dict, tables: Mapping[str, Sequence[Mapping]], quick: bool):
         if skippable:
             return None
         raise ClaimError(f"claim {cid}: table {name!r} was not written by this notebook "
-                         f"(it wrote {', '.join(sorted(tables)) or 'none'}); fix {CLAIMS.name}")
+                         f"(it wrote {', '.join(sorted(tables)) or 'none'}); {_fix()}")
     rows = tables[name]
     selector = _selector(claim["rows"], cid)
     for key in [k for k, _ in selector] + ([column] if claim["summary"] != "count" else []):
         if rows and key not in rows[0]:
-            raise ClaimError(f"claim {cid}: table {name!r} has no column {key!r}; fix {CLAIMS.name}")
+            raise ClaimError(f"claim {cid}: table {name!r} has no column {key!r}; {_fix()}")
     picked = [r for r in rows if all(_matches(r[k], v) for k, v in selector)]
     if claim["summary"] == "count":
         return [float(len(picked))], str(len(picked))
     if not picked:
         if skippable:
             return None
-        raise ClaimError(f"claim {cid}: no row of {name!r} matches {claim['rows']!r}; fix {CLAIMS.name}")
+        raise ClaimError(f"claim {cid}: no row of {name!r} matches {claim['rows']!r}; {_fix()}")
     summary = claim["summary"]
     values = [_number(r[column]) for r in picked]
     if any(v is None or v == "" for v in values):
@@ -187,6 +191,11 @@ def evaluate(study: str, tables: Mapping[str, Sequence[Mapping]], quick: bool, p
             raise ClaimError(f"claim {cid}: quick {claim['quick']!r} must be `same` or `skipped`")
         if claim["rule"] in ("differs", "not measured") and not claim["cause"].strip():
             raise ClaimError(f"claim {cid}: a `{claim['rule']}` verdict needs its cause")
+        if claim["rule"] in ("differs", "tolerance") and not claim["table"]:
+            raise ClaimError(f"claim {cid}: a `{claim['rule']}` verdict needs a table of ours to read; "
+                             "without one the claim is `board only` or `not measured`")
+        if not claim["comparison"].startswith(("same", "differs: ")):
+            raise ClaimError(f"claim {cid}: comparison {claim['comparison']!r} must say `same...` or `differs: <what>`")
         ref = _figure(study, claim["figure"], cid)
         theirs = f"{ref['value']} {ref['unit']}".strip()
         unit = claim["unit"] or ref["unit"]
@@ -207,8 +216,6 @@ def evaluate(study: str, tables: Mapping[str, Sequence[Mapping]], quick: bool, p
                 numeric = all(isinstance(x, float) for x in numbers)
                 ours = f"{shown} {unit}".strip() if numeric else shown
                 verdict = _verdict(claim, numbers, ours, theirs)
-        elif claim["rule"] == "tolerance":
-            raise ClaimError(f"claim {cid}: a tolerance needs a table of ours to read")
         else:
             verdict = _verdict(claim, [], "", theirs)
         out.append({"claim": cid, "figure": claim["figure"], "theirs": theirs,

@@ -73,19 +73,25 @@ def test_every_verdict_kind_from_this_runs_tables(tmp_path):
 
 
 @pytest.mark.parametrize("row, message", [
-    (dict(table="tail_windows", column="snr_db", summary="value"), "claim c: table 'tail_windows' was not written"),
-    (dict(table="builds", column="snr_db", summary="value"), "claim c: table 'builds' has no column 'snr_db'"),
-    (dict(table="builds", column="regtask", rows="dec_mask=True", summary="value"), "has no column 'dec_mask'"),
-    (dict(table="builds", column="regtask", rows="target=rk3399", summary="value"), "no row of 'builds' matches"),
-    (dict(table="builds", column="regtask", summary="value"), "2 rows of 'builds' match"),
-    (dict(table="builds", column="regtask", summary="mean"), "summary 'mean'"),
+    (dict(table="tail_windows", column="snr_db"),
+     "claim c: table 'tail_windows' was not written by this notebook (it wrote builds, window_sweep); "
+     "fix data/reference/claims.csv"),
+    (dict(column="snr_db"), "claim c: table 'builds' has no column 'snr_db'"),
+    (dict(rows="dec_mask=True"), "has no column 'dec_mask'"),
+    (dict(rows="target=rk3399"), "no row of 'builds' matches"),
+    (dict(rows=""), "2 rows of 'builds' match"),
+    (dict(summary="mean"), "summary 'mean'"),
+    (dict(rows="target"), "row selector 'target' is not column=value"),
     (dict(figure="a figure nobody wrote"), "claim c: no reference figure 'a figure nobody wrote'"),
     (dict(figure=W93_LINES), "claim c: 2 (add ' @<target>') reference figure"),
     (dict(rule="differs"), "claim c: a `differs` verdict needs its cause"),
+    (dict(rule="differs", cause="other latents", table=""), "claim c: a `differs` verdict needs a table of ours"),
+    (dict(comparison="similar"), "claim c: comparison 'similar' must say"),
+    (dict(quick="sometimes"), "claim c: quick 'sometimes' must be"),
 ])
 def test_a_spec_row_that_cannot_be_read_fails_naming_the_claim(tmp_path, row, message):
-    path = spec_file(tmp_path, claim("c", figure=INTERIOR_93, rows="", comparison="same", rule="tolerance", low="98")
-                     | row)
+    path = spec_file(tmp_path, claim("c", figure=INTERIOR_93, table="builds", column="regtask", rows="target=rk3588",
+                                     summary="value", comparison="same", rule="tolerance", low="98") | row)
     with pytest.raises(claims.ClaimError) as err:
         claims.evaluate(STUDY, tables(), quick=False, path=path)
     assert message in str(err.value) and "\n" not in str(err.value)
