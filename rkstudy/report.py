@@ -149,7 +149,9 @@ def generate(root: Path = RESULTS) -> str:
                          "|---|---|---|---|---|\n")
             for name, v in h["headlines"].items():
                 seeds = _seeds_value(study, v["seeds"]) if v.get("seeds") else ""
-                parts.append(f"| {name} | {_fmt(v['value'])} | {v['unit']} | {seeds} | {v.get('comparable', '')} |\n")
+                # a pair recorded without saying whether it compares is flagged, never shown as if it did
+                comparable = v.get("comparable") or ("not stated" if seeds else "")
+                parts.append(f"| {name} | {_fmt(v['value'])} | {v['unit']} | {seeds} | {comparable} |\n")
         parts.append(_claims_line(study, folder))
         parts.append("\n| table | what | rows |\n|---|---|---|\n")
         for csv in tables:

@@ -63,3 +63,17 @@ def test_the_index_counts_each_studys_reference_claims_by_verdict(tmp_path):
     assert ("The reference documents' measured claims about piper_decoder, ours beside each "
             "([`piper_decoder/reference_claims`](piper_decoder/reference_claims.md)): 5 claims, 2 reproduced, "
             "1 differ, 1 board only, 1 not measured here.") in text
+
+
+def test_a_headline_pair_recorded_without_comparable_is_flagged_not_stated(tmp_path):
+    folder = tmp_path / "piper_decoder"
+    folder.mkdir()
+    results.write_table("piper_decoder", "window_sweep", [results.stamp({"window": 93}, Origin("fp32"))],
+                        root=tmp_path, title="Window sweep")
+    (folder / "headlines.json").write_text(json.dumps({"commit": "abc", "date": "2026-11-30", "headlines": {
+        "interior SNR": {"value": 73.25, "unit": "dB",
+                         "seeds": "interior window SNR vs full-length decode at 93 (45+24+24)"},
+        "lag": {"value": 0, "unit": "samples", "seeds": ""}}}))
+    text = report.generate(tmp_path)
+    assert "| interior SNR | 73.25 | dB | 98+ dB (fp32, none) | not stated |" in text
+    assert "| lag | 0 | samples |  |  |" in text
