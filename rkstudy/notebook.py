@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import cache, gates, results
+from . import cache, claims, gates, results
 from .paths import results_root
 
 CLIP_SECONDS = 5.0  # audio embedded in an executed notebook; the full render goes to the cache
@@ -88,9 +88,25 @@ class Study:
         print(f"{name}: {pcm.size / sample_rate:.1f} s (player: first {clip.size / sample_rate:.1f} s)")
         display(Audio(clip, rate=sample_rate))
 
-    def headline(self, name: str, value, unit: str = "", seeds: str = "") -> None:
-        """Record one headline number (with the seeds' figure it compares with, by its exact text)."""
-        self.headline_values[name] = {"value": value, "unit": unit, "seeds": seeds}
+    def headline(self, name: str, value, unit: str = "", seeds: str = "", comparable: str = "") -> None:
+        """Record one headline number, with the reference figure it is shown beside (by its exact
+        text) and whether the two are the same quantity under the same conditions: `"same"` or
+        `"differs: <what>"` (rkstudy.results.record_headlines refuses a figure without it)."""
+        self.headline_values[name] = {"value": value, "unit": unit, "seeds": seeds, "comparable": comparable}
+
+    def reference_claims(self) -> list[dict]:
+        """Record `reference_claims`: each of the reference documents' measured claims for this
+        study (data/reference/claims.csv) beside ours, read from the tables this notebook recorded
+        in this run, with its verdict. Call it after the last table, before finish()."""
+        rows = claims.evaluate(self.study, {n: t for n, (t, _) in self.tables.items() if n != "reference_claims"},
+                               self.quick)
+        if not rows:
+            print(f"the reference documents make no measured claim about {self.study}")
+            return []
+        tally = claims.counts([r["verdict"] for r in rows])
+        print(", ".join(f"{n} {kind}" for kind, n in tally.items()))
+        return self.table("reference_claims", rows, "The reference documents' measured claims beside ours",
+                          by=results.HOST, show=["claim", "theirs", "ours", "verdict"])
 
     def finish(self) -> None:
         """Write every table and the headlines; print where they went."""

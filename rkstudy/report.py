@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from . import atomic, gates, results
+from . import atomic, claims, gates, results
 from .paths import RESULTS
 
 # Studies that are not families: their folder, what they hold, and the notebook that writes them.
@@ -31,9 +31,13 @@ Every table here was written by a notebook or a benchmark run in full mode (`mak
 `toolkit_version`, `target`, `where` (fp32 = onnxruntime on the host CPU, simulator = rknn-toolkit2's
 PC simulator, board = RKNNLite on a real board, replay = the test double of RKNNLite, host = a build,
 a census or a timing on the host) and `date`. There is no board row unless a board produced it.
-The design documents' own figures are in `data/reference/seeds.csv` (with seed file and section);
-where a headline has one, it is shown beside ours and labelled as theirs. The executed notebooks,
-with their plots, tables and audio, are under `notebooks/`.
+The reference documents' own figures are in `data/reference/seeds.csv` (with document and section);
+where a headline has one, it is shown beside ours, labelled as theirs, with whether the two are the
+same quantity under the same conditions (`same`) or what differs (`differs: ...`). Each study's
+`reference_claims` table puts every measured claim the documents make about it beside ours, with a
+verdict: `reproduced`, `differs` (by how much, and the cause or the open question), `board only` or
+`not measured here` (and why); data/reference/claims.csv says how each is read. The executed
+notebooks, with their plots, tables and audio, are under `notebooks/`.
 """
 
 
@@ -110,6 +114,18 @@ def _risk_section(study: str, tables: list[Path]) -> str:
     return text + "\n"
 
 
+def _claims_line(study: str, folder: Path) -> str:
+    """How the study's reference-claims table came out, counted by verdict."""
+    path = folder / "reference_claims.csv"
+    if not path.is_file():
+        return ""
+    tally = claims.counts([r["verdict"] for r in results.read_table(path)])
+    return (f"\nThe reference documents' measured claims about {study}, ours beside each "
+            f"([`{study}/reference_claims`]({study}/reference_claims.md)): {sum(tally.values())} claims, "
+            f"{tally['reproduced']} reproduced, {tally['differs']} differ, {tally['board only']} board only, "
+            f"{tally['not measured']} not measured here.\n")
+
+
 def generate(root: Path = RESULTS) -> str:
     """The index text for the results under `root`."""
     parts = [INTRO]
@@ -129,10 +145,14 @@ def generate(root: Path = RESULTS) -> str:
         if headlines.is_file():
             h = json.loads(headlines.read_text(encoding="utf-8"))
             parts.append(f"\nHeadlines (commit {h['commit']}, {h['date']}):\n\n"
-                         "| headline | ours | unit | the seeds' figure |\n|---|---|---|---|\n")
+                         "| headline | ours | unit | the reference documents' figure | comparable |\n"
+                         "|---|---|---|---|---|\n")
             for name, v in h["headlines"].items():
                 seeds = _seeds_value(study, v["seeds"]) if v.get("seeds") else ""
-                parts.append(f"| {name} | {_fmt(v['value'])} | {v['unit']} | {seeds} |\n")
+                # a pair recorded without saying whether it compares is flagged, never shown as if it did
+                comparable = v.get("comparable") or ("not stated" if seeds else "")
+                parts.append(f"| {name} | {_fmt(v['value'])} | {v['unit']} | {seeds} | {comparable} |\n")
+        parts.append(_claims_line(study, folder))
         parts.append("\n| table | what | rows |\n|---|---|---|\n")
         for csv in tables:
             rows = results.read_table(csv)

@@ -203,9 +203,12 @@ def seed_figure(study: str, figure: str) -> dict:
 
 # --- headline numbers (recorded by each notebook's last cell) ----------------------------------
 def record_headlines(study: str, headlines: Mapping[str, Mapping], *, root: Path) -> Path:
-    """Write `<root>/<study>/headlines.json`: {name: {value, unit, seeds}} — what the notebook tests
-    assert (with tolerances) and what the generated index shows. `seeds` names the seeds' figure
-    (its exact `figure` text in data/reference/seeds.csv) the headline is compared with."""
+    """Write `<root>/<study>/headlines.json`: {name: {value, unit, seeds, comparable}} — what the
+    notebook tests assert (with tolerances) and what the generated index shows. `seeds` names the
+    reference figure (its exact `figure` text in data/reference/seeds.csv) the headline is shown
+    beside, and `comparable` says whether the pair is the same quantity under the same conditions
+    (`same`) or not (`differs: <what>`): a reference figure without it is refused, so the index
+    never pairs two numbers without saying whether they can be compared."""
     clean = {}
     for name, h in headlines.items():
         value = h["value"]
@@ -213,9 +216,17 @@ def record_headlines(study: str, headlines: Mapping[str, Mapping], *, root: Path
             value = value.item()  # numpy scalars
         if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
             value = str(value)
+        comparable = h.get("comparable", "")
         if h.get("seeds"):
             seed_figure(study, h["seeds"])  # a typo in the figure name fails here, not in the index
-        clean[name] = {"value": value, "unit": h.get("unit", ""), "seeds": h.get("seeds", "")}
+            if comparable != "same" and not (comparable.startswith("differs: ") and comparable[9:].strip()):
+                raise ValueError(f"{study} headline {name!r}: beside reference figure {h['seeds']!r} it needs "
+                                 "comparable='same' or comparable='differs: <what differs>'")
+        elif comparable:
+            raise ValueError(f"{study} headline {name!r}: comparable={comparable!r} without a reference "
+                             "figure; pass seeds=<its figure> or drop comparable")
+        clean[name] = {"value": value, "unit": h.get("unit", ""), "seeds": h.get("seeds", ""),
+                       "comparable": comparable}
     payload = {"study": study, "rkstudy_version": __version__, "commit": commit(),
                "date": _dt.date.today().isoformat(), "headlines": clean}
     return atomic.write_text(Path(root) / study / "headlines.json", json.dumps(payload, indent=1) + "\n")

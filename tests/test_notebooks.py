@@ -81,11 +81,13 @@ EXPECT = {
         "sidecar 16+64 streaming vs full decode": (120, math.inf),
         "window role vs the package's chunked_decode": (120, math.inf)}),
     "flow_estimator": ("05_flow_estimator_memory.ipynb", {
-        "seeds' measured sets the model reproduces": (8, 8),
-        "admit/refuse rows agreeing, with S>=900 sets": (17, 17),
-        "ladder walk: requests on the CPU path": (2, 2),
-        "ladder walk: most resident at once": (3752, 3752),  # S=500 alone, under the seeds' 3900 MiB
-        "seeds' context fit: S where it reaches their budget": (511, 513),
+        "consistency check (fed their costs and budget): their measured sets the model reproduces": (8, 8),
+        "consistency check (fed their costs and budget): admit/refuse rows agreeing, with S>=900 sets":
+            (17, 17),
+        "consistency check (their costs): ladder walk, requests on the CPU path": (2, 2),
+        # S=500 alone, under the reference's 3900 MiB budget
+        "consistency check (their costs): ladder walk, most resident at once": (3752, 3752),
+        "consistency check (fitted to their costs): S where the fit reaches their budget": (511, 513),
         "stand-in simulator vs fp32, worst": (40, math.inf),
         "stand-in engine at S=64, depth 2": (70, 85),
         "stand-in planned internal arena at S=64": (1.0, 2.5),

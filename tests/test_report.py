@@ -17,13 +17,13 @@ def test_the_index_lists_tables_headlines_with_the_seeds_figure_and_figures(tmp_
     rows = [results.stamp({"window": 93, "snr_db": 98.2}, Origin("fp32"))]
     results.write_table("piper_decoder", "window_sweep", rows, root=tmp_path, title="Window sweep")
     results.record_headlines("piper_decoder", {"interior SNR": {
-        "value": 73.25, "unit": "dB", "seeds": "interior window SNR vs full-length decode at 93 (45+24+24)"}},
-        root=tmp_path)
+        "value": 73.25, "unit": "dB", "seeds": "interior window SNR vs full-length decode at 93 (45+24+24)",
+        "comparable": "same"}}, root=tmp_path)
     (tmp_path / "piper_decoder" / "figures").mkdir()
     (tmp_path / "piper_decoder" / "figures" / "sweep.png").write_bytes(b"\x89PNG")
     text = report.generate(tmp_path)
     assert "| [`piper_decoder/window_sweep`](piper_decoder/window_sweep.md) | Window sweep | 1 |" in text
-    assert "| interior SNR | 73.25 | dB | 98+ dB (fp32, none) |" in text
+    assert "| interior SNR | 73.25 | dB | 98+ dB (fp32, none) | same |" in text
     assert "![piper_decoder: sweep](piper_decoder/figures/sweep.png)" in text
     assert "toolchain" not in text.split("# Results")[1].split("\n## ")[1:]  # studies without tables are left out
     assert report.main(check=True, root=tmp_path) == 1  # no index written yet
@@ -52,3 +52,28 @@ def test_the_index_states_the_board_risk_beside_every_engine_row(tmp_path):
     assert "| window=256 | rk3588 | 65.6 dB (snr_vs_fp32_db) | at risk: 31,013 REGTASK lines" in text
     assert "| window=512 | rk3588 | 65.7 dB (snr_vs_fp32_db) | known bad on a board: field value 30,869" in text
     assert "window=128 |" not in text  # clean rows are counted, not listed
+
+
+def test_the_index_counts_each_studys_reference_claims_by_verdict(tmp_path):
+    verdicts = ["reproduced", "differs: ours 73.2 dB, theirs 98+ dB: an open question", "board only",
+                "not measured here: no table decodes it", "reproduced"]
+    rows = [results.stamp({"claim": f"c{i}", "verdict": v}, results.HOST) for i, v in enumerate(verdicts)]
+    results.write_table("piper_decoder", "reference_claims", rows, root=tmp_path, title="Claims")
+    text = report.generate(tmp_path)
+    assert ("The reference documents' measured claims about piper_decoder, ours beside each "
+            "([`piper_decoder/reference_claims`](piper_decoder/reference_claims.md)): 5 claims, 2 reproduced, "
+            "1 differ, 1 board only, 1 not measured here.") in text
+
+
+def test_a_headline_pair_recorded_without_comparable_is_flagged_not_stated(tmp_path):
+    folder = tmp_path / "piper_decoder"
+    folder.mkdir()
+    results.write_table("piper_decoder", "window_sweep", [results.stamp({"window": 93}, Origin("fp32"))],
+                        root=tmp_path, title="Window sweep")
+    (folder / "headlines.json").write_text(json.dumps({"commit": "abc", "date": "2026-11-30", "headlines": {
+        "interior SNR": {"value": 73.25, "unit": "dB",
+                         "seeds": "interior window SNR vs full-length decode at 93 (45+24+24)"},
+        "lag": {"value": 0, "unit": "samples", "seeds": ""}}}))
+    text = report.generate(tmp_path)
+    assert "| interior SNR | 73.25 | dB | 98+ dB (fp32, none) | not stated |" in text
+    assert "| lag | 0 | samples |  |  |" in text

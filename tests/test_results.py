@@ -123,13 +123,26 @@ def test_tables_are_ordinary_files(tmp_path):
 
 def test_headlines_name_real_seed_figures(tmp_path):
     path = results.record_headlines("piper_decoder", {
-        "interior SNR at 93": {"value": 73.2, "unit": "dB",
+        "interior SNR at 93": {"value": 73.2, "unit": "dB", "comparable": "same",
                                "seeds": "interior window SNR vs full-length decode at 93 (45+24+24)"},
         "exact": {"value": float("inf"), "unit": "dB"}}, root=tmp_path)
     got = json.loads(path.read_text())
     assert got["headlines"]["exact"]["value"] == "inf" and got["commit"] == results.commit()
     with pytest.raises(KeyError, match="no seeds' figure"):
         results.record_headlines("piper_decoder", {"x": {"value": 1, "seeds": "a figure nobody wrote"}}, root=tmp_path)
+
+
+@pytest.mark.parametrize("comparable", ["", "differs:", "differs: ", "similar"])
+def test_a_headline_beside_a_reference_figure_says_whether_they_compare(tmp_path, comparable):
+    figure = "interior window SNR vs full-length decode at 93 (45+24+24)"
+    with pytest.raises(ValueError, match="needs comparable='same' or comparable='differs: <what differs>'"):
+        results.record_headlines("piper_decoder", {"x": {"value": 1, "seeds": figure, "comparable": comparable}},
+                                 root=tmp_path)
+    path = results.record_headlines("piper_decoder", {
+        "x": {"value": 1, "seeds": figure, "comparable": "differs: other latents"}}, root=tmp_path)
+    assert json.loads(path.read_text())["headlines"]["x"]["comparable"] == "differs: other latents"
+    with pytest.raises(ValueError, match="without a reference figure"):
+        results.record_headlines("piper_decoder", {"x": {"value": 1, "comparable": "same"}}, root=tmp_path)
 
 
 def test_seed_numbers_read_ranges_without_retyping():

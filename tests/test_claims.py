@@ -1,0 +1,202 @@
+"""The reference documents' claims beside ours: the spec evaluator on a synthetic study (every verdict
+kind, the loud failures), the Study method that records the table, and the committed spec against
+the committed tables and the reference figures it must cover."""
+
+import ast
+import csv
+import json
+import math
+
+import pytest
+
+from rkstudy import claims, results
+from rkstudy.notebook import Study
+from rkstudy.paths import NOTEBOOKS, RESULTS
+from rkstudy.results import Origin
+
+STUDY = "piper_decoder"  # its reference figures are real rows of data/reference/seeds.csv
+INTERIOR_93 = "interior window SNR vs full-length decode at 93 (45+24+24)"
+W93_LINES = "REGTASK lines: Piper w93 engine"
+
+
+def spec_file(tmp_path, *rows):
+    path = tmp_path / "claims.csv"
+    with open(path, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=claims.COLUMNS, lineterminator="\n")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({c: "" for c in claims.COLUMNS} | {"study": STUDY, "quick": "same"} | row)
+    return path
+
+
+def tables():
+    sweep = [{"window": w, "kind": "interior", "min_snr_db": snr} for w, snr in ((77, 22.6), (93, 73.2))]
+    builds = [{"window": 93, "target": t, "regtask": n} for t, n in (("rk3588", 18), ("rk3566", 355))]
+    return {"window_sweep": sweep, "builds": builds}
+
+
+def claim(cid, **row):
+    return {"claim": cid, **row}
+
+
+def test_every_verdict_kind_from_this_runs_tables(tmp_path):
+    path = spec_file(
+        tmp_path,
+        claim("interior-93", figure=INTERIOR_93, table="window_sweep", column="min_snr_db",
+              rows="window=93; kind=interior", summary="value", comparison="same: worst interior window",
+              rule="tolerance", low="98", cause="an open question: the latents differ"),
+        claim("w93-rk3566", figure=W93_LINES + " @rk3566", table="builds", column="regtask", rows="target=rk3566",
+              summary="value", comparison="same", rule="tolerance", low="355", high="355"),
+        claim("w93-rk3588", figure=W93_LINES + " @rk3588", table="builds", column="regtask", rows="target=rk3588",
+              summary="value", comparison="same", rule="tolerance", low="0", high="0"),
+        claim("sweep-range", figure=INTERIOR_93, table="window_sweep", column="min_snr_db", summary="range",
+              comparison="differs: every width", rule="differs", cause="other widths"),
+        claim("resize-board", figure="mask upsample by Resize: board", comparison="differs: a board run",
+              rule="board only"),
+        claim("padded-1", figure="wrong seam (dec.conv_pre input fed pre-flow z): output RMS",
+              comparison="differs: nothing here", rule="not measured", cause="no table decodes it"),
+        claim("engines", figure=INTERIOR_93, table="builds", column="regtask", rows="target=rk3399",
+              summary="count", comparison="same", rule="tolerance", low="1"))
+    got = {r["claim"]: r for r in claims.evaluate(STUDY, tables(), quick=False, path=path)}
+    assert got["interior-93"]["verdict"] == ("differs: ours 73.2 dB, theirs 98+ dB, 24.8 below the band [98, inf]: "
+                                             "an open question: the latents differ")
+    assert got["interior-93"]["ours_from"] == "window_sweep.min_snr_db[window=93; kind=interior] value"
+    assert got["w93-rk3566"]["verdict"] == "reproduced" and got["w93-rk3566"]["theirs"] == "355 lines"
+    assert got["w93-rk3588"]["verdict"].startswith("differs: ours 18 lines, theirs 0 lines, 18 above the band [0, 0]: "
+                                                   "an open question")
+    assert got["sweep-range"]["verdict"] == "differs: ours 22.6 to 73.2 dB, theirs 98+ dB: other widths"
+    assert got["resize-board"]["verdict"] == "board only" and got["resize-board"]["ours"] == ""
+    assert got["padded-1"]["verdict"] == "not measured here: no table decodes it"
+    assert got["engines"]["ours"] == "0 dB" and got["engines"]["verdict"].startswith("differs: ours 0 dB")
+    assert claims.counts([r["verdict"] for r in got.values()]) == {
+        "reproduced": 1, "differs": 4, "board only": 1, "not measured": 1}
+
+
+@pytest.mark.parametrize("row, message", [
+    (dict(table="tail_windows", column="snr_db"),
+     "claim c: table 'tail_windows' was not written by this notebook (it wrote builds, window_sweep); "
+     "fix data/reference/claims.csv"),
+    (dict(column="snr_db"), "claim c: table 'builds' has no column 'snr_db'"),
+    (dict(rows="dec_mask=True"), "has no column 'dec_mask'"),
+    (dict(rows="target=rk3399"), "no row of 'builds' matches"),
+    (dict(rows=""), "2 rows of 'builds' match"),
+    (dict(summary="mean"), "summary 'mean'"),
+    (dict(rows="target"), "row selector 'target' is not column=value"),
+    (dict(figure="a figure nobody wrote"), "claim c: no reference figure 'a figure nobody wrote'"),
+    (dict(figure=W93_LINES), "claim c: 2 (add ' @<target>') reference figure"),
+    (dict(rule="differs"), "claim c: a `differs` verdict needs its cause"),
+    (dict(rule="differs", cause="other latents", table=""), "claim c: a `differs` verdict needs a table of ours"),
+    (dict(comparison="similar"), "claim c: comparison 'similar' must say"),
+    (dict(quick="sometimes"), "claim c: quick 'sometimes' must be"),
+])
+def test_a_spec_row_that_cannot_be_read_fails_naming_the_claim(tmp_path, row, message):
+    path = spec_file(tmp_path, claim("c", figure=INTERIOR_93, table="builds", column="regtask", rows="target=rk3588",
+                                     summary="value", comparison="same", rule="tolerance", low="98") | row)
+    with pytest.raises(claims.ClaimError) as err:
+        claims.evaluate(STUDY, tables(), quick=False, path=path)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_quick_mode_skips_only_the_claims_marked_so(tmp_path):
+    row = claim("tails", figure=INTERIOR_93, table="tail_windows", column="snr_db", summary="value",
+                comparison="same", rule="tolerance", low="98")
+    skipped = spec_file(tmp_path, row | {"quick": "skipped"})
+    assert claims.evaluate(STUDY, tables(), quick=True, path=skipped)[0]["verdict"] == "not measured here: quick mode"
+    with pytest.raises(claims.ClaimError, match="table 'tail_windows' was not written"):
+        claims.evaluate(STUDY, tables(), quick=False, path=skipped)  # full mode must have it
+    with pytest.raises(claims.ClaimError, match="table 'tail_windows' was not written"):
+        claims.evaluate(STUDY, tables(), quick=True, path=spec_file(tmp_path, row))  # `same`: quick mode too
+
+
+def test_a_row_without_a_value_is_not_measured_and_says_why(tmp_path):
+    path = spec_file(tmp_path, claim("w512", figure=INTERIOR_93, table="builds", column="regtask", rows="target=rk3588",
+                                     summary="value", comparison="same", rule="tolerance", low="98"))
+    rows = {"builds": [{"target": "rk3588", "regtask": "", "status": "not built: BUILDS = False"}]}
+    verdict = claims.evaluate(STUDY, rows, quick=False, path=path)[0]["verdict"]
+    assert verdict == "not measured here: no value in builds.regtask (not built: BUILDS = False)"
+
+
+def test_the_study_records_its_claims_table_from_the_tables_it_wrote(tmp_path, monkeypatch):
+    monkeypatch.setattr(claims, "CLAIMS", spec_file(tmp_path, claim(
+        "interior-93", figure=INTERIOR_93, table="window_sweep", column="min_snr_db", rows="window=93",
+        summary="value", comparison="same", rule="tolerance", low="70")))
+    study = Study(STUDY, quick=True)
+    study.root = tmp_path
+    study.table("window_sweep", tables()["window_sweep"], "sweep", by=Origin("fp32"), show=False)
+    rows = study.reference_claims()
+    assert [r["verdict"] for r in rows] == ["reproduced"] and rows[0]["ours"] == "73.2 dB"
+    assert rows[0]["where"] == "host" and rows[0]["commit"] == results.commit()
+    study.finish()
+    written = results.read_table(tmp_path / STUDY / "reference_claims.csv")
+    assert written[0]["claim"] == "interior-93" and written[0]["theirs_where"] == "fp32, none"
+    # a table left out of this run is not read from an earlier run's files
+    fresh = Study(STUDY, quick=False)
+    fresh.root = tmp_path
+    with pytest.raises(claims.ClaimError, match="table 'window_sweep' was not written by this notebook"):
+        fresh.reference_claims()
+
+
+def test_a_study_the_documents_say_nothing_about_records_no_table(tmp_path, monkeypatch):
+    monkeypatch.setattr(claims, "CLAIMS", spec_file(tmp_path))
+    study = Study("benchmarks", quick=True)
+    assert study.reference_claims() == [] and "reference_claims" not in study.tables
+
+
+def committed(study):
+    return {p.stem: results.read_table(p) for p in (RESULTS / study).glob("*.csv") if p.stem != "reference_claims"}
+
+
+def test_the_committed_spec_reads_the_committed_tables():
+    """Every claim evaluates against the tables `make reproduce` committed: a renamed table, column or
+    row fails here before a full run does."""
+    studies = sorted({r["study"] for r in results.read_table(claims.CLAIMS)})
+    assert len(studies) >= 9
+    for study in studies:
+        rows = claims.evaluate(study, committed(study), quick=False)
+        assert rows and all(r["verdict"] for r in rows)
+    encoder = {r["claim"]: r for r in claims.evaluate("piper_encoder", committed("piper_encoder"), quick=False)}
+    assert encoder["raw-nodes"]["verdict"] == "reproduced" and encoder["raw-nodes"]["ours"] == "992 nodes"
+
+
+def test_every_reference_figure_has_a_claim():
+    """No reference figure is left silent: each row of data/reference/seeds.csv (study, figure,
+    target) is named by at least one claim of its study."""
+    named = set()
+    for r in results.read_table(claims.CLAIMS):
+        ref = claims._figure(r["study"], r["figure"], r["claim"])
+        named.add((r["study"], ref["figure"], ref["target"]))
+    silent = [(r["study"], r["figure"]) for r in results.read_table(results.SEEDS)
+              if (r["study"], r["figure"], r["target"]) not in named]
+    assert silent == []
+
+
+def test_numbers_read_as_a_reader_writes_them():
+    assert claims._show(62031.0) == "62,031" and claims._show(0.30727) == "0.3073"
+    assert claims._show(1168460.5) == "1,168,460.5" and claims._show(math.inf) == "inf"
+
+
+def code_cells(path):
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    return ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
+
+
+def test_every_notebook_headline_beside_a_reference_figure_says_whether_they_compare():
+    """Read from the notebooks' sources, so a headline that would be refused at the end of a full run
+    fails here first."""
+    checked = 0
+    for path in sorted(NOTEBOOKS.glob("*.ipynb")):
+        for source in code_cells(path):
+            lines = [ln for ln in source.splitlines() if not ln.lstrip().startswith(("%", "!"))]
+            for node in ast.walk(ast.parse("\n".join(lines))):
+                if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "headline":
+                    keywords = {k.arg for k in node.keywords}
+                    if "seeds" in keywords:
+                        checked += 1
+                        assert "comparable" in keywords, f"{path.name}: {ast.unparse(node)[:120]}"
+    assert checked >= 40
+
+
+def test_every_notebook_records_its_claims_before_it_finishes():
+    for path in sorted(NOTEBOOKS.glob("*.ipynb")):
+        last = code_cells(path)[-1]
+        assert "reference_claims()" in last and last.index("reference_claims()") < last.index("finish()"), path.name
