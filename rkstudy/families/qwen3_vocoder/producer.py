@@ -195,12 +195,12 @@ def produce(codes_length: int = DEFAULT_CODES_LENGTH, *, widths: str = "released
             exporter: str = "torchscript17", output: Path | str | None = None, decoder=None,
             long_axis: bool = True) -> Product:
     """Re-trace the seeded decoder as a `codes_length`-token step, export it with `exporter`, make its
-    long axes compile cleanly (longaxis.py), census it (warning when it predicts an abort), stamp the
+    long axes compile cleanly (rkstudy.graph.longaxis), census it (warning when it predicts an abort), stamp the
     contract and save to `output` (default: the cache, keyed by everything that made it)."""
     import onnx
     import torch
 
-    from .longaxis import long_axis_safe
+    from ...graph.longaxis import long_axis_safe
     from .step import StreamingStep
 
     if codes_length < 1:
