@@ -22,7 +22,7 @@ import onnx
 from onnx import helper, numpy_helper, shape_inference
 
 from . import load
-from .index import Index
+from .index import Index, splice
 
 UPSAMPLERS = ("convtranspose", "resize")
 
@@ -130,13 +130,12 @@ def resize_to_convtranspose(model) -> onnx.ModelProto:
     model = load(model)
     g = model.graph
     idx = Index.inferred(model)
-    nodes, inits = [], []
-    for n in g.node:
+    at, inits = {}, []
+    for i, n in enumerate(g.node):
         attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
         s = _resize_scale(n, idx) if n.op_type == "Resize" else None
         shape = idx.static_shape(n.input[0]) if n.input else None
         if s is None or attrs.get("mode", b"nearest") != b"nearest" or shape is None:
-            nodes.append(n)
             continue
         rank, channels = len(shape), shape[1]
         kernel = [s] if rank == 3 else [1, s]
@@ -151,13 +150,9 @@ def resize_to_convtranspose(model) -> onnx.ModelProto:
                 runs.append(idx.probe([node], probe, [n.output[0]], extra={weight: ones})[0])
             except Exception:  # noqa: BLE001 - a Resize onnxruntime cannot run is left as it is
                 runs.append(None)
-        if runs[0] is not None and runs[1] is not None and runs[0].shape == runs[1].shape \
-                and np.array_equal(runs[0], runs[1]):
-            nodes.append(up)
+        if all(r is not None for r in runs) and np.array_equal(*runs):  # same shape and values
+            at[i] = [up]
             inits.append(numpy_helper.from_array(ones, weight))
-        else:
-            nodes.append(n)
-    del g.node[:]
-    g.node.extend(nodes)
+    splice(model, at, drop=at.keys())
     g.initializer.extend(inits)
     return model
