@@ -42,12 +42,11 @@ from .contract import TARGETS
 from .errors import Failed, NeedsConverter, UsageError, one_line
 from .gates import board_risk
 from .results import toolkit_version
+from .toolkit import log as toolkit_log
 
 REGTASK_LIMIT = 100_000  # past this, the overflow is the ~800k-line regime that ruins an engine
 BUILD_TIMEOUT_S = 3 * 3600  # generous: the widest encoder builds here took ~25 min on 2 cores
 TAIL_LINES = 30
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_REGTASK_VALUE = re.compile(r"value: 0x([0-9a-fA-F]+)")
 
 
 class BuildFailed(Failed):
@@ -258,14 +257,14 @@ class EngineProcess:
     def _pump(self) -> None:
         with open(self.log, "w", encoding="utf-8", errors="replace") as log:
             for raw in self.proc.stdout:
-                line = _ANSI.sub("", raw.decode("utf-8", errors="replace").rstrip("\n"))
+                line = toolkit_log.strip_ansi(raw.decode("utf-8", errors="replace").rstrip("\n"))
                 log.write(line + "\n")
                 self.tail.append(line)
-                if "REGTASK" in line:
+                if toolkit_log.is_regtask(line):
                     self.regtask += 1
-                    value = _REGTASK_VALUE.search(line)
-                    if value:  # the magnitude is what separates a harmless overflow from a ruinous one
-                        self.regtask_max = max(self.regtask_max, int(value.group(1), 16))
+                    value = toolkit_log.regtask_value(line)
+                    if value is not None:  # the magnitude is what separates a harmless overflow from a ruinous one
+                        self.regtask_max = max(self.regtask_max, value)
                     if self.regtask > self.regtask_limit and not self.killed_for_regtask:
                         self.killed_for_regtask = True
                         self._kill()

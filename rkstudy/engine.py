@@ -8,7 +8,6 @@ valid input (token ids), a probe of their own.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +20,7 @@ from .cache import sha256_file
 from .contract import Contract, from_metadata
 from .results import toolkit_version
 from .runtime import OrtRunner, SimulatorRunner
+from .toolkit.log import parse_accuracy_analysis
 
 ALIVE_GATE = gates.Gate("simulator_vs_fp32_probe", 15.0)  # the fp16 noise floor sits at 22-36 dB on real decoders
 
@@ -99,57 +99,6 @@ class Analysis:
     def overflowed(self) -> list[str]:
         """Layers whose simulator output left the fp16 range ('q_inf' in the toolkit's report)."""
         return [r["layer"] for r in self.rows if r["overflow"]]
-
-
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_LAYER = re.compile(r"^\[(?P<op>[^\]]+)\]\s+(?P<layer>\S+)\s+(?P<ec>\S+)\s*\|\s*(?P<ee>\S+)\s+"
-                    r"(?P<sc>\S+)\s*\|\s*(?P<se>\S+)\s*$")
-_OUT_OF_FP16 = re.compile(r"The range \[(?P<lo>[^,]+), (?P<hi>[^\]]+)\] of '(?P<name>[^']+)' is out of the float16")
-
-
-def _number(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        return float("inf")  # q_inf: the toolkit's mark for a layer whose range left fp16
-
-
-def _snapshot_max(folder: Path, files: dict[str, str], layer: str) -> tuple[float, int]:
-    path = folder / "npy" / (Path(files.get(layer, layer)).stem + ".npy")
-    if not path.is_file():
-        return float("nan"), 0
-    x = np.load(path).astype(np.float64)
-    finite = x[np.isfinite(x)]
-    return (float(np.max(np.abs(finite))) if finite.size else float("nan")), int(x.size - finite.size)
-
-
-def parse_accuracy_analysis(snapshot: Path, log_text: str = "") -> list[dict]:
-    """Rows of the toolkit's error_analysis.txt, with each layer's max |x| (golden fp32 and simulator
-    fp16, from the snapshot's npy files), its non-finite count and whether the build log warned that
-    its range is out of fp16."""
-    snapshot = Path(snapshot)
-    files = {}
-    mapping = snapshot / "map_name_to_file.txt"
-    if mapping.is_file():
-        for line in mapping.read_text(encoding="utf-8", errors="replace").splitlines()[2:]:
-            parts = line.split()
-            if len(parts) == 2:
-                files[parts[0]] = parts[1]
-    warned = {m["name"] for m in _OUT_OF_FP16.finditer(_ANSI.sub("", log_text))}
-    rows = []
-    for line in (snapshot / "error_analysis.txt").read_text(encoding="utf-8", errors="replace").splitlines():
-        m = _LAYER.match(_ANSI.sub("", line).strip())
-        if not m:
-            continue
-        golden, _ = _snapshot_max(snapshot / "golden", files, m["layer"])
-        sim, nonfinite = _snapshot_max(snapshot / "simulator", files, m["layer"])
-        values = [m[k] for k in ("ec", "ee", "sc", "se")]
-        rows.append({"layer": m["layer"], "op": m["op"], "entire_cos": _number(values[0]),
-                     "entire_euc": _number(values[1]), "single_cos": _number(values[2]),
-                     "single_euc": _number(values[3]), "overflow": any(v == "q_inf" for v in values),
-                     "range_warned": m["layer"] in warned, "golden_max_abs": golden,
-                     "simulator_max_abs": sim, "simulator_nonfinite": nonfinite})
-    return rows
 
 
 def accuracy_analysis(onnx_path: Path | str, target: str, feeds: dict, out_dir: Path | str | None = None,

@@ -34,7 +34,7 @@ def main() -> int:
     _, renders = ks.global_statistics(model, utt)
     full, stats = renders["full"], renders["statistics"]
     path = ks.fed_stats_graph(model)
-    eng = ks.SimulatedEngine(path, args.target)
+    eng = ks.simulated(path, args.target)
     try:
         eng.report.raise_for_status()
         walked = {"simulator": (ks.fed_stats_walk(eng, model, utt, stats), eng),

@@ -120,14 +120,6 @@ def test_the_ladder_walk_loads_lazily_evicts_lru_and_refuses_the_long_rung():
     assert rows[7]["resident"] == "S500" and max(r["resident_mib"] for r in rows) <= SEEDS.budget.mib
 
 
-def test_memory_plan_from_a_recorded_build_log():
-    plan = study.memory_plan((FIXTURES / "buildlog" / "dit_d1_s64_memory_tail.log").read_text())
-    assert plan == study.MemoryPlan(internal_bytes=round(1626.38 * 1024), weight_bytes=round(44180.5 * 1024))
-    assert study.memory_plan("I rknn building done.") is None
-    line = "D RKNN: [14:51:29.998] 12   exSDPAttention   FLOAT16  NPU (1,16,64,64) ..."
-    assert study.layer_ops(line)[("exSDPAttention", "NPU")] == 1
-
-
 def test_growth_fit_recovers_a_known_curve_and_its_crossing():
     a, b, c = 500_000.0, 16_000.0, 10.0
     builds = [{"attn": "sdpa/key", "depth": 2, "status": "ok", "S": s, "engine_bytes": 7e7 + 2000 * s,

@@ -3,6 +3,7 @@ import onnx
 import pytest
 
 from rkstudy import gates, graph
+from rkstudy.build import BuildFailed
 from rkstudy.families.toolchain import probes as toolchain
 from rkstudy.runtime import BoardRunner, BoardUnavailable, OrtRunner, SimulatorRunner, board_available
 from rkstudy.window import walk_windows
@@ -35,6 +36,19 @@ def test_simulator_refuses_a_wrong_shape_and_keeps_serving(probe):
         with pytest.raises(KeyError, match="this engine takes x"):
             sim.run({"z": np.zeros((1, 16, 1, 32), np.float32)})
         assert sim.run({"x": np.zeros((1, 16, 1, 32), np.float32)})[0].shape == (1, 1, 1, 128)
+
+
+def test_a_failed_build_raises_unless_its_report_is_kept(tmp_path):
+    model = toolchain.vocoder_probe()
+    model.opset_import[0].version = 20  # the toolkit refuses the opset at load_onnx
+    path = tmp_path / "opset20.onnx"
+    onnx.save(model, str(path))
+    with pytest.raises(BuildFailed, match="failed at load_onnx"):
+        SimulatorRunner(path, "rk3588")
+    kept = SimulatorRunner(path, "rk3588", keep_failed=True, verbose=True)
+    assert (kept.report.ok, kept.report.status, kept.report.failed_step) == (False, "failed", "load_onnx")
+    assert kept.report.engine is None and kept.peak_rss_mb == kept.report.peak_rss_mb > 0
+    kept.close()  # the child is already gone: closing again is harmless
 
 
 def test_walk_the_simulator_over_a_long_latent(probe):

@@ -22,6 +22,7 @@ import onnx
 from onnx import helper, numpy_helper, shape_inference
 
 from . import load
+from .index import Index, splice
 
 UPSAMPLERS = ("convtranspose", "resize")
 
@@ -105,11 +106,12 @@ def _check_lengths(model: onnx.ModelProto, masked_of: dict) -> None:
                              "conv order does not follow the upsample order this rewrite assumes")
 
 
-def _resize_scale(node: onnx.NodeProto, consts: dict, shapes: dict) -> int | None:
+def _resize_scale(node: onnx.NodeProto, idx: Index) -> int | None:
     """The integer upsampling factor of a Resize that scales only its last axis, else None."""
+    consts, shape = idx.constants, idx.static_shape(node.input[0])
     scales = consts.get(node.input[2]) if len(node.input) > 2 and node.input[2] else None
-    if scales is None and len(node.input) > 3 and node.input[3] in consts and node.input[0] in shapes:
-        scales = np.asarray(consts[node.input[3]], np.float64) / np.asarray(shapes[node.input[0]], np.float64)
+    if scales is None and len(node.input) > 3 and node.input[3] in consts and shape is not None:
+        scales = np.asarray(consts[node.input[3]], np.float64) / np.asarray(shape, np.float64)
     if scales is None or len(scales) not in (3, 4) or np.any(np.asarray(scales[:-1]) != 1):
         return None
     s = float(scales[-1])
@@ -125,50 +127,32 @@ def resize_to_convtranspose(model) -> onnx.ModelProto:
     the NPU. Each replacement is checked against the Resize it replaces on an index probe in
     onnxruntime (any coordinate mode that does not repeat each frame s times is left alone).
     """
-    import onnxruntime as ort
-
     model = load(model)
     g = model.graph
-    inferred = shape_inference.infer_shapes(model)
-    shapes = {}
-    for vi in list(inferred.graph.input) + list(inferred.graph.value_info):
-        d = vi.type.tensor_type.shape.dim
-        if d and all(x.HasField("dim_value") for x in d):
-            shapes[vi.name] = tuple(x.dim_value for x in d)
-    consts = {i.name: numpy_helper.to_array(i) for i in g.initializer}
-    nodes, inits = [], []
-    for n in g.node:
+    idx = Index.inferred(model)
+    at, inits = {}, []
+    for i, n in enumerate(g.node):
         attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
-        s = _resize_scale(n, consts, shapes) if n.op_type == "Resize" else None
-        shape = shapes.get(n.input[0])
+        s = _resize_scale(n, idx) if n.op_type == "Resize" else None
+        shape = idx.static_shape(n.input[0]) if n.input else None
         if s is None or attrs.get("mode", b"nearest") != b"nearest" or shape is None:
-            nodes.append(n)
             continue
         rank, channels = len(shape), shape[1]
         kernel = [s] if rank == 3 else [1, s]
-        weight = numpy_helper.from_array(np.ones((channels, 1, *kernel), np.float32), f"{n.output[0]}.ones")
-        up = helper.make_node("ConvTranspose", [n.input[0], weight.name], [n.output[0]], name=f"{n.name}_convtranspose",
+        ones = np.ones((channels, 1, *kernel), np.float32)
+        weight = f"{n.output[0]}.ones"
+        up = helper.make_node("ConvTranspose", [n.input[0], weight], [n.output[0]], name=f"{n.name}_convtranspose",
                               kernel_shape=kernel, strides=kernel, group=channels)
-        probe = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+        probe = {n.input[0]: np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)}
         runs = []
-        for node, extra in ((n, [numpy_helper.from_array(consts[t], t) for t in n.input[1:] if t in consts]),
-                            (up, [weight])):
-            m = helper.make_model(helper.make_graph(
-                [node], "probe", [helper.make_tensor_value_info(n.input[0], onnx.TensorProto.FLOAT, list(shape))],
-                [helper.make_tensor_value_info(n.output[0], onnx.TensorProto.FLOAT, None)], extra),
-                opset_imports=list(model.opset_import))
-            m.ir_version = min(model.ir_version or 8, 9)
+        for node in (n, up):
             try:
-                sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
-                runs.append(sess.run(None, {n.input[0]: probe})[0])
+                runs.append(idx.probe([node], probe, [n.output[0]], extra={weight: ones})[0])
             except Exception:  # noqa: BLE001 - a Resize onnxruntime cannot run is left as it is
                 runs.append(None)
-        if runs[0] is not None and runs[0].shape == runs[1].shape and np.array_equal(runs[0], runs[1]):
-            nodes.append(up)
-            inits.append(weight)
-        else:
-            nodes.append(n)
-    del g.node[:]
-    g.node.extend(nodes)
+        if all(r is not None for r in runs) and np.array_equal(*runs):  # same shape and values
+            at[i] = [up]
+            inits.append(numpy_helper.from_array(ones, weight))
+    splice(model, at, drop=at.keys())
     g.initializer.extend(inits)
     return model

@@ -31,9 +31,10 @@ from math import ceil
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper, shape_inference
+from onnx import helper
 
 from ..errors import InputError
+from .index import Index
 
 
 class NotStreamable(InputError):
@@ -139,30 +140,6 @@ class DelayMap:
 
 def _attrs(node: onnx.NodeProto) -> dict:
     return {a.name: helper.get_attribute_value(a) for a in node.attribute}
-
-
-def _constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
-    out = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
-    for n in model.graph.node:
-        if n.op_type == "Constant" and n.attribute and n.attribute[0].type == onnx.AttributeProto.TENSOR:
-            out[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
-    return out
-
-
-def inferred_shapes(model: onnx.ModelProto) -> dict[str, tuple[int | None, ...]]:
-    """Every tensor shape onnx's shape inference can give (None for an unknown dim)."""
-    inferred = shape_inference.infer_shapes(model)
-    g = inferred.graph
-    out = {}
-    for vi in list(g.input) + list(g.value_info) + list(g.output):
-        if vi.type.tensor_type.HasField("shape"):
-            out[vi.name] = tuple(d.dim_value if d.HasField("dim_value") else None
-                                 for d in vi.type.tensor_type.shape.dim)
-    for i in g.initializer:
-        out[i.name] = tuple(i.dims)
-    for name, arr in _constants(model).items():
-        out[name] = tuple(arr.shape)
-    return out
 
 
 def _norm(axis: int, rank: int) -> int:
@@ -308,8 +285,8 @@ def delay_map(model: onnx.ModelProto, time_inputs: Sequence[str]) -> DelayMap:
     missing = [t for t in time_inputs if t not in names]
     if missing:
         raise NotStreamable(f"no graph input named {', '.join(missing)}; inputs are {', '.join(sorted(names))}")
-    shapes = inferred_shapes(model)
-    consts = _constants(model)
+    idx = Index.inferred(model)
+    shapes, consts = idx.shapes, idx.constants
     timing: dict[str, Timing] = {t: Timing(1, 0) for t in time_inputs}
     reads: list[Read] = []
     convs: list[ConvPlan] = []
@@ -369,18 +346,14 @@ def conv_macs(model: onnx.ModelProto) -> int:
     the shapes onnx infers: Conv = output elements x C_in/group x K; ConvTranspose = input elements
     x C_out/group x K (every input sample meets every tap once). Why: the compute a decode path
     spends is counted from the graph itself, not from a timing on a loaded machine."""
-    inferred = shape_inference.infer_shapes(model)
-    g = inferred.graph
-    shapes = {vi.name: [d.dim_value for d in vi.type.tensor_type.shape.dim]
-              for vi in list(g.input) + list(g.value_info) + list(g.output)}
-    weights = {i.name: tuple(i.dims) for i in g.initializer}
+    idx = Index.inferred(model)
     total = 0
-    for n in g.node:
+    for n in idx.nodes:
         if n.op_type not in CONV_OPS:
             continue
-        w = weights.get(n.input[1])
+        w = idx.initializers[n.input[1]].dims if n.input[1] in idx.initializers else None
         io = n.output[0] if n.op_type == "Conv" else n.input[0]
-        dims = shapes.get(io)
+        dims = idx.shapes.get(io)
         if w is None or not dims or not all(dims):
             raise InputError(f"{n.op_type} {n.name!r}: no static weights or shape; pin the inputs first")
         total += int(np.prod(dims)) * int(w[1]) * int(np.prod(w[2:]))

@@ -20,6 +20,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from . import load
+from .index import splice
 
 TWO_PI = 2.0 * np.pi
 
@@ -80,21 +81,19 @@ def reduce_sin(model, degree: int = 5, ops: tuple[str, ...] = ("Sin", "Cos"), fo
         raise ValueError(f"reduce_sin rewrites Sin and Cos, not {', '.join(sorted(unknown))}")
     model = load(model)
     g = model.graph
-    out, inits = [], []
+    at, inits = {}, []
     for i, n in enumerate(g.node):
         if n.op_type not in ops or n.domain not in ("", "ai.onnx"):
-            out.append(n)
             continue
         prefix = f"{n.name or n.output[0]}/sine{i}"
-        x = n.input[0]
+        x, new = n.input[0], []
         if n.op_type == "Cos":  # cos(x) = sin(x + π/2)
             inits.append(numpy_helper.from_array(np.array(np.pi / 2, np.float32), f"{prefix}.quarter"))
-            out.append(helper.make_node("Add", [x, f"{prefix}.quarter"], [f"{prefix}.x"], name=f"{prefix}.x"))
+            new.append(helper.make_node("Add", [x, f"{prefix}.quarter"], [f"{prefix}.x"], name=f"{prefix}.x"))
             x = f"{prefix}.x"
         nodes, consts = _chain(x, n.output[0], prefix, degree, fold)
-        out.extend(nodes)
+        at[i] = new + nodes
         inits.extend(consts)
-    del g.node[:]
-    g.node.extend(out)
+    splice(model, at, drop=at.keys())
     g.initializer.extend(inits)
     return model

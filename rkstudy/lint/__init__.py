@@ -25,11 +25,12 @@ from typing import NamedTuple
 
 import numpy as np
 import onnx
-from onnx import numpy_helper, shape_inference
+from onnx import shape_inference
 
 from .. import graph
 from ..contract import TARGETS
 from ..errors import InputError, UsageError, one_line
+from ..graph.index import Index
 from ..results import seed_figure
 
 SEVERITIES = ("error", "warning", "info")
@@ -157,8 +158,8 @@ def node_name(node: onnx.NodeProto) -> str:
 
 @dataclass
 class GraphView:
-    """One graph as the rules see it: pinned and shape-inferred, with its producers, consumers,
-    constants and (with --sample) the sample inputs.
+    """One graph as the rules see it: pinned and shape-inferred, with its index (producers,
+    consumers, shapes, constants: rkstudy.graph.index) and (with --sample) the sample inputs.
 
     `pinned` holds the shapes given by --input or taken from the sample; `dynamic` the inputs whose
     dims are still not concrete, with those dims (a symbol as text)."""
@@ -169,65 +170,56 @@ class GraphView:
     pinned: dict[str, tuple[int, ...]] = field(default_factory=dict)
     dynamic: dict[str, tuple] = field(default_factory=dict)
     sample: dict[str, np.ndarray] | None = None
-    shapes: dict[str, tuple] = field(default_factory=dict)
-    elem_types: dict[str, int] = field(default_factory=dict)
-    producer: dict[str, onnx.NodeProto] = field(default_factory=dict)
-    consumers: dict[str, list[onnx.NodeProto]] = field(default_factory=dict)
-    _const_protos: dict = field(default_factory=dict)
-    _consts: dict = field(default_factory=dict)
-    _constant_tensors: dict = field(default_factory=dict)
     memo: dict = field(default_factory=dict)  # computations several rules share (the sample's node maxima)
+    index: Index = field(init=False)
+
+    def __post_init__(self):
+        self.index = Index(self.model)
 
     @property
     def nodes(self) -> list[onnx.NodeProto]:
         """Nodes in graph order (ONNX requires it to be topological)."""
-        return list(self.model.graph.node)
+        return self.index.nodes
 
     @property
     def inputs(self) -> list[str]:
-        inits = {i.name for i in self.model.graph.initializer}
+        inits = self.index.initializers
         return [i.name for i in self.model.graph.input if i.name not in inits]
 
     @property
     def outputs(self) -> list[str]:
         return [o.name for o in self.model.graph.output]
 
+    @property
+    def shapes(self) -> dict[str, tuple]:
+        return self.index.shapes
+
+    @property
+    def elem_types(self) -> dict[str, int]:
+        return self.index.elem_types
+
+    @property
+    def producer(self) -> dict[str, onnx.NodeProto]:
+        return self.index.producer
+
+    @property
+    def consumers(self) -> dict[str, list[onnx.NodeProto]]:
+        return self.index.consumers
+
     def shape(self, tensor: str) -> tuple | None:
         """Dims of `tensor` (ints; None where not concrete), or None when inference has no shape."""
-        return self.shapes.get(tensor)
+        return self.index.shapes.get(tensor)
 
     def const(self, tensor: str) -> np.ndarray | None:
         """The value of an initializer or a Constant node's output, else None."""
-        if tensor not in self._consts:
-            proto = self._const_protos.get(tensor)
-            self._consts[tensor] = None if proto is None else numpy_helper.to_array(proto)
-        return self._consts[tensor]
+        return self.index.constants.get(tensor)
 
     def is_const(self, tensor: str) -> bool:
-        return tensor in self._const_protos
+        return self.index.is_const(tensor)
 
     def from_constants(self, tensor: str) -> bool:
         """`tensor` is computed from constants only (so a constant fold removes it)."""
-        seen = self._constant_tensors
-        stack = [tensor]
-        while stack:
-            t = stack[-1]
-            if t in seen:
-                stack.pop()
-                continue
-            node = self.producer.get(t)
-            if t == "" or self.is_const(t):
-                seen[t] = True
-            elif node is None or node.op_type.startswith("Random"):
-                seen[t] = False
-            else:
-                todo = [i for i in node.input if i and i not in seen]
-                if todo:
-                    stack.extend(todo)
-                    continue
-                seen[t] = all(seen[i] for i in node.input if i)
-            stack.pop()
-        return seen[tensor]
+        return self.index.from_constants(tensor)
 
     def attr(self, node: onnx.NodeProto, name: str, default=None):
         a = next((a for a in node.attribute if a.name == name), None)
@@ -314,24 +306,6 @@ def view(model, inputs: Mapping[str, Sequence[int]] | None = None, *, target: st
                          "check the pinned shapes against the graph's inputs") from None
     v = GraphView(model=pinned, target=target, declared=declared, pinned=pins, sample=sample)
     g = pinned.graph
-    for vi in list(g.input) + list(g.value_info) + list(g.output):
-        v.shapes[vi.name] = _dims(vi)
-        v.elem_types[vi.name] = vi.type.tensor_type.elem_type
-    for init in g.initializer:
-        v.shapes[init.name] = tuple(init.dims)
-        v.elem_types[init.name] = init.data_type
-        v._const_protos[init.name] = init
-    for n in g.node:
-        for o in n.output:
-            if o:
-                v.producer[o] = n
-        for t in n.input:
-            if t:
-                v.consumers.setdefault(t, []).append(n)
-        if n.op_type == "Constant":
-            t = next((a.t for a in n.attribute if a.name == "value" and a.type == onnx.AttributeProto.TENSOR), None)
-            if t is not None:
-                v._const_protos[n.output[0]] = t
     for vi in g.input:
         if vi.name in inits:
             continue

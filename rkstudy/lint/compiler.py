@@ -16,38 +16,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from ..toolkit.log import IO_OPS, Layer, layer_table
+
 VERDICT_VERSION = 2  # bump when what a Verdict records changes (keys the verdict cache)
-IO_OPS = ("InputOperator", "OutputOperator")
 LAYOUT_OPS = ("Reshape", "Transpose")  # what the compiler inserts around 3-D tensors (its layouts are 4-D)
-_ROW = re.compile(r"^D RKNN: \[[^\]]+\]\s+(?P<id>\d+)\s+(?P<op>\S+)\s+(?P<dtype>\S+)\s+(?P<target>CPU|NPU|GPU)\s"
-                  r".*\s(?P<full>\S+)\s*$")
-
-
-@dataclass(frozen=True)
-class Layer:
-    """One row of the compiler's "Network Layer Information Table" (verbose builds only).
-    `name` is the ONNX node name after the table's `OpType:` prefix."""
-
-    id: int
-    op: str
-    target: str
-    name: str
-
-    @property
-    def node(self) -> str:
-        """The ONNX node (or tensor) the layer is named after: the compiler appends `#k` to split layers."""
-        return self.name.split("#", 1)[0]
-
-
-def layer_table(log_text: str) -> list[Layer]:
-    """The layer table of a verbose build log (empty when the build printed none)."""
-    layers = []
-    for line in log_text.splitlines():
-        m = _ROW.match(line)
-        if m:
-            full = m["full"]
-            layers.append(Layer(int(m["id"]), m["op"], m["target"], full.split(":", 1)[1] if ":" in full else full))
-    return layers
 
 
 @dataclass

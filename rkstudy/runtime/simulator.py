@@ -18,13 +18,16 @@ class SimulatorRunner(Runner):
     """Build `onnx_path` for `target` in a toolkit child and run the simulator there.
 
     `report` is the BuildReport (REGTASK count, seconds, engine size when `out` is given).
-    Raises BuildFailed if the build does not succeed.
+    Raises BuildFailed if the build does not succeed, unless `keep_failed`: then the child is
+    stopped and `report` says how the build failed (a REGTASK-limit kill or a timeout is a
+    measurement of a sweep, not an error), and `run` must not be called.
     """
 
     where = "simulator"
 
     def __init__(self, onnx_path, target: str = "rk3588",
-                 shapes: Mapping[str, Sequence[int]] | None = None, out=None, **build_kwargs):
+                 shapes: Mapping[str, Sequence[int]] | None = None, out=None, *, keep_failed: bool = False,
+                 **build_kwargs):
         from .. import graph
         from ..build import EngineProcess
 
@@ -35,7 +38,8 @@ class SimulatorRunner(Runner):
         self.report = self._proc.wait_built()
         if not self.report.ok:
             self._proc.close()
-            self.report.raise_for_status()
+            if not keep_failed:
+                self.report.raise_for_status()
 
     def run(self, inputs) -> list[np.ndarray]:
         arrays = self._ordered(inputs)
@@ -45,9 +49,14 @@ class SimulatorRunner(Runner):
                                  f"{tuple(self.shapes[name])} (RKNN engines have fixed shapes)")
         return [np.asarray(o, dtype=np.float32) for o in self._proc.run(arrays)]
 
+    @property
+    def peak_rss_mb(self) -> float:
+        """The child's peak RSS so far, build and every run (final once closed); `report` keeps
+        the build's own."""
+        return self._proc.peak_rss_mb
+
     def close(self) -> None:
-        """Stop the child; its report then carries the child's whole-life peak RSS (build and
-        inference: the peak is only known once the child is reaped)."""
+        """Stop the child (a report without a peak RSS then takes the child's whole-life peak)."""
         self._proc.close()
         if not self.report.peak_rss_mb:
             self.report.peak_rss_mb = self._proc.peak_rss_mb

@@ -17,7 +17,7 @@ import onnx
 from onnx import helper
 
 from rkstudy.graph import relshift
-from rkstudy.graph import relshift as banded  # the shipped form's helpers (masks, emitters)
+from rkstudy.graph.relshift import banded  # the shipped form's helpers (masks, emitters)
 
 
 def _band(table, f, axis):
@@ -285,4 +285,4 @@ def make(form: str, folded: onnx.ModelProto) -> onnx.ModelProto:
         return relshift.rewrite_relshift(folded)
     l, v = split(form)
     todo = [f for f in relshift.plan(relshift.find_relshift(folded), relshift.BANDED) if f.form == relshift.BANDED]
-    return relshift._rewrite_banded(folded, todo, LOGITS[l], VALUES[v])
+    return banded.rewrite_banded(folded, todo, LOGITS[l], VALUES[v])

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import resource
 import threading
 import time
@@ -90,19 +89,14 @@ def snr_db(ref: np.ndarray, test: np.ndarray) -> float:
     return float("inf") if noise == 0 else float(10 * np.log10(np.sum(ref ** 2) / noise))
 
 
-OP_ROW = re.compile(r"^D RKNN: \[[^\]]+\]\s+\d+\s+(\w+)\s+\w+\s+(CPU|NPU)\s.*\s(\S+)\s*$")
-
-
 def cpu_ops(log: str) -> list[str]:
-    """Ops the compiled engine runs on the CPU, from the op table of a verbose build log
-    ("<idx> <Op> <dtype> CPU|NPU <shapes> ... <Op>:<name>"), input/output operators left out.
-    The "will fallback to CPU" warnings are not used: some name ops a later pass puts back."""
-    found = {}
-    with open(log, encoding="utf-8", errors="replace") as fh:
-        for line in fh:
-            m = OP_ROW.match(line.replace("\r", ""))
-            if m and m.group(2) == "CPU" and m.group(1) not in ("InputOperator", "OutputOperator"):
-                found[m.group(3)] = m.group(1)
+    """Ops the compiled engine runs on the CPU, one per CPU layer of the verbose build log's layer
+    table (rkstudy.toolkit.log), input/output operators left out. The "will fallback to CPU"
+    warnings are not used: some name ops a later pass puts back."""
+    from rkstudy.toolkit.log import IO_OPS, layer_table
+
+    text = Path(log).read_text(encoding="utf-8", errors="replace").replace("\r", "")
+    found = {f"{x.op}:{x.name}": x.op for x in layer_table(text) if x.target == "CPU" and x.op not in IO_OPS}
     return sorted(found.values())
 
 

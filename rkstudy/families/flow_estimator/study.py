@@ -10,11 +10,8 @@ largest mapping would cross the 32-bit ceiling. Rows carry where/target from wha
 
 from __future__ import annotations
 
-import re
 import tempfile
-from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +24,7 @@ from ...build import build_engine
 from ...contract import Contract
 from ...engine import simulator_vs_fp32
 from ...results import HOST
+from ...toolkit.log import layer_table, memory_plan, op_targets
 from . import producer
 
 SIM_GATE = gates.Gate("simulator_vs_fp32", 30.0)  # a floor: the stand-in measured 46-59 dB here
@@ -150,36 +148,6 @@ def walk_ladder(seeds: SeedsModel, rungs: Sequence[str], requests: Sequence[int]
 
 
 # --- the stand-in: builds, the compiler's memory plan, simulator SNR -----------------------------
-_PLAN = re.compile(r"Total (Internal|Weight) Memory Size:\s*([0-9.]+)\s*(KB|MB|B)\b")
-_PLAN_UNIT = {"B": 1, "KB": 1024, "MB": 1024 * 1024}
-_LAYER = re.compile(r"^D RKNN: \[[0-9:.]+\] \d+ +(\w+) +\w+ +(CPU|NPU) ", re.M)
-
-
-@dataclass(frozen=True)
-class MemoryPlan:
-    """The compiler's plan for the two buffers a context maps, in bytes (its KB are KiB: it prints
-    1626.38KB for 1665413 B). Whether librknnrt's RKNN_QUERY_MEM_SIZE on a board reports the same
-    is one `rkstudy board memory` call away, and not measured here."""
-
-    internal_bytes: int
-    weight_bytes: int
-
-
-def memory_plan(log_text: str) -> MemoryPlan | None:
-    """The plan a verbose build log prints (rknn-toolkit2 2.5.0's RKNNMemStatisticsPass), or None."""
-    found = {kind: int(round(float(value) * _PLAN_UNIT[unit])) for kind, value, unit in _PLAN.findall(log_text)}
-    if "Internal" not in found or "Weight" not in found:
-        return None
-    return MemoryPlan(found["Internal"], found["Weight"])
-
-
-def layer_ops(log_text: str) -> Counter:
-    """{(op type, CPU|NPU): count} from the verbose log's layer table: which ops the compiler fused
-    (exSDPAttention is a whole attention, its S^2 scores never planned as a tensor) and which stayed
-    on the CPU."""
-    return Counter(_LAYER.findall(log_text))
-
-
 def build_row(frames: int, *, depth: int, attn_form: str = "sdpa", simulate: bool = False,
               target: str = "rk3588") -> tuple[list[dict], Contract]:
     """Export, fold and build the stand-in at `frames` (verbose, a fresh build: the converter child
@@ -190,13 +158,12 @@ def build_row(frames: int, *, depth: int, attn_form: str = "sdpa", simulate: boo
         product = producer.produce(frames, depth=depth, attn_form=attn_form, output=Path(tmp) / "est.onnx")
         report = build_engine(product.path, target, out=Path(tmp) / "est.rknn", reuse=False, verbose=True)
         log = Path(report.log).read_text(errors="replace") if report.log and Path(report.log).is_file() else ""
-        plan, ops = memory_plan(log), layer_ops(log)
+        plan, ops = memory_plan(log), op_targets(layer_table(log))
         rows = [{**product.row(), "engine_bytes": report.engine_bytes, **report.row(),
                  "plan_internal_bytes": plan.internal_bytes if plan else "",
                  "plan_weight_bytes": plan.weight_bytes if plan else "",
                  "fused_sdpa": ops[("exSDPAttention", "NPU")],
-                 "cpu_ops": " ".join(sorted({op for op, where in ops if where == "CPU"}
-                                            - {"InputOperator", "OutputOperator"}))}]
+                 "cpu_ops": " ".join(sorted({op for op, where in ops if where == "CPU"}))}]
         if simulate and report.ok:
             sim = simulator_vs_fp32(product.path, target, [producer.feeds(product.contract)], gate=SIM_GATE)
             r = sim.rows[0]

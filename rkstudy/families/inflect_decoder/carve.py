@@ -21,6 +21,7 @@ from onnx import TensorProto, helper
 
 from ... import cache, graph
 from ...errors import EngineMismatch
+from ...graph.index import Index
 from ..piper.voice import DecoderModel, DecoderSeam, Voice, ids_feed, seed_random_nodes
 from ..piper_decoder.producer import decoder_graph
 
@@ -31,7 +32,7 @@ PRODUCER = "rkstudy inflect decoder --decode-onnx decode.onnx --skip-rknn --outp
 
 def prior_statistics(model: onnx.ModelProto, seam: DecoderSeam) -> tuple[str, str]:
     """The tensors m_p and logs_p of `z = m_p + randn * exp(logs_p) * noise_scale` in a Piper graph."""
-    producer = {o: n for n in model.graph.node for o in n.output}
+    producer = Index(model).producer
     add = producer[seam.z]
     for mean, noise in (add.input, reversed(add.input)):
         stack, seen = [noise], set()

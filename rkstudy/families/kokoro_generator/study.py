@@ -24,11 +24,11 @@ import torch
 from tqdm.auto import tqdm
 
 from ... import cache, gates, graph
-from ...build import BUILD_TIMEOUT_S, REGTASK_LIMIT, BuildReport, EngineProcess, build_engine
+from ...build import BUILD_TIMEOUT_S, REGTASK_LIMIT, BuildReport, build_engine
 from ...planner import PlanTarget
 from ...results import HOST
-from ...runtime import OrtRunner
-from ...runtime.base import Runner
+from ...runtime import OrtRunner, SimulatorRunner
+from ...toolkit.log import cpu_ops, layer_table
 from ...window import Rate, plan_windows, walk
 from . import frontend, generator, head, weights
 from .generator import ENGINE, FINE, REFERENCE, Rewrites
@@ -272,60 +272,7 @@ def toolkit_probes(target: str = "rk3588", names: Sequence[str] | None = None, p
     return rows
 
 
-class SimulatedEngine(Runner):
-    """One build in a toolkit child that then serves the PC simulator, keeping the BuildReport when the
-    build fails (a REGTASK-limit kill is a measurement, not an error); the child's peak RSS (build and
-    simulator) is recorded on the report when it closes."""
-
-    where = "simulator"
-
-    def __init__(self, onnx_path, target: str, out=None, *, regtask_limit: int = REGTASK_LIMIT, verbose: bool = True,
-                 timeout: float = BUILD_TIMEOUT_S):
-        self.target = target
-        self.shapes = graph.input_shapes(Path(onnx_path))
-        self.input_names = list(self.shapes)
-        self._proc = EngineProcess(str(onnx_path), target, self.shapes, str(out) if out else None, serve=True,
-                                   regtask_limit=regtask_limit, verbose=verbose, timeout=timeout)
-        self.report: BuildReport = self._proc.wait_built()
-        if not self.report.ok:
-            self.close()
-
-    def run(self, inputs) -> list[np.ndarray]:
-        return [np.asarray(o, np.float32) for o in self._proc.run(self._ordered(inputs))]
-
-    def close(self) -> None:
-        self._proc.close()
-        self.report.peak_rss_mb = max(self.report.peak_rss_mb, self._proc.peak_rss_mb)
-
-
-_LAYER = re.compile(r"^\s*\d+\s+(\w+)\s+\w+\s+(CPU|NPU)\s")
-
-
-def op_targets(log: Path | str) -> Counter:
-    """(op type, CPU | NPU) counts from the compiler's Network Layer Information Table in a verbose build
-    log (the Input/OutputOperator rows, CPU by definition, left out)."""
-    counts: Counter = Counter()
-    in_table = False
-    for line in Path(log).read_text(encoding="utf-8", errors="replace").splitlines():
-        text = line.split("] ", 1)[-1] if line.startswith(("D RKNN", "I RKNN")) else line
-        if "Network Layer Information Table" in text:
-            in_table, counts = True, Counter()
-            continue
-        if in_table:
-            m = _LAYER.match(text)
-            if m and m.group(1) not in ("InputOperator", "OutputOperator"):
-                counts[(m.group(1), m.group(2))] += 1
-            elif text.startswith("<<<<<<<< end"):
-                in_table = False
-    return counts
-
-
-def cpu_ops(log: Path | str) -> str:
-    """The ops a compiled engine leaves on the CPU, as 'Op:count ...' (empty when none)."""
-    return " ".join(f"{op}:{n}" for (op, where), n in sorted(op_targets(log).items()) if where == "CPU")
-
-
-def simulate_row(engine: SimulatedEngine, feed: dict, reference: np.ndarray) -> dict:
+def simulate_row(engine: SimulatorRunner, feed: dict, reference: np.ndarray) -> dict:
     """The simulator's output on one window against fp32: non-finite count, RMS, peak, SNR."""
     got = engine.run(feed)[0]
     finite = np.isfinite(got)
@@ -338,8 +285,8 @@ def simulate_row(engine: SimulatedEngine, feed: dict, reference: np.ndarray) -> 
 
 @contextmanager
 def engine(produced: Produced, target: str, *, regtask_limit: int = REGTASK_LIMIT):
-    """A SimulatedEngine for a produced graph (closed on exit)."""
-    eng = SimulatedEngine(produced.path, target, regtask_limit=regtask_limit)
+    """A simulator engine (verbose build, kept when the build fails) for a produced graph (closed on exit)."""
+    eng = simulated(produced.path, target, regtask_limit=regtask_limit)
     try:
         yield eng
     finally:
@@ -347,7 +294,18 @@ def engine(produced: Produced, target: str, *, regtask_limit: int = REGTASK_LIMI
             eng.close()
 
 
-def build_row(produced: Produced, eng: SimulatedEngine, feed: dict | None) -> dict:
+def simulated(onnx_path, target: str, out=None, **build_kwargs) -> SimulatorRunner:
+    """The sweep's simulator engine: a verbose build (the layer table names the CPU ops) whose
+    report is kept when the build fails (a REGTASK-limit kill is a measurement, not an error)."""
+    return SimulatorRunner(onnx_path, target, out=out, keep_failed=True, verbose=True, **build_kwargs)
+
+
+def _cpu_ops(log: str) -> str:
+    """The ops a build left on the CPU, from its verbose log's layer table ("" without a log)."""
+    return cpu_ops(layer_table(Path(log).read_text(encoding="utf-8", errors="replace"))) if Path(log).is_file() else ""
+
+
+def build_row(produced: Produced, eng: SimulatorRunner, feed: dict | None) -> dict:
     """The build row (REGTASK lines and largest value, engine size, build time, child peak), the ops
     left on the CPU, and the simulator on `feed` against onnxruntime fp32 on the same graph."""
     c = produced.contract
@@ -357,7 +315,7 @@ def build_row(produced: Produced, eng: SimulatedEngine, feed: dict | None) -> di
            "max_axis": c.params["max_axis"], "inner_frames": inner, "inner_windows": len(walk) or 1,
            "graph": f"in-graph walk: {len(walk)} windows of {inner}, batched" if len(walk) > 1 else "one window",
            "longest_axis": produced.census.longest_axis, **eng.report.row(),
-           "cpu_ops": cpu_ops(eng.report.log) if Path(eng.report.log).is_file() else ""}
+           "cpu_ops": _cpu_ops(eng.report.log)}
     sim = {"nonfinite": -1, "sim_rms": float("nan"), "fp32_rms": float("nan"), "sim_max_abs": float("nan"),
            "snr_vs_fp32_db": float("nan")}
     if eng.report.ok and feed is not None:
@@ -389,7 +347,7 @@ def sweep(model: KokoroModel, cases: Sequence[Case], utt: frontend.Utterance, *,
         produced = produce(case.frames, min(context, (case.frames - 1) // 2), case.rw, max_axis=case.max_axis,
                            model=model)
         out = cache.cache_dir("engines") / f"{Path(produced.path).stem}-{case.target}.rknn"  # the size is the file's
-        eng = SimulatedEngine(produced.path, case.target, out, regtask_limit=case.regtask_limit, timeout=case.timeout)
+        eng = simulated(produced.path, case.target, out, regtask_limit=case.regtask_limit, timeout=case.timeout)
         w = produced.contract.window
         feed = last_window_feed(utt, w.frames, w.context) if utt.frames >= w.frames else \
             window_feed(utt.x, utt.har, utt.style, 0, utt.frames, w.frames)
@@ -398,7 +356,7 @@ def sweep(model: KokoroModel, cases: Sequence[Case], utt: frontend.Utterance, *,
             kept = (produced, eng)
         elif eng.report.ok:
             eng.close()
-            rows[-1]["converter_peak_mb"] = round(eng.report.peak_rss_mb, 1)
+            rows[-1]["converter_peak_mb"] = round(eng.peak_rss_mb, 1)  # build and simulator, the child's whole life
     return rows, kept
 
 
@@ -668,7 +626,7 @@ def fed_stats_walk(runner, model: KokoroModel, utt: frontend.Utterance, stats, f
 
 
 # --- simulator vs fp32 over whole utterances (measurement 7) ---------------------------------------------------
-def simulator_walk_rows(model: KokoroModel, produced: Produced, eng: SimulatedEngine,
+def simulator_walk_rows(model: KokoroModel, produced: Produced, eng: SimulatorRunner,
                         utts: Sequence[frontend.Utterance]) -> tuple[list[dict], list[dict], dict]:
     """The engine walked by the sidecar in the simulator against the same walk in fp32 (the fp16 cost
     alone) and against the full-length fp32 decode (what a listener compares with), per window and per

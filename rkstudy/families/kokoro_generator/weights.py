@@ -41,6 +41,7 @@ from onnx import numpy_helper
 
 from ... import atomic, cache
 from ...errors import InputError
+from ...graph.index import Index
 from .head import IstftHead
 
 PARTS = 4
@@ -161,15 +162,12 @@ class GeneratorWeights:
     source: str
 
 
-class _Graph:
+class _Graph(Index):
+    """The int8 export's index, with the lookups weight recovery asks of it."""
+
     def __init__(self, model: onnx.ModelProto):
-        self.inits = {i.name: i for i in model.graph.initializer}
-        self.producer = {o: n for n in model.graph.node for o in n.output}
-        self.consumers: dict[str, list] = {}
-        for n in model.graph.node:
-            for i in n.input:
-                self.consumers.setdefault(i, []).append(n)
-        self.nodes = list(model.graph.node)
+        super().__init__(model)
+        self.inits = self.initializers
 
     def array(self, name: str) -> np.ndarray:
         if name not in self.inits:

@@ -20,6 +20,7 @@ from onnx import helper
 
 from ... import graph
 from ...errors import InputError
+from ...graph.index import Index
 from ...paths import TEXTS
 from .frontend import Latent, TextFront, ids_feed  # noqa: F401  (re-exported: the voice's id feed and latents)
 
@@ -59,14 +60,6 @@ class DecoderSeam:
         return [self.z, self.y_mask] + ([self.g] if self.g else [])
 
 
-def _consumers(model: onnx.ModelProto) -> dict[str, list[onnx.NodeProto]]:
-    out: dict[str, list[onnx.NodeProto]] = {}
-    for n in model.graph.node:
-        for t in n.input:
-            out.setdefault(t, []).append(n)
-    return out
-
-
 def find_decoder_seam(model: onnx.ModelProto) -> DecoderSeam:
     """Find the inverse-flow input by structure, not by name.
 
@@ -79,9 +72,8 @@ def find_decoder_seam(model: onnx.ModelProto) -> DecoderSeam:
     if not any(n.name.startswith(FLOW) for n in nodes) or not any(n.name.startswith(DEC) for n in nodes):
         raise SeamNotFound("no /flow/ and /dec/ nodes in this graph; is this a Piper (VITS) voice "
                            "exported by piper's exporter?")
-    producer = {o: n for n in nodes for o in n.output}
-    consumers = _consumers(model)
-    weights = {i.name for i in model.graph.initializer}
+    idx = Index(model)
+    producer, consumers, weights = idx.producer, idx.consumers, idx.initializers
     downstream: set[str] = set()  # node names in the decoder half
     # every /flow/ and /dec/ node belongs to it (a speaker-conditioned dec.cond reads g directly,
     # not through the flow), and so does everything they feed

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import onnx
 
 from ... import graph
+from ...graph.index import Index
 from ..piper import voice as piper
 
 
@@ -47,7 +48,7 @@ def find_encoder_seam(model: onnx.ModelProto) -> EncoderSeam:
     if stats is None or cond is None:
         raise SeamNotFound("no Conv reading enc_p.proj.weight and dp.proj.weight in this graph; "
                            "is this a Piper (VITS) voice exported by piper's exporter?")
-    consumers = piper._consumers(model)
+    consumers = Index(model).consumers
     ceil = [n for n in model.graph.node if n.op_type == "Ceil"]
     if len(ceil) != 1:
         raise SeamNotFound(f"expected one Ceil (the duration ceiling), found {len(ceil)}")
@@ -77,7 +78,7 @@ def scales_downstream_only(model: onnx.ModelProto, seam: EncoderSeam | None = No
     seam = seam or find_encoder_seam(model)
     sliced = graph.slice_at(model, [seam.ids, seam.lengths], [seam.stats, seam.cond])
     kept = {n.output[0] for n in sliced.graph.node}
-    consumers = piper._consumers(model)
+    consumers = Index(model).consumers
     downstream, frontier = set(), [seam.scales]
     while frontier:
         t = frontier.pop()

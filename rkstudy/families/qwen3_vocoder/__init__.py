@@ -8,8 +8,8 @@ random weights. Every gate of the study is structural (it holds for any weights)
 from it is an audio-quality figure.
 
 model.py (host: the package's decoder, the released config, seeded weights) · step.py (host: the
-streaming step and its cache layout) · longaxis.py (host: the long-time-axis rewrite that makes the
-step compile without REGTASK lines) · producer.py (stage 1, the contract, the export census) ·
+streaming step and its cache layout) · producer.py (stage 1: the step, made to compile without REGTASK lines by
+rkstudy.graph.longaxis; the contract, the export census) ·
 sidecar.py (board side: offline, 16+64 streaming and the window role over rkstudy.stream) ·
 study.py (host measurements, notebook 04) · cli.py (`rkstudy qwen3 vocoder`) · board.py
 (`rkstudy board run qwen3_vocoder`).

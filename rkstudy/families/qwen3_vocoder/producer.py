@@ -32,6 +32,7 @@ from ... import atomic, graph
 from ...cache import digest, entry
 from ...contract import METADATA_KEY, Contract, Digest, Tensor, from_metadata
 from ...errors import EngineMismatch, UsageError
+from ...graph.index import Index
 from . import EXPORTERS, WIDTHS
 from .sidecar import AUDIO, CACHE_IN, CACHE_OUT, CODES, FAMILY, SAMPLE_RATE, SAMPLES_PER_TOKEN
 
@@ -195,12 +196,12 @@ def produce(codes_length: int = DEFAULT_CODES_LENGTH, *, widths: str = "released
             exporter: str = "torchscript17", output: Path | str | None = None, decoder=None,
             long_axis: bool = True) -> Product:
     """Re-trace the seeded decoder as a `codes_length`-token step, export it with `exporter`, make its
-    long axes compile cleanly (longaxis.py), census it (warning when it predicts an abort), stamp the
+    long axes compile cleanly (rkstudy.graph.longaxis), census it (warning when it predicts an abort), stamp the
     contract and save to `output` (default: the cache, keyed by everything that made it)."""
     import onnx
     import torch
 
-    from .longaxis import long_axis_safe
+    from ...graph.longaxis import long_axis_safe
     from .step import StreamingStep
 
     if codes_length < 1:
@@ -237,18 +238,10 @@ def produce(codes_length: int = DEFAULT_CODES_LENGTH, *, widths: str = "released
 
 
 # --- hazard census -----------------------------------------------------------------------------------
-def _consumers(model) -> dict[str, list]:
-    out: dict[str, list] = {}
-    for n in model.graph.node:
-        for t in n.input:
-            out.setdefault(t, []).append(n)
-    return out
-
-
 def decomposed_layernorm(model, consumers=None) -> int:
     """ReduceMean(x) -> Sub(x, mean) -> (Pow|Mul) -> ReduceMean: a LayerNorm spelt out (RMSNorm has
     no Sub and is not counted)."""
-    consumers = consumers or _consumers(model)
+    consumers = consumers or Index(model).consumers
     count = 0
     for n in model.graph.node:
         if n.op_type != "ReduceMean":
@@ -263,7 +256,7 @@ def decomposed_layernorm(model, consumers=None) -> int:
 
 def decomposed_softmax(model, consumers=None) -> int:
     """Exp(x) feeding a ReduceSum and a Div: a Softmax spelt out."""
-    consumers = consumers or _consumers(model)
+    consumers = consumers or Index(model).consumers
     count = 0
     for n in model.graph.node:
         users = consumers.get(n.output[0], []) if n.op_type == "Exp" else []
@@ -279,9 +272,8 @@ def hazard_census(model) -> dict:
 
     proto = graph.load(model)
     c = graph.census(proto, with_axis=False)
-    consts = {i.name for i in proto.graph.initializer} | {n.output[0] for n in proto.graph.node
-                                                          if n.op_type == "Constant"}
-    cons = _consumers(proto)
+    idx = Index(proto)
+    cons = idx.consumers
     ops = Counter(n.op_type for n in proto.graph.node)
     row = {"nodes": c.nodes, "compute_nodes": c.nodes - ops.get("Constant", 0),
            "opset": max((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), default=0),
@@ -289,7 +281,7 @@ def hazard_census(model) -> dict:
            "LayerNormalization": ops.get("LayerNormalization", 0), "Softmax": ops.get("Softmax", 0),
            "layernorm_decomposed": decomposed_layernorm(proto, cons),
            "softmax_decomposed": decomposed_softmax(proto, cons),
-           "exp_on_constants": sum(1 for n in proto.graph.node if n.op_type == "Exp" and n.input[0] in consts)}
+           "exp_on_constants": sum(1 for n in proto.graph.node if n.op_type == "Exp" and idx.is_const(n.input[0]))}
     try:
         findings = lint(proto, select=["RK101"]).findings
     except Exception as exc:  # a graph lint cannot view (unpinnable shapes) is reported, not hidden

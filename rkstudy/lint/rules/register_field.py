@@ -50,7 +50,9 @@ def _why() -> str:
 
 
 FIX = ("keep the longest axis at or under 8191: narrow the window (piper decoder: --emit/--context; encoder: "
-       "--frames), or walk the long axis in windows inside the graph; then build and check the REGTASK count")
+       "--frames), or walk the long axis in windows inside the graph; a fixed-shape 1-D audio graph whose long axis "
+       "only Slices and dilated Convs touch: rkstudy.graph.longaxis.long_axis_safe(model) rewrites them exactly as "
+       "cropping ConvTransposes; then build and check the REGTASK count")
 
 
 @rule("RK301", "register-field")

@@ -6,7 +6,7 @@ index probe; this rule turns its findings into lint findings.
 
 from __future__ import annotations
 
-from ...graph import relshift
+from ...graph.relshift import find
 from .. import Hit, rule, seeds
 
 STUDY = "piper_encoder"  # where the seeds' figures for these chains live
@@ -20,10 +20,10 @@ def relshift_chain(g):
     """Pad + Reshape + Slice relative-shift chains: garbage on the board, fine in the simulator."""
     if g.dynamic:
         return  # the chains only show at pinned shapes; RK401 asks for them
-    for f in relshift.find_relshift(g.model):
-        banded = relshift.plan([f], relshift.BANDED)[0]
+    for f in find.find_relshift(g.model):
+        banded = find.plan([f], find.BANDED)[0]
         band = (f"; its table has {f.diagonals} non-zero diagonals, so mode='banded' applies"
-                if banded.form == relshift.BANDED
+                if banded.form == find.BANDED
                 else f"; mode='banded' would keep the gather form: {banded.band_note}")
         fix = REWRITE + band if f.verified and f.rewritable else (
             f"it cannot be rewritten as is ({f.note}); fold at pinned shapes with rkstudy.graph.fold "
