@@ -19,7 +19,6 @@ from . import gates, graph
 from .build import BuildReport
 from .cache import sha256_file
 from .contract import Contract, from_metadata
-from .results import toolkit_version
 from .runtime import OrtRunner, SimulatorRunner
 
 ALIVE_GATE = gates.Gate("simulator_vs_fp32_probe", 15.0)  # the fp16 noise floor sits at 22-36 dB on real decoders
@@ -223,6 +222,7 @@ def convert(onnx_path: Path | str, target: str, out: Path | str | None = None, *
     except gates.GateFailed:
         engine.unlink(missing_ok=True)  # an engine that failed its gate gets no contract and is not kept
         raise
-    compiled = contract.compiled(target=target, toolkit=toolkit_version(), onnx_path=onnx_path, engine_path=engine)
+    compiled = contract.compiled(target=target, toolkit=simulated.report.toolkit_version,  # the build's own
+                                 onnx_path=onnx_path, engine_path=engine)
     compiled.write_beside(engine)
     return Converted(engine=engine, contract=compiled, simulated=simulated)
