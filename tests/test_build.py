@@ -239,7 +239,10 @@ def test_a_missing_toolkit_environment_names_the_command_that_makes_it(probe, ca
 @pytest.mark.simulator
 @pytest.mark.skipif(not (build.REPO / ".venv-rknn-2.3.2").is_dir(),
                     reason="no 2.3.2 environment: make toolkit-venv TOOLKIT=2.3.2 (make test makes it)")
-def test_toolkit_2_3_2_builds_and_simulates_in_its_own_environment(probe, tmp_path):
+def test_toolkit_2_3_2_builds_and_simulates_in_its_own_environment(probe, tmp_path, capsys):
+    import json
+
+    from rkstudy import cli
     from rkstudy.engine import simulator_vs_fp32
 
     report = build.build_engine(probe, "rk3588", out=tmp_path / "probe-2.3.2.rknn", reuse=False, toolkit="2.3.2")
@@ -248,3 +251,6 @@ def test_toolkit_2_3_2_builds_and_simulates_in_its_own_environment(probe, tmp_pa
     x = np.random.default_rng(1).standard_normal((1, 16, 1, 64)).astype(np.float32)
     sim = simulator_vs_fp32(probe, "rk3588", [{"x": x}], toolkit="2.3.2")
     assert sim.report.toolkit_version == "rknn-toolkit2 2.3.2" and sim.worst_snr_db > 40
+    assert cli.main(["build", str(probe), "--toolkit", "2.3.2", "--out", str(tmp_path / "cli.rknn")]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["toolkit_version"] == "rknn-toolkit2 2.3.2" and printed["status"] == "ok"
