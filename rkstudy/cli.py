@@ -76,7 +76,7 @@ def _cmd_build(args) -> int:
 
     report = build_engine(args.onnx, args.target, parse_shapes(args.shape), args.out,
                           optimization_level=args.optimization_level, regtask_limit=args.regtask_limit,
-                          reuse=not args.rebuild, timeout=args.timeout)
+                          reuse=not args.rebuild, timeout=args.timeout, toolkit=args.toolkit)
     print_build(report)
     report.raise_for_status()
     return 0
@@ -254,6 +254,9 @@ def _add_core(sub) -> None:
     b.add_argument("--timeout", type=positive, default=3 * 3600,
                    help="seconds before a hung compiler child is killed (default 3 h)")
     b.add_argument("--rebuild", action="store_true", help="ignore a cached engine")
+    b.add_argument("--toolkit", metavar="VERSION",
+                   help="build with this rknn-toolkit2 version's environment, .venv-rknn-VERSION "
+                        "(`make toolkit-venv TOOLKIT=VERSION`; default: the toolkit installed here)")
     b.set_defaults(func=_cmd_build)
 
     li = sub.add_parser("lint", help="static check of RKNN hazards in an ONNX graph (exit 1 on an error finding)")

@@ -78,7 +78,8 @@ def command_line() -> str:
 
 
 def print_build(report) -> None:
-    print(json.dumps({**report.row(), "engine": report.engine, "log": report.log}, indent=1))
+    print(json.dumps({**report.row(), "toolkit_version": report.toolkit_version, "engine": report.engine,
+                      "log": report.log}, indent=1))
 
 
 def print_converted(done, gate, probed_on: str) -> int:

@@ -18,7 +18,6 @@ from . import gates, graph
 from .build import BuildReport
 from .cache import sha256_file
 from .contract import Contract, from_metadata
-from .results import toolkit_version
 from .runtime import OrtRunner, SimulatorRunner
 from .toolkit.log import parse_accuracy_analysis
 
@@ -158,20 +157,24 @@ class Converted:
 
 def convert(onnx_path: Path | str, target: str, out: Path | str | None = None, *,
             probe: Callable[[Contract], list] | None = None, run: Callable | None = None,
-            gate: gates.Gate = ALIVE_GATE, remake: str = "the family's stage-1 command") -> Converted:
+            gate: gates.Gate = ALIVE_GATE, remake: str = "the family's stage-1 command",
+            toolkit: str | None = None) -> Converted:
     """Stage 2 for every family: read the contract back out of the graph (restating nothing), build
     the engine and, in the same child, gate the simulator against fp32 on the probe inputs, then
-    write the compiled contract (target, toolkit, graph and engine digests) beside the engine."""
+    write the compiled contract (target, toolkit, graph and engine digests) beside the engine.
+    `toolkit` ('2.3.2', for a board whose runtime is that version) builds in that version's
+    environment (rkstudy.build.toolkit_env); the contract names the toolkit the build child imported."""
     onnx_path = Path(onnx_path)
     contract = from_metadata(graph.metadata(onnx_path), where=onnx_path.name, remake=remake)
     engine = Path(out) if out else onnx_path.parent / contract.engine_name(target, sha256_file(onnx_path)[:12])
     items = (probe or probe_feeds)(contract)
-    simulated = simulator_vs_fp32(onnx_path, target, items, run=run, out=engine)
+    simulated = simulator_vs_fp32(onnx_path, target, items, run=run, out=engine, toolkit=toolkit)
     try:
         gate.check(simulated.worst_snr_db, context=f"{target} simulator vs fp32 on the probe")
     except gates.GateFailed:
         engine.unlink(missing_ok=True)  # an engine that failed its gate gets no contract and is not kept
         raise
-    compiled = contract.compiled(target=target, toolkit=toolkit_version(), onnx_path=onnx_path, engine_path=engine)
+    compiled = contract.compiled(target=target, toolkit=simulated.report.toolkit_version,  # the build's own
+                                 onnx_path=onnx_path, engine_path=engine)
     compiled.write_beside(engine)
     return Converted(engine=engine, contract=compiled, simulated=simulated)

@@ -17,6 +17,8 @@ from .paths import RESULTS
 OTHER_STUDIES = {
     "lint": ("rkstudy lint against the real compiler, and every family's graphs linted raw and rewritten",
              "06_lint.ipynb"),
+    "toolkit_levers": ("Toolkit levers: the headline engines built with each rknn-toolkit2 version side by side",
+                       "08_toolkit_levers.ipynb"),
     "benchmarks": ("Benchmarks: the window walker's overhead with a null engine, and the wall time of `make test`",
                    None),
     "board": ("Board runs (`rkstudy board run`): rows exist only where a board made them", None),

@@ -2,6 +2,7 @@
 
 import os
 import signal
+import sys
 
 import numpy as np
 import onnx
@@ -194,3 +195,62 @@ def test_the_simulator_serves_an_int8_engine_with_its_quantization_noise(probe):
     with SimulatorRunner(probe, "rk3588") as sim:
         fp16 = gates.snr_db(ref, sim.run(x)[0])
     assert 25 < int8 < 40 and fp16 > 55, (int8, fp16)
+
+
+def _fake_environment(root, version, marker):
+    """A `.venv-rknn-<version>` under `root` whose python records that it ran, then runs this one."""
+    venv = root / f".venv-rknn-{version}"
+    (venv / "lib" / "python3.11" / "site-packages" / f"rknn_toolkit2-{version}.dist-info").mkdir(parents=True)
+    python = venv / "bin" / "python"
+    python.parent.mkdir()
+    python.write_text(f'#!/bin/sh\necho "$@" >> {marker}\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    return python
+
+
+@pytest.mark.simulator
+def test_a_build_runs_in_the_chosen_environments_interpreter(probe, tmp_path, monkeypatch):
+    monkeypatch.setenv("RKSTUDY_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(build, "REPO", tmp_path)
+    marker = tmp_path / "ran"
+    python = _fake_environment(tmp_path, "9.9.9", marker)
+    env = build.toolkit_env("9.9.9")
+    assert env == build.Toolkit(str(python), "rknn-toolkit2 9.9.9")  # read from the environment's metadata
+    assert build.toolkit_env("2.5.0").python == sys.executable  # the version installed here is this one
+    here = build.build_engine(probe, "rk3588")
+    there = build.build_engine(probe, "rk3588", toolkit="9.9.9")
+    assert "rkstudy._engine_child" in marker.read_text()  # the child ran under the chosen interpreter
+    assert here.ok and there.ok and here.engine != there.engine  # the toolkit keys the cache
+    # the version a report names is the one the child imported, not the one its environment's name claims
+    assert there.toolkit_version == here.toolkit_version == "rknn-toolkit2 2.5.0"
+
+
+def test_a_missing_toolkit_environment_names_the_command_that_makes_it(probe, capsys):
+    from rkstudy import cli
+    from rkstudy.errors import NeedsConverter
+
+    with pytest.raises(NeedsConverter, match=r"make toolkit-venv TOOLKIT=0\.0\.1"):
+        build.toolkit_env("0.0.1")
+    assert cli.main(["build", str(probe), "--toolkit", "0.0.1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "make toolkit-venv TOOLKIT=0.0.1" in err[0]
+
+
+@pytest.mark.simulator
+@pytest.mark.skipif(not (build.REPO / ".venv-rknn-2.3.2").is_dir(),
+                    reason="no 2.3.2 environment: make toolkit-venv TOOLKIT=2.3.2 (make test makes it)")
+def test_toolkit_2_3_2_builds_and_simulates_in_its_own_environment(probe, tmp_path, capsys):
+    import json
+
+    from rkstudy import cli
+    from rkstudy.engine import simulator_vs_fp32
+
+    report = build.build_engine(probe, "rk3588", out=tmp_path / "probe-2.3.2.rknn", reuse=False, toolkit="2.3.2")
+    assert report.ok and report.toolkit_version == "rknn-toolkit2 2.3.2"
+    assert report.engine_bytes > 10_000 and report.regtask == 0
+    x = np.random.default_rng(1).standard_normal((1, 16, 1, 64)).astype(np.float32)
+    sim = simulator_vs_fp32(probe, "rk3588", [{"x": x}], toolkit="2.3.2")
+    assert sim.report.toolkit_version == "rknn-toolkit2 2.3.2" and sim.worst_snr_db > 40
+    assert cli.main(["build", str(probe), "--toolkit", "2.3.2", "--out", str(tmp_path / "cli.rknn")]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["toolkit_version"] == "rknn-toolkit2 2.3.2" and printed["status"] == "ok"

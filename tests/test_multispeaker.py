@@ -14,6 +14,7 @@ from rkstudy.engine import convert
 from rkstudy.families.piper.voice import DecoderModel
 from rkstudy.families.piper_decoder import study
 from rkstudy.families.piper_decoder.producer import produce_for_voice
+from rkstudy.paths import REPO
 from rkstudy.runtime import OrtRunner
 
 C, GIN, HOP = 4, 8, 4
@@ -99,3 +100,13 @@ def test_the_conversion_stage_feeds_g(model, tmp_path):
     done = convert(path, "rk3588", tmp_path / "spk.rknn", gate=study.ENGINE_ALIVE_GATE)
     assert done.simulated.worst_snr_db > 30 and done.contract.target == "rk3588"
     assert done.contract.tensor("g").role == "constant"
+
+
+@pytest.mark.simulator
+@pytest.mark.skipif(not (REPO / ".venv-rknn-2.3.2").is_dir(),
+                    reason="no 2.3.2 environment: make toolkit-venv TOOLKIT=2.3.2 (make test makes it)")
+def test_the_conversion_stage_records_the_toolkit_that_built_the_engine(model, tmp_path):
+    path = produce_for_voice(model, emit=16, context=8).save(tmp_path / "spk_decoder.onnx")
+    done = convert(path, "rk3588", tmp_path / "spk-2.3.2.rknn", gate=study.ENGINE_ALIVE_GATE, toolkit="2.3.2")
+    assert done.contract.toolkit == done.simulated.report.toolkit_version == "rknn-toolkit2 2.3.2"
+    assert '"toolkit": "rknn-toolkit2 2.3.2"' in (tmp_path / "spk-2.3.2.contract.json").read_text()

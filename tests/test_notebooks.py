@@ -126,6 +126,17 @@ EXPECT = {
         # 151 frames (0.69 of the latent) as compiled (measured 2026-11-30, torch CPU)
         "receptive field, frozen statistics (planner, fp32)": (6, 11),
         "receptive field as compiled, share of the latent (planner, fp32)": (0.5, 1.0)}),
+    # quick mode: the toolchain probe with both toolkit versions (`make test` makes the 2.3.2 environment)
+    "toolkit_levers": ("08_toolkit_levers.ipynb", {
+        "toolkit versions compared": (2, 2),
+        "toolchain probe, rk3588, 2.5.0: simulator vs fp32": (40, math.inf),
+        "toolchain probe, rk3566, 2.5.0: simulator vs fp32": (40, math.inf),
+        "toolchain probe, rk3588, 2.3.2: simulator vs fp32": (40, math.inf),
+        "toolchain probe, rk3566, 2.3.2: simulator vs fp32": (40, math.inf),
+        "toolchain probe, rk3588, 2.5.0: REGTASK lines": (0, 0),
+        "toolchain probe, rk3588, 2.3.2: REGTASK lines": (0, 0),
+        "toolchain probe, rk3588, 2.5.0: engine": (20_000, 60_000),  # measured 31,785 bytes
+        "toolchain probe, rk3588, 2.3.2: engine": (20_000, 60_000)}),  # measured 31,977 bytes
 }
 
 

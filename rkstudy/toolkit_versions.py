@@ -1,0 +1,159 @@
+"""The toolkit version as a lever (host): the same graphs built and simulated with every rknn-toolkit2
+version this project has a converter environment for, side by side.
+
+Why: the reference documents built with 2.3.2 and their boards run librknnrt 2.3.2, while this project
+builds with 2.5.0. Where our build logs differ from theirs (REGTASK lines on the Piper 93-frame window,
+the widest Kokoro window the 13-bit field allows), building the same bytes with both versions says
+whether the version explains the difference. Each build runs in its version's own environment
+(rkstudy.build.toolkit_env), and every row names the toolkit its build child imported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import cache
+from .build import BuildFailed, Toolkit, toolkit_env
+from .engine import simulator_vs_fp32
+from .errors import NeedsConverter
+from .paths import REPO
+from .results import reference
+
+VERSIONS = ("2.5.0", "2.3.2")  # when pyproject.toml is not beside the code (an installed package)
+
+
+def supported_versions() -> list[str]:
+    """The versions [tool.rkstudy] toolkits in pyproject.toml lists (the default one first)."""
+    path = REPO / "pyproject.toml"
+    if not path.is_file():
+        return list(VERSIONS)
+    import tomllib
+
+    return list(tomllib.loads(path.read_text())["tool"]["rkstudy"]["toolkits"])
+
+
+def environments(versions: Sequence[str] | None = None) -> tuple[dict[str, Toolkit], dict[str, str]]:
+    """({version: its environment} for the versions that have one here, {version: the one line that
+    says how to make it} for those that do not)."""
+    found, missing = {}, {}
+    for version in versions or supported_versions():
+        try:
+            found[version] = toolkit_env(version)
+        except NeedsConverter as exc:
+            missing[version] = str(exc)
+    return found, missing
+
+
+@dataclass
+class Engine:
+    """One graph to build with each version: its name in the tables, its ONNX, the probe inputs
+    the simulator is scored on against onnxruntime fp32, and the targets it is built for."""
+
+    name: str
+    onnx: Path
+    feeds: list[Mapping[str, np.ndarray]]
+    targets: tuple[str, ...]
+
+
+def toolchain_probe(targets: Sequence[str] = ("rk3588", "rk3566"), frames: int = 64) -> Engine:
+    """Notebook 00's vocoder probe (Conv1d, ConvTranspose1d, Snake with Sin) on seeded noise."""
+    from .families.toolchain.probes import save_probe, vocoder_probe
+
+    x = np.random.default_rng(1).standard_normal((1, 16, 1, frames)).astype(np.float32)
+    return Engine("toolchain probe", save_probe(vocoder_probe(frames=frames), f"vocoder_probe_t{frames}"),
+                  [{"x": x}], tuple(targets))
+
+
+def piper_decoder_window(targets: Sequence[str] = ("rk3588", "rk3566"), text: str = "short") -> Engine:
+    """The joe voice's decoder pinned to the 93-frame window (45 emitted + 2 x 24 context), on the
+    first 93 frames of the first sentence's real latent (zero-padded, mask off, where it is shorter)."""
+    from .families.piper.voice import Voice, read_text
+    from .families.piper_decoder.producer import produce_for_voice
+    from .families.piper_decoder.study import padded_window
+
+    voice = Voice()
+    produced = produce_for_voice(voice)
+    window = produced.contract.window.frames
+    z = voice.latents(read_text(text))[0].z
+    names = [t.name for t in produced.contract.inputs]
+    x, mask = padded_window(z[:, :window], window)
+    feed = {"z": x, **({"y_mask": mask} if "y_mask" in names else {})}
+    return Engine(f"Piper decoder {window}-frame window", produced.save(), [feed], tuple(targets))
+
+
+def kokoro_window(frames: int = 136, targets: Sequence[str] = ("rk3588",)) -> Engine:
+    """The Kokoro generator engine graph at `frames` (notebook 03's producer), on stage 2's probe
+    (the last window of the walk over the short utterance)."""
+    from .families.kokoro_generator.producer import probe, produce
+
+    produced = produce(frames)
+    return Engine(f"Kokoro generator W={frames}", produced.path, probe(produced.contract), tuple(targets))
+
+
+def version_row(engine: Engine, target: str, version: str) -> dict:
+    """Build `engine` for `target` with toolkit `version` in a simulator child, run its probe through
+    the simulator and onnxruntime: the build row (status, REGTASK lines and largest value, bytes,
+    seconds, converter peak) and the worst simulator SNR vs fp32. A build that fails is a row too."""
+    out = cache.cache_dir("engines", "toolkit_versions") / f"{engine.onnx.stem}-{target}-{version}.rknn"
+    try:
+        sim = simulator_vs_fp32(engine.onnx, target, engine.feeds, out=out, toolkit=version)
+        report, snr = sim.report, sim.worst_snr_db
+        nonfinite = sum(int(v) for r in sim.rows for k, v in r.items() if k.endswith("_nonfinite"))
+    except BuildFailed as exc:
+        if exc.report is None:
+            raise
+        report, snr, nonfinite = exc.report, float("nan"), 0
+    row = report.row()
+    return {"engine": engine.name, "toolkit": report.toolkit_version.removeprefix("rknn-toolkit2 "),
+            **{k: row[k] for k in ("status", "target", "dtype", "regtask", "regtask_max_value")},
+            "engine_bytes": report.engine_bytes, "simulator_snr_db": round(snr, 2), "nonfinite": nonfinite,
+            **{k: row[k] for k in ("build_s", "converter_peak_mb", "failed_step", "error")}, "where": "simulator"}
+
+
+def compare(engines: Sequence[Engine], versions: Sequence[str],
+            progress: Callable[[str], None] | None = None) -> list[dict]:
+    """version_row for every engine, target and version (versions innermost, so the rows of one
+    engine and target sit together)."""
+    rows = []
+    for engine in engines:
+        for target in engine.targets:
+            for version in versions:
+                if progress:
+                    progress(f"{engine.name}, {target}, rknn-toolkit2 {version}")
+                rows.append(version_row(engine, target, version))
+    return rows
+
+
+def _reference_regtask(engine: str, target: str) -> str:
+    """The reference documents' REGTASK count for the same engine and target (built with 2.3.2)."""
+    figure = {"Piper decoder 93-frame window": ("piper_decoder", "REGTASK lines: Piper w93 engine")}.get(engine)
+    if not figure:
+        return ""
+    return next((r["value"] for r in reference(figure[0]) if r["figure"] == figure[1] and r["target"] == target), "")
+
+
+def side_by_side(rows: Sequence[Mapping], versions: Sequence[str]) -> list[dict]:
+    """One row per engine and target, each version's REGTASK lines, largest value, bytes, SNR and
+    status in its own column, the REGTASK difference, and the reference documents' count."""
+    out = {}
+    for r in rows:
+        key = (r["engine"], r["target"])
+        side = out.setdefault(key, {"engine": r["engine"], "target": r["target"], "where": "simulator"})
+        v = r["toolkit"]
+        side.update({f"status_{v}": r["status"], f"regtask_{v}": r["regtask"],
+                     f"regtask_max_value_{v}": r["regtask_max_value"], f"engine_bytes_{v}": r["engine_bytes"],
+                     f"simulator_snr_db_{v}": r["simulator_snr_db"], f"build_s_{v}": r["build_s"]})
+    for (engine, target), side in out.items():
+        present = [v for v in versions if f"regtask_{v}" in side]
+        if len(present) >= 2:
+            first, other = present[:2]
+            side[f"regtask_{other}_minus_{first}"] = side[f"regtask_{other}"] - side[f"regtask_{first}"]
+            a, b = side[f"simulator_snr_db_{first}"], side[f"simulator_snr_db_{other}"]
+            side[f"snr_db_{other}_minus_{first}"] = round(b - a, 2) if np.isfinite(a + b) else float("nan")
+        side["reference_regtask"] = _reference_regtask(engine, target)
+    return list(out.values())
+
