@@ -4,7 +4,8 @@ Why: the stateful-step surgery and its validity masks (rkstudy.graph.validity) c
 for any graph of 1-D convolutions, transposed convolutions and time-local ops. That claim is only
 worth what it was tested on, so these builders make the common vocoder families at a size that
 runs in seconds: a HiFi-GAN V1/V3-like generator (transposed-conv upsamplers, multi-receptive-field
-resblocks, LeakyReLU, tanh), a BigVGAN-like generator (the same skeleton with Snake activations,
+resblocks, LeakyReLU, tanh), a MelGAN-like one (weight norm, dilated residual stacks with 1x1
+shortcuts), a BigVGAN-like generator (the same skeleton with Snake activations,
 x + sin^2(a x) / a, and a clamp), and a Vocos-like ConvNeXt backbone (depthwise conv, a LayerNorm
 over channels, a pointwise MLP) whose iSTFT is left to the caller: the graph ends at the complex
 spectrum (its real and imaginary parts). None of them masks anything: their boundary behaviour is
@@ -176,6 +177,48 @@ def bigvgan(seed: int = 0, channels: int = 64, frames: int = 64) -> Vocoder:
     return Vocoder("bigvgan", _export(gen, frames, ("audio",)), 8, ("audio",))
 
 
+class MelGANResStack(nn.Module):
+    """MelGAN's residual stack: per dilation 1/3/9, LeakyReLU -> dilated conv k3 -> LeakyReLU -> conv k1,
+    plus a 1x1-conv shortcut of the input."""
+
+    def __init__(self, ch: int):
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Sequential(_Leaky(0, 0.2), nn.Conv1d(ch, ch, 3, dilation=d, padding=d),
+                                                  _Leaky(0, 0.2), nn.Conv1d(ch, ch, 1)) for d in (1, 3, 9))
+        self.shortcuts = nn.ModuleList(nn.Conv1d(ch, ch, 1) for _ in (1, 3, 9))
+
+    def forward(self, x):
+        for block, shortcut in zip(self.blocks, self.shortcuts):
+            x = shortcut(x) + block(x)
+        return x
+
+
+class MelGAN(nn.Module):
+    """conv k7 -> per stage (LeakyReLU, ConvTranspose with kernel 2 x stride, residual stack) ->
+    LeakyReLU -> conv k7 -> tanh; weight-normed as MelGAN is, with zero padding for its reflection pads."""
+
+    def __init__(self, ch: int, rates):
+        super().__init__()
+        wn = nn.utils.parametrizations.weight_norm
+        layers = [wn(nn.Conv1d(MELS, ch, 7, padding=3))]
+        for k, u in enumerate(rates):
+            c_in, c_out = ch // 2 ** k, ch // 2 ** (k + 1)
+            layers += [_Leaky(0, 0.2), wn(nn.ConvTranspose1d(c_in, c_out, 2 * u, u, padding=u // 2)),
+                       MelGANResStack(c_out)]
+        layers += [_Leaky(0, 0.2), wn(nn.Conv1d(ch // 2 ** len(rates), 1, 7, padding=3)), nn.Tanh()]
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, mel):
+        return self.net(mel)
+
+
+def melgan(seed: int = 0, channels: int = 64, frames: int = 64) -> Vocoder:
+    """MelGAN-like: upsamplers x4 and x4 (kernels 8), dilated residual stacks with 1x1 shortcuts, weight
+    norm (constant-folded by the export), tanh: hop 16."""
+    net = _seeded(MelGAN(channels, (4, 4)), seed, 1.0)
+    return Vocoder("melgan", _export(net, frames, ("audio",)), 16, ("audio",))
+
+
 class ChannelLayerNorm(nn.Module):
     """LayerNorm over the channel axis of [B, C, T], written channel-first so time stays the last axis
     (a Transpose around nn.LayerNorm moves the frame axis, which the delay map refuses)."""
@@ -254,4 +297,4 @@ def instance_norm(seed: int = 0, channels: int = 32, frames: int = 64) -> Vocode
 
 
 BUILDERS = {"hifigan_v1": lambda seed=0: hifigan(1, seed), "hifigan_v3": lambda seed=0: hifigan(3, seed),
-            "bigvgan": bigvgan, "vocos": vocos}
+            "bigvgan": bigvgan, "melgan": melgan, "vocos": vocos}
