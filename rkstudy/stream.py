@@ -9,9 +9,10 @@ engine's state tensors on every step.
 
 The step lags its input by `lookahead_samples` output samples, so after the last real frame the
 walker flushes with zero frames and mask 0 until the last real sample is out, and drops the first
-`lookahead_samples` of the stream (they precede frame 0). With a graph masked after every conv,
-every conv input past the last real frame is then zero, exactly the full-length decode's zero
-padding, so the tail is exact and the whole stream equals one full-length pass.
+`lookahead_samples` of the stream (they precede frame 0). With every conv input masked (by the
+graph itself or by the frame mask the surgery adds, rkstudy.graph.validity), every conv input
+outside the real frames is then zero, exactly the full-length decode's zero padding, so both ends
+are exact and the whole stream equals one full-length pass.
 
 Board side: numpy only.
 """

@@ -10,7 +10,8 @@ frames and walked over the latent. The rules (the seeds measured why each one ma
   left context grows to fill the window instead of reading padding.
 * Only a latent shorter than the window is padded: one window, zeros after the real frames,
   and a frame mask of 0 there (1 over real frames). A padded frame marked 1 leaks its conv
-  biases into the real frames.
+  biases into the real frames, and so does an unmasked graph whatever its mask says: build its
+  window with rkstudy.graph.validity.mask_conv_inputs and walk the mask it adds.
 * Outputs are stitched at their own rate, so every latent frame is voiced exactly once, in
   order. Several inputs may be walked at once, each at its own rate per latent frame (Kokoro's
   latent at 1 and its harmonic input at 60 per frame plus one).

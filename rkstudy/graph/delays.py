@@ -54,6 +54,10 @@ POINTWISE = frozenset((
 AXIS_ATTR_OPS = {"Concat": None, "Split": 0, "Softmax": -1, "LogSoftmax": -1, "Gather": 0}
 REDUCE_OPS = frozenset(("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL2"))
 CONV_OPS = frozenset(("Conv", "ConvTranspose"))
+# Ops that read the whole time axis whatever their attributes, and what they do with it.
+GLOBAL_OVER_TIME = {"InstanceNormalization": "normalises each channel by its mean and variance over all frames",
+                    "GlobalAveragePool": "averages over all frames",
+                    "GlobalMaxPool": "takes the maximum over all frames"}
 
 
 @dataclass(frozen=True)
@@ -206,6 +210,9 @@ def _check_time_local(node: onnx.NodeProto, shapes, consts, time_ins: list[str])
         if not axes or rank - 1 in {_norm(x, rank) for x in axes} or not a.get("keepdims", 1):
             raise NotStreamable(f"{where} reduces over time (a global reduction); it has no stepwise form")
         return
+    if op in GLOBAL_OVER_TIME:
+        raise NotStreamable(f"{where} {GLOBAL_OVER_TIME[op]} (a global reduction over time); no step can "
+                            "stream it, every output frame waits for the whole utterance")
     raise NotStreamable(f"{where}: no streaming rule for this op; it is not a conv, a pointwise op or a "
                         "channel split/concat (add a rule in delays.py if it is time-local)")
 

@@ -30,8 +30,9 @@ default. A walker keeps one flat vector either way: the state inputs flattened, 
 
 Exactness at the ends needs every conv input to be zero outside the utterance, as the full-length
 decode's zero padding is: the state starts at zero, a walker flushes with zero frames and mask 0,
-and the graph must be masked after every conv (VITS: the flow is; the decoder gets
-rkstudy.graph.decmask).
+and every conv input that the graph does not already zero there is multiplied by a frame mask the
+surgery adds (rkstudy.graph.validity; a graph masked after every conv, as the --dec-mask slice is,
+gets none and is cut exactly as before).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ import onnx
 from onnx import helper, numpy_helper, shape_inference
 
 from .delays import DelayMap, NotStreamable, delay_map, name_nodes
+from .validity import mask_conv_inputs
 
 LAYOUTS = ("grouped", "flat")
 STATE_IN, STATE_OUT = "state_in", "state_out"
@@ -95,6 +97,7 @@ class Step:
     layout: str
     groups: tuple[StateGroup, ...]   # in graph input order, and output order after `outputs`
     buffers: tuple[Buffer, ...]
+    masks: tuple[str, ...] = ()      # time inputs the surgery added: frame masks the walker makes (validity.py)
 
     @property
     def state_floats(self) -> int:
@@ -167,7 +170,8 @@ def _layout(dm: DelayMap, layout: str) -> tuple[tuple[StateGroup, ...], tuple[Bu
     return groups, tuple(buffers)
 
 
-def make_step(model: onnx.ModelProto, time_inputs: Sequence[str], emit: int, layout: str = "grouped") -> Step:
+def make_step(model: onnx.ModelProto, time_inputs: Sequence[str], emit: int, layout: str = "grouped",
+              mask_ends: bool = True) -> Step:
     """The stateful step of `model` for `emit` input frames per step.
 
     `model` must be folded (no Shape plumbing), topologically sorted and pinned at any length;
@@ -175,9 +179,18 @@ def make_step(model: onnx.ModelProto, time_inputs: Sequence[str], emit: int, lay
     y_mask for a VITS decoder slice); every other input is static. The step ONNX takes the time
     inputs at `emit` frames, the static inputs and the state tensors, and returns the original
     outputs at `emit x rate` samples and then the next state tensors (in group order).
+    With `mask_ends` (the default) every conv input that is not already zero outside the real
+    frames is multiplied by a frame mask (rkstudy.graph.validity), added as a time input listed in
+    `Step.masks`; a graph that masks itself gets none.
     """
     if emit <= 0:
         raise ValueError(f"emit must be a positive number of frames, got {emit}")
+    masks: tuple[str, ...] = ()
+    if mask_ends:
+        valid = mask_conv_inputs(model, time_inputs)
+        if valid.mask is not None:
+            model, masks = valid.model, (valid.mask,)
+    time_inputs = tuple(time_inputs) + masks
     model = name_nodes(model)
     dm = delay_map(model, time_inputs)
     groups, buffers = _layout(dm, layout)
@@ -266,7 +279,7 @@ def make_step(model: onnx.ModelProto, time_inputs: Sequence[str], emit: int, lay
     _check_output_lengths(step, out_names, emit * dm.output_rate)
     return Step(model=step, delays=dm, emit=emit, time_inputs=tuple(time_inputs), static_inputs=static,
                 outputs=tuple(out_names), output_rate=dm.output_rate, delay=dm.output_delay, layout=layout,
-                groups=groups, buffers=buffers)
+                groups=groups, buffers=buffers, masks=masks)
 
 
 def _rename(nodes: list[onnx.NodeProto], old: str, new: str) -> None:

@@ -1,4 +1,5 @@
-"""A float64 interpreter for the op set of VITS decoder slices and their stateful steps (host).
+"""A float64 interpreter for the op set of VITS decoder slices, the vocoders of rkstudy.port.architectures
+(Snake, a channel LayerNorm, GELU, a spectrum head) and their stateful steps (host).
 
 Why: onnxruntime's CPU convolutions round differently depending on the output length (a conv
 whose output is at most 64 samples long is summed in another order than the same conv over a
@@ -19,6 +20,9 @@ import onnx
 import torch
 import torch.nn.functional as F
 from onnx import helper, numpy_helper
+
+UNARY = {"Tanh": torch.tanh, "Sigmoid": torch.sigmoid, "Exp": torch.exp, "Neg": torch.neg, "Identity": lambda t: t,
+         "Sin": torch.sin, "Cos": torch.cos, "Sqrt": torch.sqrt, "Erf": torch.erf}
 
 
 def _attrs(node):
@@ -88,9 +92,16 @@ def run_f64(model: onnx.ModelProto, feed: Mapping[str, np.ndarray]) -> list[np.n
                 out = [_conv_t(i[0], i[1], i[2] if len(i) > 2 else None, a)]
             elif op in ("Add", "Sub", "Mul", "Div"):
                 out = [{"Add": torch.add, "Sub": torch.sub, "Mul": torch.mul, "Div": torch.div}[op](i[0], i[1])]
-            elif op in ("Tanh", "Sigmoid", "Exp", "Neg", "Identity"):
-                out = [{"Tanh": torch.tanh, "Sigmoid": torch.sigmoid, "Exp": torch.exp, "Neg": torch.neg,
-                        "Identity": lambda t: t}[op](i[0])]
+            elif op == "Pow":
+                out = [torch.pow(i[0], i[1])]
+            elif op in UNARY:
+                out = [UNARY[op](i[0])]
+            elif op == "Clip":
+                lo, hi = (i[k].item() if len(i) > k and i[k] is not None else None for k in (1, 2))
+                out = [torch.clamp(i[0], lo, hi)]
+            elif op == "ReduceMean":
+                axes = a["axes"] if "axes" in a else ints(n.input[1])
+                out = [i[0].mean(dim=[int(x) for x in axes], keepdim=bool(a.get("keepdims", 1)))]
             elif op == "LeakyRelu":
                 out = [F.leaky_relu(i[0], a.get("alpha", 0.01))]
             elif op == "Slice":

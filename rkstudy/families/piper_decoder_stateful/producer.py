@@ -79,7 +79,7 @@ def step_contract(step: Step, *, family: str, masks: Sequence[str], source: Dige
                   params: Mapping) -> Contract:
     """The stage contract of a stateful step: time inputs walked (or masks), static inputs constant,
     state tensors paired input to output, outputs walked at the step's output rate."""
-    m = step.model
+    m, masks = step.model, tuple(masks) + step.masks   # the surgery's own frame masks are the walker's too
     inputs = [Tensor(t, _shape(m, t), role="mask" if t in masks else "walked", axis=len(_shape(m, t)) - 1)
               for t in step.time_inputs]
     inputs += [Tensor(t, _shape(m, t), role="constant") for t in step.static_inputs]

@@ -327,9 +327,10 @@ def walker_overheads(produced: ProducedStep, frames: int = DEFAULT_EMIT * 400, r
 
 # --- why the mask, and the Inflect contract -------------------------------------------------------------
 def nomask_rows(voice: DecoderModel, z: np.ndarray, emit: int = DEFAULT_EMIT) -> list[dict]:
-    """The same surgery on the plain slice: the zero state stands for the zeros before frame 0, but
-    the first step computes every tensor's pre-start positions itself (conv biases), and only the
-    decoder mask zeroes them; the same at the end. fp32, against the full-length decode."""
+    """The surgery without its frame masks (mask_ends=False) on the plain slice: the zero state stands
+    for the zeros before frame 0, but the first step computes every tensor's pre-start positions
+    itself (conv biases), and only the decoder mask zeroes them; the same at the end. fp32, against
+    the full-length decode."""
     from ...graph.stateful import make_step
     from .producer import stamped, step_contract
 
@@ -337,7 +338,7 @@ def nomask_rows(voice: DecoderModel, z: np.ndarray, emit: int = DEFAULT_EMIT) ->
     hop, rows = voice.hop, []
     for dec_mask in (False, True):
         sliced = produce_for_voice(voice, dec_mask=dec_mask)
-        step = make_step(sliced.model, ["z", "y_mask"], emit)
+        step = make_step(sliced.model, ["z", "y_mask"], emit, mask_ends=False)
         keep = {k: sliced.contract.params[k] for k in ("hop", "channels", "speaker_dims")}
         c = step_contract(step, family="piper_decoder_stateful", masks=("y_mask",), source=sliced.contract.source,
                           producer="nomask_rows", params=keep)
