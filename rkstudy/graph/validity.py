@@ -38,7 +38,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from .delays import NotStreamable, _constants, delay_map, name_nodes
+from .delays import NotStreamable, delay_map, name_nodes
+from .index import Index
 
 VALID = "valid"
 # f(0) = 0: an input zero outside the real frames stays zero there.
@@ -59,7 +60,7 @@ class Validity:
 def _zero_outside(model: onnx.ModelProto, time_inputs: Sequence[str], plans: dict) -> set[str]:
     """The tensors that are zero on every position outside the real frames, whatever the weights:
     the walked inputs, and what products with them and zero-preserving ops make of those."""
-    consts = _constants(model)
+    consts = Index(model).constants
     zero = set(time_inputs)
     for n in model.graph.node:
         ins = [t for t in n.input if t]
