@@ -7,7 +7,9 @@ SimulatorRunner: simulator, a BuildReport: host), so a notebook never types them
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -15,6 +17,8 @@ from tqdm.auto import tqdm
 from ... import gates, graph
 from ...build import build_engine
 from ...engine import simulator_vs_fp32
+from ...graph.decmask import UPSAMPLERS
+from ...lint.compiler import layer_table
 from ...planner import PlanTarget
 from ...runtime import OrtRunner
 from ...window import Window, plan_windows, window_inputs
@@ -140,21 +144,54 @@ def wrong_seam(voice: Voice, z: np.ndarray) -> dict:
             "envelope_corr": gates.envelope_corr(right, bad, voice.sample_rate), "where": wrong.where}
 
 
+def mask_upsampler_nodes(model) -> list[str]:
+    """The nodes that upsample the frame mask: the chain of Resize / ConvTranspose read from y_mask."""
+    names, mask_tensors = [], {"y_mask"}
+    for n in graph.load(model).graph.node:
+        if n.op_type in ("Resize", "ConvTranspose") and n.input[0] in mask_tensors:
+            names.append(n.name)
+            mask_tensors.add(n.output[0])
+    return names
+
+
+def compiled_layers_of(layers, nodes: Sequence[str]) -> str:
+    """What the compiler made of `nodes` (a verbose build's layer table): `count op target` per kind,
+    counting the layers it inserts around a node (named after it) with it."""
+    counts = Counter((layer.op, layer.target) for layer in layers
+                     if any(layer.node == n or layer.node.startswith(f"{n}_") for n in nodes))
+    return ", ".join(f"{k} {op} {target}" for (op, target), k in sorted(counts.items()))
+
+
 def mask_upsampler(voice: Voice, z: np.ndarray, target: str, frames: int = 47) -> list[dict]:
     """The decoder mask upsampled by all-ones ConvTranspose1d vs by Resize, on a padded tail
-    window: fp32 and simulator against a full-length decode, and simulator against fp32."""
+    window: fp32 and simulator against a full-length decode, and simulator against fp32.
+
+    Both upsample a 0/1 mask exactly, in fp32 and in fp16 alike, so wherever both lower correctly
+    the two engines compute the same audio to the bit. The rows show that the switch still reaches
+    the compiled graph (`slice_mask_ops`, and `compiled_mask_layers` from the verbose build's layer
+    table: Resize is compiled as Resize, with layout Transposes the compiler adds) and how far
+    the two outputs are apart (`*_max_abs_diff_vs_convtranspose`)."""
     ref = FullDecoder(voice.model, voice.seam).decode(z[:, :frames])
     n = frames * voice.hop
-    rows = []
-    for upsampler in ("convtranspose", "resize"):
+    rows, outputs = [], {}
+    for upsampler in UPSAMPLERS:
         produced = produce_for_voice(voice, dec_mask=True, upsampler=upsampler)
         x, m = padded_window(z[:, :frames], produced.contract.window.frames)
-        sim = simulator_vs_fp32(produced.save(), target, [{"z": x, "y_mask": m}], keep=True)
+        sim = simulator_vs_fp32(produced.save(), target, [{"z": x, "y_mask": m}], keep=True, verbose=True)
         fp32, simulated = sim.fp32[0][0].reshape(-1)[:n], sim.simulator[0][0].reshape(-1)[:n]
+        outputs[upsampler] = (fp32, simulated)
+        nodes = mask_upsampler_nodes(produced.model)
+        ops = Counter(node.op_type for node in produced.model.graph.node if node.name in nodes)
+        layers = layer_table(Path(sim.report.log).read_text(encoding="utf-8", errors="replace"))
         rows.append({"upsampler": upsampler, "frames": frames, "fp32_vs_full_db": gates.snr_db(ref, fp32),
                      "simulator_vs_full_db": gates.snr_db(ref, simulated),
-                     "simulator_vs_fp32_db": gates.snr_db(fp32, simulated), "regtask": sim.report.regtask,
-                     **{k: sim.rows[0][k] for k in ("where", "target")}})
+                     "simulator_vs_fp32_db": gates.snr_db(fp32, simulated),
+                     "slice_mask_ops": ", ".join(f"{k} {op}" for op, k in sorted(ops.items())),
+                     "compiled_mask_layers": compiled_layers_of(layers, nodes),
+                     "fp32_max_abs_diff_vs_convtranspose": float(np.max(np.abs(fp32 - outputs[UPSAMPLERS[0]][0]))),
+                     "simulator_max_abs_diff_vs_convtranspose":
+                         float(np.max(np.abs(simulated - outputs[UPSAMPLERS[0]][1]))),
+                     "regtask": sim.report.regtask, **{k: sim.rows[0][k] for k in ("where", "target")}})
     return rows
 
 
