@@ -102,6 +102,24 @@ def test_compiled_layers_of_counts_what_the_compiler_made_of_each_node():
     assert study.compiled_layers_of(layers, ["/dec/other"]) == ""
 
 
+def test_dec_mask_opt_in_in_fp32_the_mask_shows_only_on_a_padded_window(voice):
+    """fp32 walks (target None): a one-window utterance gains from the mask, one just over the
+    window (three full windows, mask 1 everywhere) is unchanged to the bit."""
+    lats = [voice.latents(text)[0] for text in ("No.", "Turn left here.")]
+    padded, over = study.dec_mask_opt_in(voice, lats, None)
+    assert (padded["frames"], padded["windows"], over["frames"], over["windows"]) == (46, 1, 95, 3)
+    assert padded["masked_vs_full_db"] > 90 and 75 < padded["unmasked_vs_full_db"] < 90
+    assert padded["gap_db"] == pytest.approx(padded["masked_vs_full_db"] - padded["unmasked_vs_full_db"])
+    assert padded["gap_db"] > 5
+    # the masked walk is the full decode to ~96 dB, so the two walks differ by the unmasked walk's error
+    assert padded["masked_vs_unmasked_db"] == pytest.approx(padded["unmasked_vs_full_db"], abs=1.0)
+    assert over["masked_vs_unmasked_db"] == np.inf and over["gap_db"] == 0.0
+    for r in (padded, over):
+        assert (r["masked_vs_full_db"], r["unmasked_vs_full_db"]) == (r["fp32_masked_vs_full_db"],
+                                                                     r["fp32_unmasked_vs_full_db"])
+        assert (r["where"], r["target"]) == ("fp32", "none") and "regtask" not in r
+
+
 def test_wrong_seam_is_quiet(voice, latent):
     row = study.wrong_seam(voice, latent.z)
     assert row["rms_ratio"] < 0.5 and row["snr_db"] < 3.0
