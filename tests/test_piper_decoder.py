@@ -1,5 +1,7 @@
 """The Piper decoder producer, sidecar and measurements on the real voice."""
 
+from collections import Counter
+
 import numpy as np
 import onnx
 import pytest
@@ -10,6 +12,8 @@ from rkstudy.errors import EngineMismatch
 from rkstudy.families.piper_decoder import study
 from rkstudy.families.piper_decoder.producer import produce_for_voice, read_contract
 from rkstudy.families.piper_decoder.sidecar import DecoderSidecar
+from rkstudy.graph.decmask import UPSAMPLERS
+from rkstudy.lint.compiler import Layer
 from rkstudy.runtime import OrtRunner, SimulatorRunner
 
 
@@ -62,6 +66,58 @@ def test_masked_decoder_is_identical_where_the_mask_is_one(voice, produced):
     x = {"z": np.random.default_rng(0).standard_normal((1, 192, 93)).astype(np.float32),
          "y_mask": np.ones((1, 1, 93), np.float32)}
     np.testing.assert_array_equal(OrtRunner(masked.model).run(x)[0], OrtRunner(produced.model).run(x)[0])
+
+
+def test_mask_upsampler_switch_reaches_the_slice_and_both_upsample_exactly(voice, latent):
+    slices = {up: produce_for_voice(voice, dec_mask=True, upsampler=up) for up in UPSAMPLERS}
+    ops = {up: Counter(n.op_type for n in p.model.graph.node if n.name in study.mask_upsampler_nodes(p.model))
+           for up, p in slices.items()}
+    assert ops == {"convtranspose": {"ConvTranspose": 3}, "resize": {"Resize": 3}}
+    assert [p.after.ops["ConvTranspose"] for p in slices.values()] == [6, 3]  # the decoder's own 3 in both
+    assert slices["convtranspose"].save().name != slices["resize"].save().name
+    # the mask at every rate: exactly the frame mask repeated, 0 and 1 only, from either upsampler
+    x, m = study.padded_window(latent.z[:, :47], 93)
+    chains = {}
+    for up, p in slices.items():
+        nodes = [n for n in p.model.graph.node if n.name in study.mask_upsampler_nodes(p.model)]
+        chains[up] = OrtRunner(graph.slice_at(p.model, ["y_mask"], [n.output[0] for n in nodes])).run({"y_mask": m})
+    rate = 1
+    for k, (a, b) in enumerate(zip(*chains.values())):
+        rate *= a.shape[-1] // (93 * rate)
+        np.testing.assert_array_equal(a, np.repeat(m, a.shape[-1] // 93, axis=-1), err_msg=f"mask_up{k}")
+        np.testing.assert_array_equal(a, b)
+    assert rate == 256
+    # so the audio is the same to the bit, and the masked tail is the full-length decode's
+    audio = {up: OrtRunner(p.model).run({"z": x, "y_mask": m})[0].reshape(-1)[: 47 * 256] for up, p in slices.items()}
+    np.testing.assert_array_equal(audio["convtranspose"], audio["resize"])
+    assert gates.snr_db(study.FullDecoder(voice.model, voice.seam).decode(latent.z[:, :47]), audio["resize"]) > 100
+
+
+def test_compiled_layers_of_counts_what_the_compiler_made_of_each_node():
+    layers = [Layer(1, "Resize", "NPU", "/dec/mask_up0"), Layer(2, "Transpose", "NPU", "/dec/mask_up0_rs#7"),
+              Layer(3, "Resize", "NPU", "/dec/mask_up1"), Layer(4, "Transpose", "CPU", "/dec/mask_up1_rs#6"),
+              Layer(5, "ConvTranspose", "NPU", "/dec/ups.0/ConvTranspose"), Layer(6, "Mul", "NPU", "/dec/mask_up10")]
+    assert study.compiled_layers_of(layers, ["/dec/mask_up0", "/dec/mask_up1"]) == \
+        "2 Resize NPU, 1 Transpose CPU, 1 Transpose NPU"
+    assert study.compiled_layers_of(layers, ["/dec/other"]) == ""
+
+
+def test_dec_mask_opt_in_in_fp32_the_mask_shows_only_on_a_padded_window(voice):
+    """fp32 walks (target None): a one-window utterance gains from the mask, one just over the
+    window (three full windows, mask 1 everywhere) is unchanged to the bit."""
+    lats = [voice.latents(text)[0] for text in ("No.", "Turn left here.")]
+    padded, over = study.dec_mask_opt_in(voice, lats, None)
+    assert (padded["frames"], padded["windows"], over["frames"], over["windows"]) == (46, 1, 95, 3)
+    assert padded["masked_vs_full_db"] > 90 and 75 < padded["unmasked_vs_full_db"] < 90
+    assert padded["gap_db"] == pytest.approx(padded["masked_vs_full_db"] - padded["unmasked_vs_full_db"])
+    assert padded["gap_db"] > 5
+    # the masked walk is the full decode to ~96 dB, so the two walks differ by the unmasked walk's error
+    assert padded["masked_vs_unmasked_db"] == pytest.approx(padded["unmasked_vs_full_db"], abs=1.0)
+    assert over["masked_vs_unmasked_db"] == np.inf and over["gap_db"] == 0.0
+    for r in (padded, over):
+        assert (r["masked_vs_full_db"], r["unmasked_vs_full_db"]) == (r["fp32_masked_vs_full_db"],
+                                                                     r["fp32_unmasked_vs_full_db"])
+        assert (r["where"], r["target"]) == ("fp32", "none") and "regtask" not in r
 
 
 def test_wrong_seam_is_quiet(voice, latent):
