@@ -10,7 +10,7 @@ The parent then writes the audio and appends one results row: wall time, audio s
 RSS, per-core NPU load (mean and max), NPU governor and frequency, driver and runtime versions,
 engine and contract digests, and where it ran (`board`, or `replay` through the test double).
 
-Board side: standard library, numpy and psutil only.
+Board side: standard library and numpy only.
 """
 
 from __future__ import annotations
