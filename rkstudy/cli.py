@@ -45,7 +45,9 @@ def parse_shapes(items: list[str] | None) -> dict[str, list[int]] | None:
 def _cmd_doctor(args) -> int:
     from . import doctor
 
-    return doctor.main("board" if args.board else "converter")
+    if args.engine and not args.board:
+        raise UsageError("--engine is a board check: rkstudy doctor --board --engine E.rknn")
+    return doctor.main("board" if args.board else "converter", args.engine)
 
 
 def _cmd_census(args) -> int:
@@ -213,6 +215,8 @@ def _add_core(sub) -> None:
 
     d = sub.add_parser("doctor", help="environment versions, board presence, and what to fix")
     d.add_argument("--board", action="store_true", help="check the board side instead of the converter")
+    d.add_argument("--engine", type=Path, help="with --board: check this .rknn (its contract, and its compiler "
+                   "against this board's librknnrt)")
     d.set_defaults(func=_cmd_doctor)
 
     c = sub.add_parser("census", help="node/op counts, weight bytes, hazard ops, longest axis")

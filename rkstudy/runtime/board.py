@@ -41,14 +41,33 @@ class BoardUnavailable(RuntimeError):
     """No RKNNLite runtime or no NPU driver here."""
 
 
-def board_available() -> tuple[bool, str]:
-    """(present, why): RKNNLite importable and an NPU driver visible."""
+def rknnlite_problem() -> str | None:
+    """Why RKNNLite cannot be used here (not installed, or installed but its import fails: a
+    dependency it pulls unpinned, a wheel for another Python), or None when it imports."""
     if importlib.util.find_spec("rknnlite") is None:
-        return False, "rknn-toolkit-lite2 is not installed (on the board: make board-env, or pip install -e '.[board]')"
+        return "rknn-toolkit-lite2 is not installed (on the board: make board-env, or pip install -e '.[board]')"
+    try:
+        from rknnlite.api import RKNNLite  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - whatever its import raised is the finding
+        import traceback
+
+        fix = ("pip install 'ruamel.yaml<0.18' (the import failed inside ruamel.yaml, which the lite2 wheel "
+               "pulls unpinned)"
+               if "ruamel" in traceback.format_exc() else "pip install --force-reinstall rknn-toolkit-lite2==2.5.0")
+        return f"rknnlite does not import ({type(exc).__name__}: {' '.join(str(exc).split())}): {fix}"
+    return None
+
+
+def board_available() -> tuple[bool, str]:
+    """(present, why): RKNNLite imports and an NPU driver is visible."""
+    problem = rknnlite_problem()
+    if problem:
+        return False, problem
     driver = sysfs.npu_driver_version()
-    if driver is None and not sysfs.exists(sysfs.NPU_DEVICE):
-        return False, "no RKNPU driver (no /sys/kernel/debug/rknpu/version, no /dev/rknpu)"
-    return True, driver or "/dev/rknpu present"
+    if driver is None and not sysfs.npu_device_nodes():
+        return False, ("no RKNPU driver (no /sys/kernel/debug/rknpu/version or /sys/module/rknpu/version, no NPU "
+                       "device node in /dev/dri or /dev/rknpu)")
+    return True, driver or f"{sysfs.npu_device_nodes()[0]} present"
 
 
 def runtime_versions() -> str | None:
