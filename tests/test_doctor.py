@@ -58,16 +58,22 @@ def test_board_side_reports_what_is_here(capsys):
         assert out.rstrip().endswith("rerun `rkstudy doctor --board`.")
 
 
+def forget_rknnlite():
+    for name in [m for m in sys.modules if m == "rknnlite" or m.startswith("rknnlite.")]:
+        del sys.modules[name]
+
+
 @pytest.fixture
 def board(monkeypatch):
-    """Point the board side at a recorded tree, with the replay double of RKNNLite importable."""
+    """Point the board side at a recorded tree, with the replay double of RKNNLite importable (and
+    forgotten after, so later tests see this host as it is)."""
     monkeypatch.syspath_prepend(str(BOARDS.parent.parent / "doubles"))
-    for name in [m for m in sys.modules if m == "rknnlite" or m.startswith("rknnlite.")]:
-        monkeypatch.delitem(sys.modules, name)
+    forget_rknnlite()
 
     def at(tree):
         monkeypatch.setenv("RKSTUDY_SYSROOT", str(BOARDS / tree))
-    return at
+    yield at
+    forget_rknnlite()
 
 
 def engine_for(tmp_path, target, toolkit="rknn-toolkit2 2.5.0"):
