@@ -310,3 +310,19 @@ def test_int64_inputs_reach_the_runtime_as_int64(board, monkeypatch, capfd):
     assert runner._lite.inference(inputs=[ids.astype(np.float64)]) is None
     assert "Unsupport inputs[0].dtype: float64" in capfd.readouterr().err
     assert RKNNLite.NPU_CORE_0_1_2 == 7
+
+
+def test_the_sampler_hook_runs_once_after_the_first_init(board, monkeypatch):
+    from rknnlite.api import RKNNLite
+
+    from rkstudy.runtime import board as runtime_board
+    from rkstudy.runtime.board import BoardRunner, after_init
+
+    monkeypatch.setattr(dmesg, "read_dmesg", lambda: [])
+    inits, seen = [], []
+    real_init = RKNNLite.init_runtime
+    monkeypatch.setattr(RKNNLite, "init_runtime", lambda self, **kw: inits.append(1) or real_init(self, **kw))
+    after_init(lambda: seen.append(len(inits)))
+    BoardRunner(board, ["x"])
+    BoardRunner(board, ["x"])
+    assert seen == [1] and len(inits) == 2 and runtime_board._after_init == []

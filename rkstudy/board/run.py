@@ -29,7 +29,7 @@ from .. import atomic, results
 from ..cache import sha256_file
 from ..contract import Contract, beside, for_engine
 from ..errors import InputError, UsageError
-from ..runtime.board import BoardUnavailable, board_available
+from ..runtime.board import BoardUnavailable, after_init, board_available
 from . import load, sysfs
 
 NO_BOARD = ("`rkstudy board run` runs on an RK3588/RK3566 board with rknn-toolkit-lite2 and the rknpu "
@@ -78,6 +78,54 @@ def append_row(study: str, table: str, row: dict, root: Path) -> Path:
     return results.write_table(study, table, rows + [row], root=root, title=f"Board runs: {table}")
 
 
+def invoking_user() -> tuple[int, int] | None:
+    """(uid, gid) of the user who ran sudo, when this process is root under sudo; None otherwise."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        return int(os.environ["SUDO_UID"]), int(os.environ["SUDO_GID"])
+    except (KeyError, ValueError):
+        return None
+
+
+def _missing_dirs(path: Path) -> tuple[list[Path], Path]:
+    """The folders writing `path` will create (outermost last), and the existing folder above them."""
+    missing, folder = [], path.parent
+    while not folder.exists():
+        missing.append(folder)
+        folder = folder.parent
+    return missing, folder
+
+
+def require_writable(paths: list[Path]) -> None:
+    """Refuse, before a decode, outputs this user cannot write (an earlier run under sudo left them
+    root-owned): files are replaced atomically, so their folder must be writable too."""
+    for path in paths:
+        folder = _missing_dirs(path)[1] if not path.exists() else path.parent
+        blocked = path if path.exists() and not os.access(path, os.W_OK) else (
+            folder if not os.access(folder, os.W_OK) else None)
+        if blocked is not None:
+            import pwd
+
+            try:
+                owner = pwd.getpwuid(blocked.stat().st_uid).pw_name
+            except KeyError:
+                owner = str(blocked.stat().st_uid)
+            raise InputError(f"{blocked} is not writable by this user (owned by {owner}, perhaps by an earlier run "
+                             f"under sudo): sudo chown -R $USER {blocked}, or pass --results DIR")
+
+
+def hand_back(paths: list[Path], created: list[Path]) -> None:
+    """Under sudo, give what this run wrote (and the folders it made) to the user who ran sudo, so a
+    later run without sudo can append to the same table."""
+    owner = invoking_user()
+    if owner is None:
+        return
+    for path in [*created, *paths]:
+        if path.exists():
+            os.chown(path, *owner)
+
+
 def measure(family: str, *, engine: Path, job: str, payload: dict, cores: str = "0_1_2",
             audio_out: Path | None = None, outputs_out: Path | None = None, results_dir: Path | None = None,
             source_sha256: str | None = None, extra: dict | None = None, remake: str | None = None) -> dict:
@@ -89,7 +137,14 @@ def measure(family: str, *, engine: Path, job: str, payload: dict, cores: str = 
     """
     require_board()
     soc = sysfs.soc()
+    if soc is None:
+        raise BoardUnavailable(f"cannot tell this board's SoC: no rockchip,rkXXXX entry in {sysfs.COMPATIBLE}")
     contract = for_engine(engine, family=family, soc=soc, remake=remake)
+    root = Path(results_dir) if results_dir else results.results_root(quick=False)
+    table_csv = root / "board" / f"{family}.csv"
+    outputs = [table_csv, table_csv.with_suffix(".md")] + [Path(p) for p in (audio_out, outputs_out) if p is not None]
+    require_writable(outputs)
+    created = sorted({d for p in outputs for d in _missing_dirs(p)[0]})
     if source_sha256 is not None and source_sha256 != contract.source.sha256:
         from ..errors import EngineMismatch
 
@@ -111,14 +166,13 @@ def measure(family: str, *, engine: Path, job: str, payload: dict, cores: str = 
         with np.load(spec["arrays"]) as data:
             arrays = {k: data[k] for k in data.files}
         pcm = arrays.pop("audio", np.zeros(0, np.float32))
-    clock = sysfs.npu_clock()
     row = {"family": family, "engine": Path(engine).name, "engine_sha256": contract.engine.sha256[:16],
            "contract_sha256": sha256_file(beside(engine))[:16], "source": contract.source.file,
            **(extra or {}), **result.get("row", {}), "wall_s": round(result["seconds"], 4),
            "audio_s": round(result["audio_s"], 3),
            "rtf": result["seconds"] / result["audio_s"] if result["audio_s"] else float("nan"),
            "peak_rss_mb": round(result["peak_rss_kb"] / 1024, 1), **result["npu_load"], "cores": result["cores"],
-           "npu_governor": clock["governor"] or "", "npu_freq_hz": clock["cur_freq"] or "",
+           **result["npu_clock"],
            "driver": sysfs.npu_driver_version() or "", "runtime": result.get("runtime") or "",
            "where": result["where"], "target": result["target"]}
     row = results.stamp(row)
@@ -132,8 +186,8 @@ def measure(family: str, *, engine: Path, job: str, payload: dict, cores: str = 
         np.savez(buf, audio=pcm, **arrays)
         atomic.write_bytes(outputs_out, buf.getvalue())
         print(f"wrote {outputs_out} (the engine's outputs, float32)")
-    root = Path(results_dir) if results_dir else results.results_root(quick=False)
     table = append_row("board", family, row, root)
+    hand_back(outputs, created)
     audio = f"RTF {row['rtf']:.4f}, {row['audio_s']:.2f} s of audio, " if row["audio_s"] else ""
     npu = (f", NPU load mean {row['npu_load_mean_pct']} % max {row['npu_load_max_pct']} % per core"
            if row["npu_load_samples"] else "")
@@ -150,9 +204,26 @@ def _child(spec_path: str) -> int:
     module, _, attr = spec["job"].partition(":")
     job = getattr(importlib.import_module(module), attr)
     contract: Contract = for_engine(spec["engine"])  # already validated by the parent; re-read here
-    with load.sampled() as sampler:
+    sampler = load.board_sampler()
+    governor = []
+
+    def begin_sampling() -> None:  # after the first init: the row measures the decode, not the init
+        governor.append(sysfs.npu_clock()["governor"] or "")
+        if sampler is not None:
+            try:
+                sampler.start()
+            except OSError as exc:
+                print(f"NPU load not sampled: {exc}", file=sys.stderr)
+
+    after_init(begin_sampling)
+    try:
         out = job(contract=contract, engine=Path(spec["engine"]), cores=spec["cores"], payload=spec["payload"])
-    out["npu_load"] = load.row_fields(sampler.summary() if sampler else None)
+    finally:
+        if sampler is not None:
+            sampler.stop()
+    out["npu_load"] = load.row_fields(sampler.summary() if sampler and sampler.path else None)
+    out["npu_clock"] = {"npu_governor": governor[0] if governor else "",
+                        "npu_freq_hz": sampler.clock_field() if sampler else ""}
     out["peak_rss_kb"] = peak_rss_kb()
     arrays = {"audio": np.asarray(out.pop("audio"), np.float32), **out.pop("arrays", {})}
     np.savez(spec["arrays"], **arrays)

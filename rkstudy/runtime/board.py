@@ -88,6 +88,15 @@ def mask_refused(rc: int, log_text: str) -> bool:
         or dmesg.CORE_MASK_ONLY in log_text
 
 
+_after_init: list[Callable[[], None]] = []
+
+
+def after_init(callback: Callable[[], None]) -> None:
+    """Run `callback` once, right after the next context of this process initializes: a board run's
+    child starts its NPU sampler there, so the init's own load is not averaged into the decode's."""
+    _after_init.append(callback)
+
+
 def runtime_versions() -> str | None:
     """"driver X, api Y" as the first initialized context reported them (for results rows), or None."""
     known = dmesg.known_versions()
@@ -163,6 +172,8 @@ class BoardRunner(Runner):
         self.cores = dmesg.cores_granted(text, self.cores)
         sdk = dmesg.parse_lite_sdk_version(self._lite.get_sdk_version())
         dmesg.remember_versions(Versions(sdk.api, sdk.driver or sysfs.npu_driver()[0]))
+        while _after_init:
+            _after_init.pop(0)()
 
     def _init(self, mask: int) -> tuple[int, str]:
         """init_runtime's code and the log it wrote."""
