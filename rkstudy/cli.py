@@ -313,6 +313,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     cliutil.ARGV = list(sys.argv[1:] if argv is None else argv)
     debug = args.debug or os.environ.get("RKSTUDY_DEBUG") == "1"
+    if debug:
+        os.environ["RKSTUDY_DEBUG"] = "1"  # the children it starts (a board run's) show theirs too
     try:
         if getattr(args, "validate_args", None):
             args.validate_args(args)  # conflicting flags: refused by the parser (exit 2)

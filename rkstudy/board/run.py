@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -128,12 +129,14 @@ def hand_back(paths: list[Path], created: list[Path]) -> None:
 
 def measure(family: str, *, engine: Path, job: str, payload: dict, cores: str = "0_1_2",
             audio_out: Path | None = None, outputs_out: Path | None = None, results_dir: Path | None = None,
-            source_sha256: str | None = None, extra: dict | None = None, remake: str | None = None) -> dict:
+            source_sha256: str | None = None, extra: dict | None = None, remake: str | None = None,
+            timeout: float | None = None) -> dict:
     """Run `job` ("module:function") for `family` on `engine` in a dedicated child; return the row.
 
     `payload` is the job's input (JSON-able: paths, not arrays); `source_sha256` is the digest of the
     model the inputs came from, checked against the contract's source; `remake` is the command a
-    refusal names (default: the family's `--help`).
+    refusal names (default: the family's `--help`); `timeout` bounds the child (default
+    $RKSTUDY_BOARD_TIMEOUT or CHILD_TIMEOUT_S).
     """
     require_board()
     soc = sysfs.soc()
@@ -152,19 +155,8 @@ def measure(family: str, *, engine: Path, job: str, payload: dict, cores: str = 
                              f"made from {contract.source.file} ({contract.source.sha256[:12]}); make inputs "
                              f"from {contract.source.file}, or an engine from theirs with `{contract.remake}`")
     with tempfile.TemporaryDirectory(prefix="rkstudy-board-") as tmp:
-        spec = {"job": job, "engine": str(Path(engine).resolve()), "cores": cores, "payload": payload,
-                "result": str(Path(tmp) / "result.json"), "arrays": str(Path(tmp) / "arrays.npz")}
-        spec_path = Path(tmp) / "spec.json"
-        spec_path.write_text(json.dumps(spec))
-        proc = subprocess.Popen([sys.executable, "-m", "rkstudy.board.run", str(spec_path)], env=os.environ.copy())
-        proc.wait()
-        result_path = Path(spec["result"])
-        if proc.returncode != 0 or not result_path.is_file():
-            raise BoardUnavailable(f"the board run of {Path(engine).name} failed (child exit {proc.returncode}); "
-                                   "its error is printed above")
-        result = json.loads(result_path.read_text())
-        with np.load(spec["arrays"]) as data:
-            arrays = {k: data[k] for k in data.files}
+        spec = {"job": job, "engine": str(Path(engine).resolve()), "cores": cores, "payload": payload}
+        result, arrays = run_child(spec, Path(tmp), timeout=timeout)
         pcm = arrays.pop("audio", np.zeros(0, np.float32))
     row = {"family": family, "engine": Path(engine).name, "engine_sha256": contract.engine.sha256[:16],
            "contract_sha256": sha256_file(beside(engine))[:16], "source": contract.source.file,
@@ -194,6 +186,63 @@ def measure(family: str, *, engine: Path, job: str, payload: dict, cores: str = 
     print(f"{family} on {row['where']} ({row['target']}, cores {row['cores']}): {audio}{row['wall_s']:.3f} s, "
           f"peak RSS {row['peak_rss_mb']} MB{npu} -> {table}")
     return row
+
+
+CHILD_TIMEOUT_S = 1800.0  # a wedged NPU never returns from inference; no board run here takes minutes
+
+
+def run_child(spec: dict, folder: Path, *, timeout: float | None = None) -> tuple[dict, dict]:
+    """Run a board job in a child process (`python -m rkstudy.board.run`), bounded by `timeout`
+    seconds; return its result and arrays. A child that fails raises its own one-line error here
+    (RknnError for a failed run, exit 1; BoardUnavailable or the input error it met, exit 2); one
+    that outlives the timeout is killed with its process group."""
+    from .dmesg import RknnError
+
+    timeout = timeout or float(os.environ.get("RKSTUDY_BOARD_TIMEOUT") or CHILD_TIMEOUT_S)
+    spec = {**spec, "result": str(folder / "result.json"), "arrays": str(folder / "arrays.npz"),
+            "error": str(folder / "error.json")}
+    spec_path = folder / "spec.json"
+    spec_path.write_text(json.dumps(spec))
+    engine = Path(spec["engine"]).name
+    proc = subprocess.Popen([sys.executable, "-m", "rkstudy.board.run", str(spec_path)], env=os.environ.copy(),
+                            start_new_session=True)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise RknnError(f"the board run of {engine} did not finish in {timeout:.0f} s and was killed (a wedged NPU? "
+                        "dmesg | tail names it); reboot the board if the NPU stays busy, or set "
+                        "RKSTUDY_BOARD_TIMEOUT=<seconds> for a longer run") from None
+    error = Path(spec["error"])
+    if error.is_file():
+        failure = json.loads(error.read_text())
+        raise (RknnError if failure["exit"] == 1 else InputError)(failure["message"])
+    if proc.returncode != 0 or not Path(spec["result"]).is_file():
+        raise RknnError(f"the board run of {engine} ended with exit {proc.returncode} and no result (killed by "
+                        "the system? dmesg | tail says why)")
+    result = json.loads(Path(spec["result"]).read_text())
+    with np.load(spec["arrays"]) as data:
+        return result, {k: data[k] for k in data.files}
+
+
+def child_failure(exc: BaseException) -> tuple[str, int]:
+    """A child's error as one line naming the fix, and the exit code it stands for."""
+    from ..errors import RkstudyError
+    from .dmesg import RknnError
+
+    text = " ".join(str(exc).split())
+    if isinstance(exc, RkstudyError):
+        return text, exc.exit_code
+    if isinstance(exc, RknnError):
+        return text, 1
+    if isinstance(exc, BoardUnavailable):
+        return text, 2
+    if isinstance(exc, ImportError):
+        return (f"the board child cannot import {exc.name or text} ({text}): reinstall the board environment "
+                "(make board-env, or pip install -e '.[board]'), then rkstudy doctor --board"), 2
+    return (f"unexpected {type(exc).__name__} in the board child: {text} (rerun with --debug for the traceback, "
+            "and please report it)"), 1
 
 
 def _child(spec_path: str) -> int:
@@ -232,16 +281,25 @@ def _child(spec_path: str) -> int:
 
 
 def main(argv=None) -> int:
-    from ..errors import RkstudyError
-
+    """The child's entry: every failure becomes one line in the spec's error file for the parent to
+    raise (the traceback too, on stderr, under RKSTUDY_DEBUG=1, which `--debug` sets)."""
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
         raise UsageError("usage: python -m rkstudy.board.run SPEC_JSON (started by `rkstudy board run`)")
     try:
         return _child(argv[0])
-    except (RkstudyError, RuntimeError) as exc:
-        print(f"rkstudy board run: error: {' '.join(str(exc).split())}", file=sys.stderr)
-        return 1
+    except Exception as exc:  # noqa: BLE001 - every child error reaches the parent as one line
+        if os.environ.get("RKSTUDY_DEBUG") == "1":
+            import traceback
+
+            traceback.print_exc()
+        message, code = child_failure(exc)
+        error = json.loads(Path(argv[0]).read_text()).get("error")
+        if error:
+            Path(error).write_text(json.dumps({"message": message, "exit": code}))
+        else:
+            print(f"rkstudy board run: error: {message}", file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":
