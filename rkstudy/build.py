@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from . import atomic, cache, graph
-from .contract import TARGETS
+from .contract import QUANTIZED_ONLY, TARGETS
 from .errors import Failed, NeedsConverter, UsageError, one_line
 from .results import toolkit_version
 
@@ -174,10 +174,15 @@ class BuildReport:
         return self
 
 
-def _check_target(target: str) -> None:
+def _check_target(target: str, quantize: Calibration | None = None) -> None:
+    """A target the toolkit builds for, in the dtype it builds there, said before a child starts."""
     if target not in TARGETS:
         raise UsageError(f"target {target!r} is not one this project builds for; use one of "
                          f"{', '.join(TARGETS)}")
+    if target in QUANTIZED_ONLY and quantize is None:
+        raise UsageError(f"rknn-toolkit2 builds no fp16 engine for {target} (\"Current target_platform({target}) "
+                         "not support do_quantization = False\"): make a quantized build, "
+                         "quantize=Calibration(feeds) (int8 w8a8)")
 
 
 class EngineProcess:
@@ -193,7 +198,7 @@ class EngineProcess:
                  regtask_limit: int = REGTASK_LIMIT, outputs: Sequence[str] | None = None,
                  log=None, verbose: bool = False, timeout: float = BUILD_TIMEOUT_S,
                  analysis: Mapping | None = None, quantize: Calibration | None = None):
-        _check_target(target)
+        _check_target(target, quantize)
         require_toolkit()
         self.onnx = Path(onnx_path).resolve()
         if not self.onnx.is_file():
@@ -422,7 +427,7 @@ def build_engine(onnx_path, target: str, shapes: Mapping[str, Sequence[int]] | N
     (and calibration set and settings) is returned from its recorded report instead of being rebuilt.
     `out` defaults to the cache (default_engine_path).
     """
-    _check_target(target)
+    _check_target(target, quantize)
     onnx_path = Path(onnx_path)
     graph.load(onnx_path)  # an unreadable graph is an input error, said before a child starts
     shapes = {k: [int(d) for d in v] for k, v in
