@@ -229,17 +229,29 @@ def test_board_runner_stamps_later_failures_with_the_first_contexts_versions(boa
         BoardRunner(board, ["x"])
 
 
-@pytest.mark.parametrize("tree", ["rk3566", "rk3566-orangepi-3b"])
-def test_a_single_core_soc_refuses_the_mask_with_minus_13_and_runs_on_auto(board, monkeypatch, capfd, tree):
+def test_a_single_core_soc_refuses_the_mask_with_minus_13_and_runs_on_auto(board, monkeypatch, capfd):
     from rkstudy.runtime.board import BoardRunner
 
     monkeypatch.setattr(dmesg, "read_dmesg", lambda: [])
-    monkeypatch.setenv("RKSTUDY_SYSROOT", str(FIXTURES / "boards" / tree))
+    monkeypatch.setenv("RKSTUDY_SYSROOT", str(FIXTURES / "boards" / "rk3566-orangepi-3b"))
     runner = BoardRunner(board, ["x"])
     assert runner.cores == "auto"
     assert np.array_equal(runner.run({"x": np.arange(4, dtype=np.float32)[None]})[0], -np.arange(4)[None])
     log = capfd.readouterr().err
     assert "The core_mask is only supported by" in log and "set core mask failed" in log
+
+
+def test_a_board_without_librknnrt_fails_once_and_names_the_fix(board, monkeypatch, capfd):
+    from rkstudy.runtime.board import BoardRunner
+
+    monkeypatch.setattr(dmesg, "read_dmesg", lambda: [])
+    monkeypatch.setenv("RKSTUDY_SYSROOT", str(FIXTURES / "boards" / "rk3566"))  # the tree with no librknnrt
+    with pytest.raises(InitRefused, match=r"init_runtime\(S900.rknn\) failed with code -1 \(RKNN_ERR_FAIL: "
+                                          r"execute failed; librknnrt.so not found: put the RKNPU2 runtime in "
+                                          r"/usr/lib or set LIBRKNNRT_PATH"):
+        BoardRunner(board, ["x"])
+    log = capfd.readouterr().err
+    assert log.count("Exception: Can not find dynamic library on RK3566!") == 1  # not retried
 
 
 def test_rk3576_records_the_two_cores_it_granted(board, monkeypatch):

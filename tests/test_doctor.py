@@ -149,7 +149,7 @@ def test_an_rknnlite_that_does_not_import_is_a_failure(board, capsys, tmp_path, 
     assert main(["doctor", "--board"]) == 1
     out = capsys.readouterr().out
     assert "board runtime: absent (rknnlite does not import (AttributeError: 'ruamel.yaml' has no attribute" in out
-    assert "[FAIL] rknnlite does not import" in out and "pip install 'ruamel.yaml<0.18'" in out
+    assert "[FAIL] rknnlite does not import" in out and "pip install 'ruamel.yaml==0.19.1'" in out
 
 
 def test_an_npu_node_this_user_cannot_open_names_its_group(board, capsys, monkeypatch):

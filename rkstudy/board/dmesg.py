@@ -70,6 +70,8 @@ CODES_BY_NAME = {name: code for code, (name, _) in CODE_NAMES.items()}
 # code is printed as its RKNN_ERR_* name, or as a number by runtimes that print it bare.
 _LITE_FAILURE = re.compile(r"RKNN (init|set core mask) failed\. error code:\s*(-?\d+|RKNN_[A-Z_]+)")
 CORE_MASK_ONLY = "The core_mask is only supported by"
+# What the runtime raises when librknnrt.so is neither at $LIBRKNNRT_PATH nor in /usr/lib.
+NO_LIBRKNNRT = "Can not find dynamic library on"
 # RK3576 has two cores: the runtime swaps a mask naming core 2 for 0_1 (or 0) and says so.
 _RK3576_REPLACED = re.compile(r'will be automatically replaced with "NPU_CORE_([0-9_]+)"')
 

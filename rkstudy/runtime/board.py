@@ -58,8 +58,8 @@ def rknnlite_problem() -> str | None:
     except Exception as exc:  # noqa: BLE001 - whatever its import raised is the finding
         import traceback
 
-        fix = ("pip install 'ruamel.yaml<0.18' (the import failed inside ruamel.yaml, which the lite2 wheel "
-               "pulls unpinned)"
+        fix = ("pip install 'ruamel.yaml==0.19.1' (the import failed inside ruamel.yaml, which the lite2 wheel "
+               "pulls unpinned; 2.5.0 was checked with 0.19.1)"
                if "ruamel" in traceback.format_exc() else "pip install --force-reinstall rknn-toolkit-lite2==2.5.0")
         return f"rknnlite does not import ({type(exc).__name__}: {' '.join(str(exc).split())}): {fix}"
     return None
@@ -165,7 +165,9 @@ class BoardRunner(Runner):
             self._lite.release()
             failures = dmesg.lite_failures(text)
             code = rc if rc != -1 else (failures[-1].code if failures else None)
-            note = ("RKNNLite returned -1 and its log named no code" if not failures else
+            note = ("librknnrt.so not found: put the RKNPU2 runtime in /usr/lib or set LIBRKNNRT_PATH "
+                    "(rkstudy doctor --board checks it)" if dmesg.NO_LIBRKNNRT in text else
+                    "RKNNLite returned -1 and its log named no code" if not failures else
                     f"the runtime named {failures[-1].name}" if code is None else "")
             raise InitRefused(f"init_runtime({self.engine.name})", code if code is not None else rc,
                               refusals=watch.refusals, note=note)

@@ -10,6 +10,8 @@ extension; tests/test_board_double.py compares them with the wheel when it is pr
   set_core_mask's code: on a single-core NPU (rk3562, rk3566, rk3568) a mask other than AUTO logs "The
   core_mask is only supported by ..." and librknnrt's rknn_set_core_mask returns -13; on the two-core
   rk3576 a mask naming core 2 is replaced ("NPU_CORE_0_1_2" ... "NPU_CORE_0_1") with a warning.
+  Without librknnrt.so ($LIBRKNNRT_PATH, /usr/lib) the runtime's constructor raises "Can not find dynamic
+  library on RK3566!" after its warning box (seen running the 2.5.0 wheel under qemu-aarch64).
 * inference takes each input with the dtype it has (numpy dtype to tensor type, no cast: an int64 engine
   input must be fed int64); an unsupported dtype or any other failure logs and returns None.
 
@@ -43,6 +45,10 @@ CORE_MASK_ONLY = "The core_mask is only supported by {}. Please do not set this 
 RK3576_TWO_CORES = ('The RK3576 platform has only two NPU cores. "NPU_CORE_0_1_2" is not supported and will be '
                     'automatically replaced with "NPU_CORE_0_1".')
 UNSUPPORTED_DTYPE = "E Unsupport inputs[{}].dtype: {}"
+NO_LIBRARY = "Can not find dynamic library on {}!"
+MISSING_IN_CONTAINER = "!!! It is detected that {} is missing in the container."
+DOWNLOAD_LIBRARY = ("Please download the librknnrt.so from https://github.com/airockchip/rknn-toolkit2/tree/master/"
+                    "rknpu2/runtime/Linux/librknn_api/aarch64 and move it to directory /usr/lib/")
 # numpy dtypes the runtime maps to tensor types (the names in its extension's strings)
 INPUT_DTYPES = ("float32", "float16", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "bool")
 MULTI_CORE = ("rk3588", "rk3576")
@@ -67,10 +73,22 @@ def _board_soc():
     return plain[0].replace("rk3588s", "rk3588") if plain else None
 
 
+def _librknnrt_present():
+    """$LIBRKNNRT_PATH or /usr/lib/librknnrt.so (in the recorded tree), where the runtime looks."""
+    root = os.environ.get("RKSTUDY_SYSROOT", "/")
+    given = os.environ.get("LIBRKNNRT_PATH")
+    return os.path.isfile(os.path.join(root, (given or "/usr/lib/librknnrt.so").lstrip("/")))
+
+
 class _ReplayRuntime:
     """What RKNNRuntime stands for: the engine's ONNX served by onnxruntime."""
 
     def __init__(self, onnx_bytes, soc):
+        if not _librknnrt_present():
+            for line in ("*" * 50, MISSING_IN_CONTAINER.format("/usr/lib/librknnrt.so"), "!!! Please put it into "
+                         "/usr/lib/ directory.", "*" * 50):
+                _log("W", line)
+            raise Exception(NO_LIBRARY.format((soc or "unknown").upper()) + "\n" + DOWNLOAD_LIBRARY)
         code = os.environ.get("RKNNLITE_REPLAY_INIT_CODE")
         if code:
             raise Exception(INIT_FAILED.format(ERROR_NAMES.get(int(code), code)))
