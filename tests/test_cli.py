@@ -55,7 +55,7 @@ ERRORS = [
     (["piper", "encoder", "--frames", "0", "--skip-rknn"], 2, "0 is not a positive integer"),
     (["piper", "encoder", "--frames", "-3", "--skip-rknn"], 2, "-3 is not a positive integer"),
     (["piper", "decoder", "--emit", "0", "--skip-rknn"], 2, "0 is not a positive integer"),
-    (["build", "{d}/probe.onnx", "--target", "rk3576"], 2, "invalid choice: 'rk3576'"),
+    (["build", "{d}/probe.onnx", "--target", "rk3399"], 2, "invalid choice: 'rk3399'"),
     (["piper", "decoder", "--onnx", "{d}/probe.onnx", "--emit", "45"], 2, "--emit belong to stage 1"),
     (["piper", "encoder", "--onnx", "{d}/probe.onnx", "--frames", "64"], 2, "--frames belong to stage 1"),
     (["piper", "encoder", "--onnx", "{d}/probe.onnx", "--relshift", "banded"], 2, "--relshift belong to stage 1"),
