@@ -294,7 +294,7 @@ def parser() -> Parser:
     p.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
     sub = p.add_subparsers(dest="command", required=True)
     _add_core(sub)
-    board = sub.add_parser("board", help="run on an RK3588/RK3566 board (RKNNLite)")
+    board = sub.add_parser("board", help="run on an RKNPU2 board: RK3588, RK3576, RK3566/RK3568, RK3562 (RKNNLite)")
     board_cmds = board.add_subparsers(dest="board_command", required=True)
     run = board_cmds.add_parser("run", help="a family's sidecar on the NPU: audio and one results row")
     _add_families(sub, run.add_subparsers(dest="family", required=True))

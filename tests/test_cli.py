@@ -65,7 +65,7 @@ ERRORS = [
     (["inflect", "decoder", "--carve", "--decode-onnx", "{d}/probe.onnx"], 2, "--carve writes a decode.onnx"),
     (["piper", "encoder", "--skip-rknn"], 2, "give --frames N"),
     (["board", "run", "piper_decoder", "--engine", "{d}/e.rknn", "--latents", "{d}/l.npz"], 2,
-     "`rkstudy board run` runs on an RK3588/RK3566 board"),
+     "`rkstudy board run` runs on an RKNPU2 board (RK3588, RK3576, RK3566/RK3568, RK3562)"),
     (["piper", "decoder", "--voice-onnx", "{d}/none.onnx", "--skip-rknn"], 2, "no voice ONNX at"),
     (["nosuch"], 2, "invalid choice: 'nosuch'"),
 ]

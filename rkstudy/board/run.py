@@ -33,8 +33,9 @@ from ..errors import InputError, UsageError
 from ..runtime.board import BoardUnavailable, after_init, board_available
 from . import load, sysfs
 
-NO_BOARD = ("`rkstudy board run` runs on an RK3588/RK3566 board with rknn-toolkit-lite2 and the rknpu "
-            "driver, and this machine has {why}; on the host use the simulator (the study notebooks)")
+NO_BOARD = ("`rkstudy board run` runs on an RKNPU2 board (RK3588, RK3576, RK3566/RK3568, RK3562) with "
+            "rknn-toolkit-lite2 and the rknpu driver, and this machine has {why}; on the host use the simulator "
+            "(the study notebooks)")
 
 
 def require_board() -> None:
