@@ -10,6 +10,7 @@ command asked for there says so in one line (exit 2).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -313,8 +314,26 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     cliutil.ARGV = list(sys.argv[1:] if argv is None else argv)
     debug = args.debug or os.environ.get("RKSTUDY_DEBUG") == "1"
+    with _children_debug(debug):
+        return _run(args, debug)
+
+
+@contextlib.contextmanager
+def _children_debug(debug: bool):
+    """RKSTUDY_DEBUG=1 for the children this command starts (a board run's), for its duration only."""
+    before = os.environ.get("RKSTUDY_DEBUG")
     if debug:
-        os.environ["RKSTUDY_DEBUG"] = "1"  # the children it starts (a board run's) show theirs too
+        os.environ["RKSTUDY_DEBUG"] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("RKSTUDY_DEBUG", None)
+        else:
+            os.environ["RKSTUDY_DEBUG"] = before
+
+
+def _run(args, debug: bool) -> int:
     try:
         if getattr(args, "validate_args", None):
             args.validate_args(args)  # conflicting flags: refused by the parser (exit 2)
