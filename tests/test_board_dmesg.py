@@ -59,14 +59,14 @@ Exception: RKNN init failed. error code: RKNN_ERR_MALLOC_FAIL
 
 def test_lite_failures_read_names_and_numbers():
     assert dmesg.lite_failures(NAMED_INIT_FAILURE) == [dmesg.LiteFailure("init", -4, "RKNN_ERR_MALLOC_FAIL")]
-    assert dmesg.lite_init_code(NAMED_INIT_FAILURE) == -4
-    assert dmesg.lite_init_code("E RKNN init failed. error code: -6\n") == -6
+    assert dmesg.lite_failures("E RKNN init failed. error code: -6\n") == [
+        dmesg.LiteFailure("init", -6, "RKNN_ERR_MODEL_INVALID")]  # a runtime that prints the number
     assert dmesg.lite_failures("E RKNN set core mask failed. error code: RKNN_ERR_TARGET_PLATFORM_UNMATCH") == [
         dmesg.LiteFailure("set core mask", -13, "RKNN_ERR_TARGET_PLATFORM_UNMATCH")]
     # a name 2.5.0 added and rknn_api.h 2.3.2 does not number: kept by name
     assert dmesg.lite_failures("RKNN init failed. error code: RKNN_ERR_SOC_BIND_FAILED") == [
         dmesg.LiteFailure("init", None, "RKNN_ERR_SOC_BIND_FAILED")]
-    assert dmesg.lite_init_code("nothing here") is None
+    assert dmesg.lite_failures("nothing here") == []
 
 
 def test_a_named_driver_refusal_is_never_a_core_mask_problem():

@@ -138,12 +138,6 @@ def lite_failures(log_text: str) -> list[LiteFailure]:
     return out
 
 
-def lite_init_code(log_text: str) -> int | None:
-    """The librknnrt code of the last failure an RKNNLite log names (init_runtime itself returns -1)."""
-    failures = lite_failures(log_text)
-    return failures[-1].code if failures else None
-
-
 def cores_granted(log_text: str, asked: str) -> str:
     """The core mask a successful init actually runs on: AUTO where the runtime said the mask is not
     supported on this SoC (and went on), RK3576's replacement where it swapped one, else `asked`."""
