@@ -93,6 +93,10 @@ format: venv
 
 # On a board without conda: a plain venv with the board extra (RKNNLite on aarch64, no converter).
 board-env:
+	@$(PYTHON) -c 'import sys; v = sys.version_info[:2]; sys.exit(0 if (3, 10) <= v < (3, 13) else \
+	  f"board-env: {sys.executable} is Python {v[0]}.{v[1]}; rknn-toolkit-lite2 2.5.0 has wheels for 3.10-3.12: make board-env PYTHON=python3.11")'
+	@test -x $(BOARD_VENV)/bin/python || $(PYTHON) -m venv --help >/dev/null 2>&1 || \
+	  { echo "board-env: $(PYTHON) has no venv module: sudo apt install python3-venv"; exit 2; }
 	test -x $(BOARD_VENV)/bin/python || $(PYTHON) -m venv $(BOARD_VENV)
 	$(BOARD_VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(BOARD_VENV)/bin/python -m pip install --quiet -e '.[board]'

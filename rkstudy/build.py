@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from . import atomic, cache, graph
-from .contract import TARGETS
+from .contract import QUANTIZED_ONLY, TARGETS
 from .errors import Failed, NeedsConverter, UsageError, one_line
 from .gates import board_risk
 from .paths import REPO
@@ -203,10 +203,15 @@ class BuildReport:
         return self
 
 
-def _check_target(target: str) -> None:
+def _check_target(target: str, quantize: Calibration | None = None) -> None:
+    """A target the toolkit builds for, in the dtype it builds there, said before a child starts."""
     if target not in TARGETS:
         raise UsageError(f"target {target!r} is not one this project builds for; use one of "
                          f"{', '.join(TARGETS)}")
+    if target in QUANTIZED_ONLY and quantize is None:
+        raise UsageError(f"rknn-toolkit2 builds no fp16 engine for {target} (\"Current target_platform({target}) "
+                         "not support do_quantization = False\"): make a quantized build, "
+                         "quantize=Calibration(feeds) (int8 w8a8)")
 
 
 class EngineProcess:
@@ -223,7 +228,7 @@ class EngineProcess:
                  log=None, verbose: bool = False, timeout: float = BUILD_TIMEOUT_S,
                  analysis: Mapping | None = None, quantize: Calibration | None = None,
                  toolkit: str | None = None):
-        _check_target(target)
+        _check_target(target, quantize)
         self.toolkit = toolkit_env(toolkit)
         if toolkit is None:
             require_toolkit()
@@ -462,7 +467,7 @@ def build_engine(onnx_path, target: str, shapes: Mapping[str, Sequence[int]] | N
     `out` defaults to the cache (default_engine_path). `toolkit` ('2.3.2') builds in that version's
     environment (toolkit_env); None builds with the toolkit installed here.
     """
-    _check_target(target)
+    _check_target(target, quantize)
     onnx_path = Path(onnx_path)
     graph.load(onnx_path)  # an unreadable graph is an input error, said before a child starts
     shapes = {k: [int(d) for d in v] for k, v in

@@ -10,6 +10,7 @@ command asked for there says so in one line (exit 2).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -45,7 +46,9 @@ def parse_shapes(items: list[str] | None) -> dict[str, list[int]] | None:
 def _cmd_doctor(args) -> int:
     from . import doctor
 
-    return doctor.main("board" if args.board else "converter")
+    if args.engine and not args.board:
+        raise UsageError("--engine is a board check: rkstudy doctor --board --engine E.rknn")
+    return doctor.main("board" if args.board else "converter", args.engine)
 
 
 def _cmd_census(args) -> int:
@@ -232,6 +235,8 @@ def _add_core(sub) -> None:
 
     d = sub.add_parser("doctor", help="environment versions, board presence, and what to fix")
     d.add_argument("--board", action="store_true", help="check the board side instead of the converter")
+    d.add_argument("--engine", type=Path, help="with --board: check this .rknn (its contract, and its compiler "
+                   "against this board's librknnrt)")
     d.set_defaults(func=_cmd_doctor)
 
     c = sub.add_parser("census", help="node/op counts, weight bytes, hazard ops, longest axis")
@@ -333,7 +338,7 @@ def parser() -> Parser:
     p.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
     sub = p.add_subparsers(dest="command", required=True)
     _add_core(sub)
-    board = sub.add_parser("board", help="run on an RK3588/RK3566 board (RKNNLite)")
+    board = sub.add_parser("board", help="run on an RKNPU2 board: RK3588, RK3576, RK3566/RK3568, RK3562 (RKNNLite)")
     board_cmds = board.add_subparsers(dest="board_command", required=True)
     run = board_cmds.add_parser("run", help="a family's sidecar on the NPU: audio and one results row")
     _add_families(sub, run.add_subparsers(dest="family", required=True))
@@ -352,6 +357,26 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     cliutil.ARGV = list(sys.argv[1:] if argv is None else argv)
     debug = args.debug or os.environ.get("RKSTUDY_DEBUG") == "1"
+    with _children_debug(debug):
+        return _run(args, debug)
+
+
+@contextlib.contextmanager
+def _children_debug(debug: bool):
+    """RKSTUDY_DEBUG=1 for the children this command starts (a board run's), for its duration only."""
+    before = os.environ.get("RKSTUDY_DEBUG")
+    if debug:
+        os.environ["RKSTUDY_DEBUG"] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("RKSTUDY_DEBUG", None)
+        else:
+            os.environ["RKSTUDY_DEBUG"] = before
+
+
+def _run(args, debug: bool) -> int:
     try:
         if getattr(args, "validate_args", None):
             args.validate_args(args)  # conflicting flags: refused by the parser (exit 2)

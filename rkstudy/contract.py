@@ -29,7 +29,21 @@ from .errors import EngineMismatch
 
 SCHEMA = 1
 METADATA_KEY = "rkstudy.contract"
-TARGETS = ("rk3588", "rk3566")  # the SoCs this project builds for (rk3588s and rk3568 run the same engines)
+# The RKNPU2 targets rknn-toolkit2 2.5.0 builds for and this project accepts; rk3588s runs rk3588
+# engines. The RV110x parts are MCU-class NPUs: the toolkit refuses an fp16 build for them
+# ("not support do_quantization = False"), so only a quantized build reaches them (QUANTIZED_ONLY).
+TARGETS = ("rk3588", "rk3566", "rk3568", "rk3576", "rk3562", "rv1103", "rv1106")
+QUANTIZED_ONLY = ("rv1103", "rv1106")
+# The REGTASK register field per target, in bits, as rknn-toolkit2 2.5.0 prints it ("REGTASK: The bit
+# width of field value exceeds the limit, ..., limit: 0x3fff, value: 0x4000") for one 64-channel k=7
+# Conv1d at 16384 frames (probes.long_axis_probe(16384, channels=64); fp16, int8 w8a8 on the RV110x
+# parts). rk3576 logs 14 such lines: a 14-bit field. The other targets log none for that conv up to
+# 131072 frames (and rk3588, rk3566, rk3562 none in the [1, C, 1, T] form at 16384): no field limit
+# a long conv axis meets, recorded as None (the 13-bit 0x1fff of rkstudy.graph.REGISTER_FIELD_MAX
+# is met by other ops' fields, not by this probe).
+# tests/test_board_targets.py rebuilds the rk3576 and rk3588 probes and checks both entries.
+REGISTER_FIELD_BITS = {"rk3588": None, "rk3566": None, "rk3568": None, "rk3576": 14, "rk3562": None,
+                       "rv1103": None, "rv1106": None}
 # walked: sliced per window along `axis` at `rate` elements per latent frame (+ `extra`);
 # padded: right-padded to the compiled width; mask: 1 over real frames, 0 over padding, made by
 # the walker at its rate; length: the real count of a padded input; constant: the same every step
@@ -167,10 +181,18 @@ class Contract:
                                  f"convert it again with `{self.remake_engine()}`")
 
     def check_target(self, soc: str | None) -> None:
-        """The engine was compiled for this board's SoC (an .rknn is not portable between chips)."""
-        if soc is not None and self.target is not None and soc != self.target:
-            raise EngineMismatch(f"this engine was compiled for {self.target} and this board is {soc}; "
-                                 f"convert the graph for it with `{self.remake_engine(target=soc)}`")
+        """The engine was compiled for this board's SoC (an .rknn is not portable between NPUs). `soc`
+        None means the caller is not on a board and checks nothing."""
+        from .board.sysfs import runs_engine_for
+
+        if soc is None or self.target is None or runs_engine_for(soc, self.target):
+            return
+        if soc not in TARGETS:
+            raise EngineMismatch(f"this engine was compiled for {self.target} and this board is {soc}, which "
+                                 f"rknn-toolkit2 does not build for (its RKNPU2 targets: {', '.join(TARGETS)}); "
+                                 "run it on a board with one of those SoCs")
+        raise EngineMismatch(f"this engine was compiled for {self.target} and this board is {soc}; "
+                             f"convert the graph for it with `{self.remake_engine(target=soc)}`")
 
     def check_source(self, model_path: Path | str) -> None:
         """The model passed in is the one the stage was carved from."""

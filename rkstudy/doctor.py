@@ -1,7 +1,9 @@
 """`rkstudy doctor`: what this environment is, and what to fix when the converter side is broken.
 
-Board side: `rkstudy doctor --board` imports nothing of the converter (only importlib.metadata
-looks the packages up).
+Board side: `rkstudy doctor --board` imports nothing of the converter. It checks what pip cannot:
+that rknnlite imports, librknnrt.so and its version, the NPU driver, access to the NPU's device
+node, and (with --engine) that this board's librknnrt is not older than the toolkit that compiled
+the engine: a runtime older than its compiler can load an engine and give wrong output.
 
 The toolkit's own pins (torch<=2.4.0, an old onnx) cannot be resolved on a current Python
 without a multi-GB CUDA torch, so this project installs it with --no-deps over pins of its own.
@@ -10,14 +12,18 @@ That works only while those pins hold; this check says which one broke and how t
 
 from __future__ import annotations
 
+import grp
+import os
 import platform
+import re
 import sys
 from dataclasses import dataclass
 from importlib import metadata
 
 from . import __version__
-from .board import sysfs
-from .runtime.board import board_available
+from .board import check, sysfs
+from .errors import EngineMismatch
+from .runtime.board import board_available, rknnlite_problem
 
 PACKAGES = ("torch", "numpy", "onnx", "onnxruntime", "onnxslim", "protobuf", "setuptools",
             "rknn-toolkit2", "rknn-toolkit-lite2")
@@ -90,6 +96,93 @@ def converter_findings(v: dict[str, str | None]) -> list[Finding]:
     return out
 
 
+FIX_LIBRKNNRT = ("install the RKNPU2 runtime: librknnrt.so from rknn-toolkit2's rknpu2/runtime/Linux/librknn_api/"
+                 "aarch64/ (the release matching the compiler, 2.5.0) into /usr/lib, or set LIBRKNNRT_PATH")
+_RELEASE = re.compile(r"(\d+)\.(\d+)\.(\d+)")
+
+
+def release(text: str | None) -> tuple[int, int, int] | None:
+    """(2, 5, 0) from "rknn-toolkit2 2.5.0", "2.3.2 (429f97ae6b@...)" or "v0.9.8"; None without one."""
+    m = _RELEASE.search(text or "")
+    return tuple(int(g) for g in m.groups()) if m else None
+
+
+def _device_finding() -> Finding:
+    nodes = sysfs.npu_device_nodes()
+    if not nodes:
+        return Finding(False, "no NPU device node (a /dev/dri/renderD* of the rknpu driver, or /dev/rknpu)",
+                       "load the rknpu driver (vendor kernel: dmesg | grep -i rknpu) and check ls -l /dev/dri")
+    from .paths import on_board
+
+    denied = [n for n in nodes if not os.access(on_board(n), os.R_OK | os.W_OK)]
+    if not denied:
+        return Finding(True, f"NPU device {', '.join(nodes)} readable and writable by this user")
+    st = on_board(denied[0]).stat()
+    try:
+        group = grp.getgrgid(st.st_gid).gr_name
+    except KeyError:
+        group = str(st.st_gid)
+    return Finding(False, f"NPU device {denied[0]} (group {group}, mode {st.st_mode & 0o777:o}) is not readable "
+                   "and writable by this user", f"sudo usermod -aG {group} $USER, then log in again (or run as root)")
+
+
+def engine_findings(engine, runtime: str | None) -> list[Finding]:
+    """The engine's contract (bytes, this board's SoC) and its compiler against this board's librknnrt."""
+    from .contract import for_engine
+
+    try:
+        c = for_engine(engine, soc=sysfs.soc())
+    except EngineMismatch as exc:
+        return [Finding(False, f"engine {os.path.basename(engine)}: {exc}")]
+    out = [Finding(True, f"engine {os.path.basename(engine)}: compiled for {c.target} by {c.toolkit}")]
+    built, rt = release(c.toolkit), release(runtime)
+    if built is None or rt is None:
+        out.append(Finding(False, f"cannot compare the engine's toolkit ({c.toolkit}) with librknnrt "
+                           f"({runtime or '-'})", FIX_LIBRKNNRT))
+    elif rt < built:
+        v = ".".join(map(str, built))
+        out.append(Finding(False, f"librknnrt {runtime} is older than the toolkit that compiled the engine "
+                           f"({c.toolkit}): an older runtime can load the engine and give wrong output",
+                           f"update librknnrt to {v} ({FIX_LIBRKNNRT.split(': ', 1)[1]}), or build the engine with "
+                           f"rknn-toolkit2=={'.'.join(map(str, rt))} on the host"))
+    else:
+        newer = " (newer than the compiler: runtimes read older engines)" if rt > built else ""
+        out.append(Finding(True, f"librknnrt {runtime} runs engines from {c.toolkit}{newer}"))
+    return out
+
+
+def board_findings(engine=None) -> list[Finding]:
+    """What a board needs beyond pip: rknnlite importing, librknnrt, the driver, the device node, and
+    (given an engine) the engine against this board's runtime."""
+    problem = rknnlite_problem()
+    out = [Finding(problem is None, problem or "rknnlite imports",
+                   "" if problem is None else "make board-env (or pip install -e '.[board]')")]
+    runtime, path = check.librknnrt()
+    if runtime is None:
+        out.append(Finding(False, f"librknnrt.so not found ({', '.join(check.librknnrt_candidates())})", FIX_LIBRKNNRT))
+    else:
+        lite = _version("rknn-toolkit-lite2")
+        older = (f"; older than rknn-toolkit-lite2 {lite}: check an engine with --engine"
+                 if release(lite) and release(runtime) and release(runtime) < release(lite) else "")
+        out.append(Finding(True, f"librknnrt {runtime} ({path}{older})"))
+    driver, source, _ = sysfs.npu_driver()
+    out.append(Finding(True, f"rknpu driver {driver} ({source})") if driver else
+               Finding(False, f"no rknpu driver version ({', '.join(sysfs.NPU_VERSION_FILES)})",
+                       "load the rknpu driver of the vendor kernel (dmesg | grep -i rknpu; sudo modprobe rknpu)"))
+    out.append(_device_finding())
+    if engine is not None:
+        out += engine_findings(engine, runtime)
+    return out
+
+
+def _finding_lines(findings: list[Finding]) -> tuple[list[str], int]:
+    lines, code = [], 0
+    for f in findings:
+        lines.append(f"  [{'ok' if f.ok else 'FAIL'}] {f.what}" + (f"\n         fix: {f.fix}" if f.fix else ""))
+        code |= 0 if f.ok else 1
+    return lines, code
+
+
 def family_lines(side: str) -> list[str]:
     """Each registered family and whether its side can run here."""
     import importlib.util
@@ -109,7 +202,7 @@ def family_lines(side: str) -> list[str]:
     return lines
 
 
-def report(side: str = "converter") -> tuple[str, int]:
+def report(side: str = "converter", engine=None) -> tuple[str, int]:
     """The doctor's text and exit code (non-zero when the asked-for side is broken)."""
     v = versions()
     lines = ["rkstudy doctor", "", "versions:"]
@@ -120,23 +213,22 @@ def report(side: str = "converter") -> tuple[str, int]:
         clock = sysfs.npu_clock()
         lines.append(f"  SoC {sysfs.soc() or 'unknown'}; NPU governor {clock['governor']}, cur_freq "
                      f"{clock['cur_freq']} (board figures scale with this clock)")
-    code = 0
     if side == "converter":
         lines += ["", "converter environment:"]
-        for f in converter_findings(v):
-            lines.append(f"  [{'ok' if f.ok else 'FAIL'}] {f.what}" + (f"\n         fix: {f.fix}" if f.fix else ""))
-            code |= 0 if f.ok else 1
-    elif side == "board" and not present:
-        lines.append("  fix: on the board, `make board-env` (or pip install -e '.[board]') and load the rknpu driver")
-        code = 1
+        found, code = _finding_lines(converter_findings(v))
+    else:
+        lines += ["", "board environment:"]
+        found, code = _finding_lines(board_findings(engine))
+    lines += found
     lines += family_lines(side)
     lines.append("")
-    lines.append("OK" if code == 0 else "BROKEN: apply the fixes above, then rerun `rkstudy doctor`.")
+    again = "rkstudy doctor" + (" --board" if side == "board" else "")
+    lines.append("OK" if code == 0 else f"BROKEN: apply the fixes above, then rerun `{again}`.")
     return "\n".join(lines), code
 
 
-def main(side: str = "converter") -> int:
-    text, code = report(side)
+def main(side: str = "converter", engine=None) -> int:
+    text, code = report(side, engine)
     print(text)
     return code
 

@@ -164,8 +164,7 @@ class Gate:
 # The toolkit's PC simulator does not model the compiler's register-field overflow (notebook 00
 # measures it bit-identical across targets and REGTASK counts), so a simulator SNR says nothing about
 # an engine whose build logged REGTASK lines. The verdict is read from what the compiler logged.
-FIELD_LIMIT = 0x1FFF  # the 13-bit field every RKNPU2 target's compiler printed here but rk3576's
-FIELD_LIMITS = {"rk3576": 0x3FFF}  # rk3576's compiler prints `limit: 0x3fff` (a 14-bit field)
+FIELD_LIMIT = 0x1FFF  # the 13-bit `limit: 0x1fff` the REGTASK lines print where no wider field is measured
 # The RKNN decoder-path document's board measurement: the Kokoro W=512 engine, whose build logged
 # ~800k lines of field value 0x7800, voiced clipped noise at -27 dB against the CPU decode on an RK3588.
 KNOWN_BAD_FIELD_VALUE = 0x7800
@@ -177,8 +176,13 @@ _MAX_ABS = ("sim_max_abs", "gen_max_abs")
 
 
 def field_limit(target: str | None) -> int:
-    """The register field's largest value for `target` (the `limit:` its compiler prints)."""
-    return FIELD_LIMITS.get(target or "", FIELD_LIMIT)
+    """The register field's largest value for `target`: the width the long-axis probe measured
+    (rkstudy.contract.REGISTER_FIELD_BITS: rk3576's 14 bits), else the 13-bit limit other ops'
+    REGTASK lines print."""
+    from .contract import REGISTER_FIELD_BITS
+
+    bits = REGISTER_FIELD_BITS.get(target or "")
+    return (1 << bits) - 1 if bits else FIELD_LIMIT
 
 
 def _number(row, *keys) -> float | None:

@@ -25,14 +25,14 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from . import __version__, atomic
+from . import __version__, atomic, contract
 from .paths import REPO, SEEDS, results_root  # noqa: F401  (results_root re-exported for notebooks)
 
 # fp32: onnxruntime on the host CPU; simulator: the toolkit's PC simulator; board: RKNNLite on a
 # real board; replay: the test double of RKNNLite (never a board number); host: a build, a census
 # or a timing on the host that is not a decode.
 WHERE = ("fp32", "simulator", "board", "replay", "host")
-TARGETS = ("rk3588", "rk3566", "none")
+TARGETS = (*contract.TARGETS, "none")
 STAMP = ("rkstudy_version", "commit", "toolkit_version", "target", "where", "date")
 # The column a row carried from an earlier run names that run's table in (empty for a measured row).
 CARRIED = "carried_from"
@@ -62,17 +62,23 @@ def toolkit_version() -> str:
 @functools.lru_cache(maxsize=1)
 def commit() -> str:
     """The git commit of the code (12 hex digits), `-dirty` when tracked files outside results/
-    differ from it; `unknown` outside a git checkout (an installed package on a board)."""
+    differ from it; else `unknown (<why>)`: git's own reason (outside a git checkout, on a board
+    with an installed package), or that git is not installed.
+
+    git is told the checkout is safe: run under sudo (for the NPU load), git refuses a clone owned by
+    another user ("detected dubious ownership") though it is this code's own."""
+    git = ["git", "-c", f"safe.directory={REPO}"]
     try:
-        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO, capture_output=True,
+        head = subprocess.run([*git, "rev-parse", "--short=12", "HEAD"], cwd=REPO, capture_output=True,
                               text=True, timeout=10)
         if head.returncode != 0:
-            return "unknown"
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+            why = (head.stderr.strip().splitlines() or ["git rev-parse failed"])[0]
+            return f"unknown ({why.removeprefix('fatal: ')[:120]})"
+        dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no", "--", ".",
                                 ":(exclude)results"], cwd=REPO, capture_output=True, text=True, timeout=10)
         return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"unknown (git: {type(exc).__name__})"
 
 
 def carried(row: Mapping, source: str) -> dict:

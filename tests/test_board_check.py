@@ -78,3 +78,31 @@ def test_the_command_exits_0_only_when_comparable(monkeypatch, capsys):
     assert main(["board", "check", "--json"]) == 1
     out = json.loads(capsys.readouterr().out)
     assert out["npu"]["governor"] == "powersave" and out["verdict"]["comparable"] is False
+
+
+def test_rk3576_is_recognised_with_its_npu_devfreq(on, tmp_path):
+    c = on(BOARDS / "rk3576")
+    assert c.soc == "rk3576" and c.model == "ArmSoM Sige5" and c.npu.node == "27700000.npu"
+    assert c.librknnrt.startswith("2.5.0 ") and c.driver == "0.9.8"
+    assert [(cl.core, len(cl.cpus)) for cl in c.clusters] == [("Cortex-A53", 4), ("Cortex-A72", 4)]
+    assert c.verdict.comparable is False and "this is an rk3576" in c.verdict.why
+    root = tmp_path / "b"
+    shutil.copytree(BOARDS / "rk3576", root)
+    shutil.rmtree(root / "sys/class/devfreq/27700000.npu")
+    assert "NPU clock      - (no /sys/class/devfreq/27700000.npu: the rknpu driver registers" in \
+        check.render(on(root))
+
+
+@pytest.mark.parametrize("soc,node", [("rk3588", "fdab0000.npu"), ("rk3566", "fde40000.npu"),
+                                      ("rk3568", "fde40000.npu"), ("rk3576", "27700000.npu"),
+                                      ("rk3562", "ff300000.npu")])
+def test_each_soc_names_its_npu_devfreq_node(soc, node):
+    from rkstudy.board import sysfs
+
+    assert sysfs.expected_npu_devfreq(soc) == f"/sys/class/devfreq/{node}"
+    assert check.missing_devfreq(soc).startswith(f"no /sys/class/devfreq/{node}: ")
+
+
+def test_an_soc_with_no_recorded_node_says_so():
+    assert check.missing_devfreq("rk3399") == ("no /sys/class/devfreq/*.npu, and rkstudy has no NPU devfreq node "
+                                               "recorded for rk3399")

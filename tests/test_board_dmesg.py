@@ -5,9 +5,13 @@ RKNNLite 2.5.0's init_runtime hides, through the replay double."""
 import hashlib
 import json
 import subprocess
+import sys
 from pathlib import Path
 
+import numpy as np
+import onnx
 import pytest
+from onnx import TensorProto, helper
 
 from rkstudy.board import dmesg
 from rkstudy.board.dmesg import InitRefused, Versions, format_failure
@@ -40,13 +44,50 @@ def test_parses_kernel_prefixed_lines_and_skips_the_rest():
     assert refusals[1].short() == "dma map of 4710850560 B (4.71 GB) refused"
 
 
-def test_lite_init_code_recovers_what_init_runtime_hides():
-    log = ("W rknn-toolkit-lite2 version: 2.5.0\n"
-           "E RKNN: [12:01:02.345] failed to allocate memory\n"
-           "E RKNN init failed. error code: -4\n"
-           "E Catch exception when init runtime!\n")
-    assert dmesg.lite_init_code(log) == -4
-    assert dmesg.lite_init_code("nothing here") is None
+# What RKNNLite 2.5.0 writes when librknnrt refuses an init: rknn_lite.py's log line, then the traceback
+# of the runtime's exception, which names the code (the form the 2.5.0 wheel prints under qemu-aarch64
+# for its other init failures; the line number is rknn_lite.py's build_graph call).
+NAMED_INIT_FAILURE = """W rknn-toolkit-lite2 version: 2.5.0
+E RKNN: [12:01:02.345] failed to allocate memory
+E Catch exception when init runtime!
+E Traceback (most recent call last):
+  File "/usr/lib/python3/dist-packages/rknnlite/api/rknn_lite.py", line 177, in init_runtime
+    self.rknn_runtime.build_graph(self.rknn_data, self.load_model_in_npu, self.rknn_user_key)
+  File "rknnlite/api/rknn_runtime.py", line ..., in rknnlite.api.rknn_runtime.RKNNRuntime.build_graph
+Exception: RKNN init failed. error code: RKNN_ERR_MALLOC_FAIL
+"""
+
+
+def test_lite_failures_read_names_and_numbers():
+    assert dmesg.lite_failures(NAMED_INIT_FAILURE) == [dmesg.LiteFailure("init", -4, "RKNN_ERR_MALLOC_FAIL")]
+    assert dmesg.lite_failures("E RKNN init failed. error code: -6\n") == [
+        dmesg.LiteFailure("init", -6, "RKNN_ERR_MODEL_INVALID")]  # a runtime that prints the number
+    assert dmesg.lite_failures("E RKNN set core mask failed. error code: RKNN_ERR_TARGET_PLATFORM_UNMATCH") == [
+        dmesg.LiteFailure("set core mask", -13, "RKNN_ERR_TARGET_PLATFORM_UNMATCH")]
+    # a name 2.5.0 added and rknn_api.h 2.3.2 does not number: kept by name
+    assert dmesg.lite_failures("RKNN init failed. error code: RKNN_ERR_SOC_BIND_FAILED") == [
+        dmesg.LiteFailure("init", None, "RKNN_ERR_SOC_BIND_FAILED")]
+    assert dmesg.lite_failures("nothing here") == []
+
+
+def test_a_named_driver_refusal_is_never_a_core_mask_problem():
+    from rkstudy.runtime.board import mask_refused
+
+    assert not mask_refused(-1, NAMED_INIT_FAILURE)
+    assert not mask_refused(-1, NAMED_INIT_FAILURE.replace("MALLOC_FAIL", "MODEL_INVALID"))
+    assert not mask_refused(-1, "E Catch exception when init runtime!\nException: RKNN init failed. error code: "
+                                "RKNN_ERR_TARGET_PLATFORM_UNMATCH\n")  # a wrong-SoC init, not a mask
+    assert mask_refused(-13, "E The core_mask is only supported by RK3576 / RK3588. Please do not set this "
+                             "parameter on other platforms.\n")
+    assert not mask_refused(-1, "")  # init_runtime's -1 with nothing logged: nothing says the mask
+
+
+def test_cores_granted_reads_what_the_runtime_did_with_the_mask():
+    assert dmesg.cores_granted("", "0_1_2") == "0_1_2"
+    assert dmesg.cores_granted('W The RK3576 platform has only two NPU cores. "NPU_CORE_0_1_2" is not supported '
+                               'and will be automatically replaced with "NPU_CORE_0_1".', "0_1_2") == "0_1"
+    assert dmesg.cores_granted("W The core_mask is only supported by RK3576 / RK3588. Please do not set this "
+                               "parameter on other platforms.", "0_1_2") == "auto"
 
 
 @pytest.mark.parametrize("code,name,meaning", [
@@ -130,14 +171,18 @@ class GrowingLog:
         return list(self.lines)
 
 
+def forget_rknnlite():
+    """Drop the double from sys.modules, so a later test sees this host's own rknnlite (or none)."""
+    for name in [m for m in sys.modules if m == "rknnlite" or m.startswith("rknnlite.")]:
+        del sys.modules[name]
+
+
 @pytest.fixture
 def board(monkeypatch, tmp_path):
     """An engine the replay double loads (a contract naming a tiny ONNX beside it), on the recorded
     RK3588 tree."""
-    import onnx
-    from onnx import TensorProto, helper
-
     monkeypatch.syspath_prepend(str(REPO / "tests" / "doubles"))
+    forget_rknnlite()
     monkeypatch.setenv("RKSTUDY_SYSROOT", str(FIXTURES / "boards" / "rk3588"))
     g = helper.make_graph([helper.make_node("Neg", ["x"], ["y"])], "g",
                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
@@ -148,10 +193,12 @@ def board(monkeypatch, tmp_path):
     digest = hashlib.sha256((tmp_path / "neg.onnx").read_bytes()).hexdigest()
     (tmp_path / "S900.rknn").write_bytes(b"engine")
     (tmp_path / "S900.contract.json").write_text(json.dumps({"onnx": {"file": "neg.onnx", "sha256": digest}}))
-    return tmp_path / "S900.rknn"
+    yield tmp_path / "S900.rknn"
+    forget_rknnlite()
 
 
 def test_board_runner_names_the_code_init_runtime_hides(board, monkeypatch, capfd):
+    """The named-code form, as 2.5.0 writes it: -4 reported as -4, and no AUTO retry."""
     from rkstudy.runtime.board import BoardRunner
 
     monkeypatch.setenv("RKNNLITE_REPLAY_INIT_CODE", "-4")
@@ -164,7 +211,9 @@ def test_board_runner_names_the_code_init_runtime_hides(board, monkeypatch, capf
                              "refused the init: on RK3588 the IOVA ceiling")
     assert [r.nbytes for r in e.refusals] == [None, 4710850560, 6189218496]
     assert "dma map of 4710850560 B (4.71 GB) refused" in str(e)
-    assert "RKNN init failed. error code: -4" in capfd.readouterr().err  # the runtime's log is passed on
+    log = capfd.readouterr().err  # the runtime's log is passed on
+    assert "Exception: RKNN init failed. error code: RKNN_ERR_MALLOC_FAIL" in log and "Traceback" in log
+    assert log.count("E Catch exception when init runtime!") == 1  # one init: no retry with AUTO
 
 
 def test_board_runner_stamps_later_failures_with_the_first_contexts_versions(board, monkeypatch):
@@ -181,24 +230,112 @@ def test_board_runner_stamps_later_failures_with_the_first_contexts_versions(boa
         BoardRunner(board, ["x"])
 
 
-def test_a_runtime_that_names_no_code_is_reported_as_rknnlites_minus_one(board, monkeypatch):
+def test_a_single_core_soc_refuses_the_mask_with_minus_13_and_runs_on_auto(board, monkeypatch, capfd):
     from rkstudy.runtime.board import BoardRunner
 
     monkeypatch.setattr(dmesg, "read_dmesg", lambda: [])
-    monkeypatch.setenv("RKNNLITE_REPLAY_CORES", "1")  # refuses 0_1_2 with a bare -1, accepts AUTO
-    assert BoardRunner(board, ["x"]).cores == "auto"
-    from rknnlite.api import RKNNLite
-
-    monkeypatch.setattr(RKNNLite, "init_runtime", lambda self, core_mask=0: -1)  # silent, both masks
-    with pytest.raises(InitRefused, match=r"init_runtime\(S900.rknn\) failed with code -1 \(RKNN_ERR_FAIL: "
-                                          r"execute failed; RKNNLite returns -1 for every init failure"):
-        BoardRunner(board, ["x"])
+    monkeypatch.setenv("RKSTUDY_SYSROOT", str(FIXTURES / "boards" / "rk3566-orangepi-3b"))
+    runner = BoardRunner(board, ["x"])
+    assert runner.cores == "auto"
+    assert np.array_equal(runner.run({"x": np.arange(4, dtype=np.float32)[None]})[0], -np.arange(4)[None])
+    log = capfd.readouterr().err
+    assert "The core_mask is only supported by" in log and "set core mask failed" in log
 
 
-def test_a_load_failure_is_not_a_refusal(board, monkeypatch):
+def test_a_board_without_librknnrt_fails_once_and_names_the_fix(board, monkeypatch, capfd):
     from rkstudy.runtime.board import BoardRunner
 
-    (board.parent / "neg.onnx").write_bytes(b"changed")  # the double now cannot find its ONNX
-    with pytest.raises(dmesg.RknnError, match=r"load_rknn\(S900.rknn\) failed with code -1") as err:
+    monkeypatch.setattr(dmesg, "read_dmesg", lambda: [])
+    monkeypatch.setenv("RKSTUDY_SYSROOT", str(FIXTURES / "boards" / "rk3566"))  # the tree with no librknnrt
+    with pytest.raises(InitRefused, match=r"init_runtime\(S900.rknn\) failed with code -1 \(RKNN_ERR_FAIL: "
+                                          r"execute failed; librknnrt.so not found: put the RKNPU2 runtime in "
+                                          r"/usr/lib or set LIBRKNNRT_PATH"):
         BoardRunner(board, ["x"])
+    log = capfd.readouterr().err
+    assert log.count("Exception: Can not find dynamic library on RK3566!") == 1  # not retried
+
+
+def test_rk3576_records_the_two_cores_it_granted(board, monkeypatch):
+    from rkstudy.runtime.board import BoardRunner
+
+    monkeypatch.setattr(dmesg, "read_dmesg", lambda: [])
+    monkeypatch.setenv("RKSTUDY_SYSROOT", str(FIXTURES / "boards" / "rk3576"))
+    assert BoardRunner(board, ["x"]).cores == "0_1"
+
+
+def test_a_silent_minus_one_is_reported_as_such_and_not_retried(board, monkeypatch):
+    from rknnlite.api import RKNNLite
+
+    from rkstudy.runtime.board import BoardRunner
+
+    monkeypatch.setattr(dmesg, "read_dmesg", lambda: [])
+    calls = []
+    monkeypatch.setattr(RKNNLite, "init_runtime", lambda self, core_mask=0: calls.append(core_mask) or -1)
+    with pytest.raises(InitRefused, match=r"init_runtime\(S900.rknn\) failed with code -1 \(RKNN_ERR_FAIL: "
+                                          r"execute failed; RKNNLite returned -1 and its log named no code"):
+        BoardRunner(board, ["x"])
+    assert calls == [RKNNLite.NPU_CORE_0_1_2]
+
+
+def test_a_load_failure_is_not_a_refusal(board):
+    from rkstudy.runtime.board import BoardRunner
+
+    with pytest.raises(dmesg.RknnError, match=r"load_rknn\(gone.rknn\) failed with code -1") as err:
+        BoardRunner(board.parent / "gone.rknn", ["x"])
     assert not isinstance(err.value, InitRefused)  # the ladder does not evict for a missing file
+
+
+def test_an_engine_the_runtime_cannot_read_fails_at_init(board):
+    from rkstudy.runtime.board import BoardRunner
+
+    (board.parent / "neg.onnx").write_bytes(b"changed")  # the double now has no graph behind the engine
+    with pytest.raises(InitRefused, match=r"code -6 \(RKNN_ERR_MODEL_INVALID"):
+        BoardRunner(board, ["x"])
+
+
+def _int64_engine(folder):
+    """An engine whose input is int64 token ids (as the encoder's and the Qwen3 codes are)."""
+    g = helper.make_graph([helper.make_node("Cast", ["ids"], ["y"], to=TensorProto.FLOAT)], "g",
+                          [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, str(folder / "ids.onnx"))
+    digest = hashlib.sha256((folder / "ids.onnx").read_bytes()).hexdigest()
+    (folder / "ids.rknn").write_bytes(b"engine")
+    (folder / "ids.contract.json").write_text(json.dumps({"onnx": {"file": "ids.onnx", "sha256": digest}}))
+    return folder / "ids.rknn"
+
+
+def test_int64_inputs_reach_the_runtime_as_int64(board, monkeypatch, capfd):
+    from rknnlite.api import RKNNLite
+
+    from rkstudy.runtime.board import BoardRunner
+
+    monkeypatch.setattr(dmesg, "read_dmesg", lambda: [])
+    runner = BoardRunner(_int64_engine(board.parent), ["ids"])
+    ids = np.array([[3, 141, 59, 2047]], np.int64)
+    assert runner.run({"ids": ids})[0].tolist() == [[3.0, 141.0, 59.0, 2047.0]]
+    assert runner.run({"ids": ids.astype(np.int32)})[0].tolist() == [[3.0, 141.0, 59.0, 2047.0]]
+    # the double takes dtypes as given, as the runtime does: float ids are not this engine's input
+    assert runner._lite.inference(inputs=[ids.astype(np.float32)]) is None
+    assert "Catch exception when running RKNN model." in capfd.readouterr().err
+    assert runner._lite.inference(inputs=[ids.astype(np.float64)]) is None
+    assert "Unsupport inputs[0].dtype: float64" in capfd.readouterr().err
+    assert RKNNLite.NPU_CORE_0_1_2 == 7
+
+
+def test_the_sampler_hook_runs_once_after_the_first_init(board, monkeypatch):
+    from rknnlite.api import RKNNLite
+
+    from rkstudy.runtime import board as runtime_board
+    from rkstudy.runtime.board import BoardRunner, after_init
+
+    monkeypatch.setattr(dmesg, "read_dmesg", lambda: [])
+    inits, seen = [], []
+    real_init = RKNNLite.init_runtime
+    monkeypatch.setattr(RKNNLite, "init_runtime", lambda self, **kw: inits.append(1) or real_init(self, **kw))
+    after_init(lambda: seen.append(len(inits)))
+    BoardRunner(board, ["x"])
+    BoardRunner(board, ["x"])
+    assert seen == [1] and len(inits) == 2 and runtime_board._after_init == []

@@ -77,15 +77,31 @@ def test_sampler_names_the_fix_when_the_file_is_missing(tmp_path):
             pass
 
 
-def test_sampled_reads_the_board_tree_and_says_why_not_elsewhere(monkeypatch, tmp_path, capsys):
+def test_the_first_reading_is_a_sample_and_the_clock_is_sampled_beside_the_load(tmp_path):
+    path, clock = tmp_path / "load", tmp_path / "cur_freq"
+    path.write_text("NPU load:  Core0: 55%, Core1:  0%, Core2:  0%,\n")
+    clock.write_text("1000000000\n")
+    with LoadSampler(path, interval=60, clock=clock) as sampler:
+        pass  # shorter than one interval: the reading taken at the start is the sample
+    assert [s for _, s in sampler.samples] == [{"Core0": 55, "Core1": 0, "Core2": 0}]
+    assert sampler.clocks_hz == [1_000_000_000] and sampler.clock_field() == "1000000000"
+    sampler.clocks_hz += [300_000_000]
+    assert sampler.clock_field() == "300000000-1000000000"  # the clock moved during the run
+
+
+def test_board_sampler_reads_the_board_tree_and_says_why_not_elsewhere(monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("RKSTUDY_SYSROOT", str(BOARDS / "rk3588"))
-    with load.sampled(interval=0.01) as s:
-        time.sleep(0.05)
-    assert load.row_fields(s.summary())["npu_load_mean_pct"] == "55/0/0"
-    monkeypatch.setenv("RKSTUDY_SYSROOT", str(tmp_path))
-    with load.sampled() as none:
+    with load.board_sampler(interval=60) as s:
         pass
-    assert none is None and "NPU load not sampled: no " in capsys.readouterr().err
+    assert load.row_fields(s.summary())["npu_load_mean_pct"] == "55/0/0"
+    assert s.clock_field() == "1000000000"
+    monkeypatch.setenv("RKSTUDY_SYSROOT", str(BOARDS / "rk3566-orangepi-3b"))  # no debugfs: the clock only
+    with load.board_sampler(interval=60) as clock_only:
+        pass
+    assert clock_only.samples == [] and clock_only.clock_field() == "900000000"
+    assert "NPU load not sampled: no " in capsys.readouterr().err
+    monkeypatch.setenv("RKSTUDY_SYSROOT", str(tmp_path))
+    assert load.board_sampler() is None
     assert load.row_fields(None) == {"npu_load_mean_pct": "", "npu_load_max_pct": "", "npu_load_samples": 0}
 
 

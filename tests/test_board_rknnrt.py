@@ -89,8 +89,8 @@ def test_missing_file_and_library(tmp_path, monkeypatch):
 
     with pytest.raises(FileNotFoundError):
         rknnrt.engine_memory(tmp_path / "none.rknn", lib=object())
-    monkeypatch.setenv(rknnrt.LIBRARY_ENV, str(tmp_path / "nope.so"))
-    monkeypatch.setattr(rknnrt, "LIBRARY_PATHS", ())
+    monkeypatch.setenv(rknnrt.LIBRKNNRT_ENV, str(tmp_path / "nope.so"))
+    monkeypatch.setattr(rknnrt, "LIBRKNNRT_PATHS", ())
     monkeypatch.setattr(rknnrt.ctypes.util, "find_library", lambda name: None)
     with pytest.raises(BoardUnavailable, match="LIBRKNNRT_PATH=/path/to/librknnrt.so"):
         rknnrt.load_library()

@@ -55,7 +55,7 @@ ERRORS = [
     (["piper", "encoder", "--frames", "0", "--skip-rknn"], 2, "0 is not a positive integer"),
     (["piper", "encoder", "--frames", "-3", "--skip-rknn"], 2, "-3 is not a positive integer"),
     (["piper", "decoder", "--emit", "0", "--skip-rknn"], 2, "0 is not a positive integer"),
-    (["build", "{d}/probe.onnx", "--target", "rk3576"], 2, "invalid choice: 'rk3576'"),
+    (["build", "{d}/probe.onnx", "--target", "rk3399"], 2, "invalid choice: 'rk3399'"),
     (["piper", "decoder", "--onnx", "{d}/probe.onnx", "--emit", "45"], 2, "--emit belong to stage 1"),
     (["piper", "encoder", "--onnx", "{d}/probe.onnx", "--frames", "64"], 2, "--frames belong to stage 1"),
     (["piper", "encoder", "--onnx", "{d}/probe.onnx", "--relshift", "banded"], 2, "--relshift belong to stage 1"),
@@ -65,7 +65,7 @@ ERRORS = [
     (["inflect", "decoder", "--carve", "--decode-onnx", "{d}/probe.onnx"], 2, "--carve writes a decode.onnx"),
     (["piper", "encoder", "--skip-rknn"], 2, "give --frames N"),
     (["board", "run", "piper_decoder", "--engine", "{d}/e.rknn", "--latents", "{d}/l.npz"], 2,
-     "`rkstudy board run` runs on an RK3588/RK3566 board"),
+     "`rkstudy board run` runs on an RKNPU2 board (RK3588, RK3576, RK3566/RK3568, RK3562)"),
     (["piper", "decoder", "--voice-onnx", "{d}/none.onnx", "--skip-rknn"], 2, "no voice ONNX at"),
     (["nosuch"], 2, "invalid choice: 'nosuch'"),
 ]

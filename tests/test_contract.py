@@ -165,13 +165,55 @@ def test_a_stage1_contract_beside_an_engine_is_refused(tmp_path):
         contract.for_engine(path)
 
 
-def test_board_soc_from_the_device_tree(monkeypatch):
+def test_board_soc_from_the_device_tree(monkeypatch, tmp_path):
     from rkstudy.board import sysfs
     from rkstudy.paths import REPO
 
     boards = REPO / "tests" / "fixtures" / "boards"
-    for name in ("rk3588", "rk3566"):
+    for name, soc in (("rk3588", "rk3588"), ("rk3566", "rk3566"), ("rk3566-orangepi-3b", "rk3566"),
+                      ("rk3576", "rk3576")):
         monkeypatch.setenv("RKSTUDY_SYSROOT", str(boards / name))
-        assert sysfs.soc() == name
+        assert sysfs.soc() == soc
+    for compatible, soc in ((b"radxa,rock-5a\0rockchip,rk3588s\0", "rk3588"),
+                            (b"rockchip,rk3568-evb1\0rockchip,rk3568\0", "rk3568"),
+                            (b"rockchip,rk3562-evb\0rockchip,rk3562\0", "rk3562"),
+                            (b"pine64,rockpro64\0rockchip,rk3399\0", "rk3399"), (b"raspberrypi,5-model-b\0", None)):
+        tree = tmp_path / compatible.decode().split(",")[-1].strip("\0")
+        (tree / "proc/device-tree").mkdir(parents=True)
+        (tree / "proc/device-tree/compatible").write_bytes(compatible)
+        monkeypatch.setenv("RKSTUDY_SYSROOT", str(tree))
+        assert sysfs.soc() == soc, compatible
     monkeypatch.setenv("RKSTUDY_SYSROOT", str(boards / "nowhere"))
     assert sysfs.soc() is None
+
+
+def test_every_soc_is_checked_and_the_same_npu_runs_the_same_engine(engine, tmp_path):
+    path, _, c = engine
+    assert contract.TARGETS == ("rk3588", "rk3566", "rk3568", "rk3576", "rk3562", "rv1103", "rv1106")
+    with pytest.raises(EngineMismatch, match="compiled for rk3588 and this board is rk3576; .* --target rk3576"):
+        contract.for_engine(path, soc="rk3576")
+    with pytest.raises(EngineMismatch, match="compiled for rk3588 and this board is rk3399, which rknn-toolkit2 "
+                                             "does not build for"):
+        contract.for_engine(path, soc="rk3399")
+    rk3566 = replace(c, target="rk3566")
+    rk3566.check_target("rk3568")  # one NPU: an rk3566 engine runs on an rk3568
+    rk3566.check_target("rk3566")
+    with pytest.raises(EngineMismatch, match="compiled for rk3566 and this board is rk3562"):
+        rk3566.check_target("rk3562")
+
+
+def test_an_rk3588_engine_is_refused_on_the_recorded_rk3576_board(engine, monkeypatch):
+    from rkstudy.board import sysfs
+    from rkstudy.paths import REPO
+
+    path, _, _ = engine
+    monkeypatch.setenv("RKSTUDY_SYSROOT", str(REPO / "tests" / "fixtures" / "boards" / "rk3576"))
+    with pytest.raises(EngineMismatch, match=r"compiled for rk3588 and this board is rk3576; convert the graph "
+                                             r"for it with `rkstudy piper decoder --onnx <decoder_z.onnx> "
+                                             r"--target rk3576`"):
+        contract.for_engine(path, family="piper_decoder", soc=sysfs.soc())
+
+
+def test_the_register_field_is_recorded_for_every_target():
+    assert set(contract.REGISTER_FIELD_BITS) == set(contract.TARGETS)
+    assert contract.REGISTER_FIELD_BITS["rk3576"] == 14

@@ -1,8 +1,16 @@
 """`rkstudy doctor` on the host, and `--board`, holding on a board and off it."""
 
+import sys
+from pathlib import Path
+
+import pytest
+
 from rkstudy import doctor
 from rkstudy.cli import main
+from rkstudy.contract import Contract, Digest, Tensor
 from rkstudy.runtime import board_available
+
+BOARDS = Path(__file__).parent / "fixtures" / "boards"
 
 
 def failing(v):
@@ -46,18 +54,121 @@ def test_board_side_reports_what_is_here(capsys):
     if present:  # on a board: exit 0, the SoC and the NPU clock named
         assert code == 0 and "SoC " in out and "NPU governor" in out
     else:
-        assert code == 1 and "fix: on the board, `make board-env`" in out and why in out
+        assert code == 1 and "fix: make board-env" in out and why in out
+        assert out.rstrip().endswith("rerun `rkstudy doctor --board`.")
 
 
-def test_board_side_on_a_recorded_board(monkeypatch, capsys):
+def forget_rknnlite():
+    for name in [m for m in sys.modules if m == "rknnlite" or m.startswith("rknnlite.")]:
+        del sys.modules[name]
+
+
+@pytest.fixture
+def board(monkeypatch):
+    """Point the board side at a recorded tree, with the replay double of RKNNLite importable (and
+    forgotten after, so later tests see this host as it is)."""
+    monkeypatch.syspath_prepend(str(BOARDS.parent.parent / "doubles"))
+    forget_rknnlite()
+
+    def at(tree):
+        monkeypatch.setenv("RKSTUDY_SYSROOT", str(BOARDS / tree))
+    yield at
+    forget_rknnlite()
+
+
+def engine_for(tmp_path, target, toolkit="rknn-toolkit2 2.5.0"):
+    """Engine bytes with a stage-2 contract beside them, as the conversion stage writes it."""
+    slice_ = tmp_path / "decoder_z.onnx"
+    slice_.write_bytes(b"the slice")
+    path = tmp_path / f"decoder-{target}.rknn"
+    path.write_bytes(b"the engine bytes")
+    c = Contract(family="piper_decoder", stage="decoder", inputs=(Tensor("z", (1, 192, 93), role="walked", axis=2),),
+                 outputs=(Tensor("audio", (1, 1, 93 * 256), role="walked", axis=2, rate=256),),
+                 source=Digest("v.onnx", "a" * 64), producer="rkstudy piper decoder --skip-rknn")
+    c.compiled(target=target, toolkit=toolkit, onnx_path=slice_, engine_path=path).write_beside(path)
+    return path
+
+
+@pytest.mark.parametrize("tree,code,lines", [
+    ("rk3588", 0, ["[ok] librknnrt 2.3.2 (429f97ae6b@2025-04-09T09:09:27) (/usr/lib/librknnrt.so",
+                   "[ok] rknpu driver 0.9.8 (/sys/kernel/debug/rknpu/version)",
+                   "[ok] NPU device /dev/dri/renderD129 readable and writable by this user"]),
+    ("rk3588-npu-powersave", 0, ["[ok] librknnrt 2.3.2", "[ok] rknpu driver 0.9.8"]),
+    ("rk3566-orangepi-3b", 0, ["[ok] librknnrt 2.3.0 (c949ad889d@2024-11-07T11:35:33)",
+                               "[ok] rknpu driver 0.9.6 (/sys/module/rknpu/version)"]),
+    ("rk3576", 0, ["[ok] librknnrt 2.5.0 (5d2a7c5e3b@2025-10-20T10:00:00) (/usr/lib/librknnrt.so)",
+                   "SoC rk3576; NPU governor rknpu_ondemand, cur_freq 950000000"]),
+    ("rk3566", 1, ["[FAIL] librknnrt.so not found (/usr/lib/librknnrt.so,", "[ok] rknpu driver 0.9.6",
+                   "[FAIL] no NPU device node"]),
+])
+def test_board_side_on_each_recorded_board(board, capsys, tree, code, lines):
+    board(tree)
+    assert main(["doctor", "--board"]) == code
+    out = capsys.readouterr().out
+    assert "[ok] rknnlite imports" in out
+    for line in lines:
+        assert line in out
+    assert out.rstrip().endswith("OK" if code == 0 else "then rerun `rkstudy doctor --board`.")
+
+
+def test_a_runtime_older_than_the_engines_compiler_is_refused(board, capsys, tmp_path):
+    board("rk3588")
+    engine = engine_for(tmp_path, "rk3588")
+    assert main(["doctor", "--board", "--engine", str(engine)]) == 1
+    out = capsys.readouterr().out
+    assert "[ok] engine decoder-rk3588.rknn: compiled for rk3588 by rknn-toolkit2 2.5.0" in out
+    assert ("[FAIL] librknnrt 2.3.2 (429f97ae6b@2025-04-09T09:09:27) is older than the toolkit that compiled "
+            "the engine (rknn-toolkit2 2.5.0)") in out
+    assert "fix: update librknnrt to 2.5.0 (librknnrt.so from rknn-toolkit2's" in out
+    assert "or build the engine with rknn-toolkit2==2.3.2 on the host" in out
+    assert out.rstrip().endswith("then rerun `rkstudy doctor --board`.")
+
+
+def test_a_matching_or_newer_runtime_passes_and_another_soc_is_refused(board, capsys, tmp_path):
+    board("rk3576")
+    assert main(["doctor", "--board", "--engine", str(engine_for(tmp_path, "rk3576"))]) == 0
+    assert "[ok] librknnrt 2.5.0 (5d2a7c5e3b@2025-10-20T10:00:00) runs engines from rknn-toolkit2 2.5.0" in \
+        capsys.readouterr().out
+    (tmp_path / "old").mkdir()
+    older = engine_for(tmp_path / "old", "rk3576", toolkit="rknn-toolkit2 2.3.0")
+    assert main(["doctor", "--board", "--engine", str(older)]) == 0
+    assert "runs engines from rknn-toolkit2 2.3.0 (newer than the compiler" in capsys.readouterr().out
+    assert main(["doctor", "--board", "--engine", str(engine_for(tmp_path, "rk3588"))]) == 1
+    out = capsys.readouterr().out
+    assert "[FAIL] engine decoder-rk3588.rknn: this engine was compiled for rk3588 and this board is rk3576" in out
+
+
+def test_an_rknnlite_that_does_not_import_is_a_failure(board, capsys, tmp_path, monkeypatch):
+    board("rk3588")
+    broken = tmp_path / "rknnlite"
+    (broken / "api").mkdir(parents=True)
+    (broken / "__init__.py").write_text("")
+    (broken / "api" / "__init__.py").write_text(
+        "raise AttributeError(\"'ruamel.yaml' has no attribute 'load'\")\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["doctor", "--board"]) == 1
+    out = capsys.readouterr().out
+    assert "board runtime: absent (rknnlite does not import (AttributeError: 'ruamel.yaml' has no attribute" in out
+    assert "[FAIL] rknnlite does not import" in out and "pip install 'ruamel.yaml==0.19.1'" in out
+
+
+def test_an_npu_node_this_user_cannot_open_names_its_group(board, capsys, monkeypatch):
+    board("rk3588")
+    monkeypatch.setattr(doctor.os, "access", lambda path, mode: False)
+    assert main(["doctor", "--board"]) == 1
+    out = capsys.readouterr().out
+    assert "[FAIL] NPU device /dev/dri/renderD129 (group " in out and "is not readable and writable" in out
+    assert "fix: sudo usermod -aG " in out
+
+
+def test_engine_is_a_board_check(capsys):
+    assert main(["doctor", "--engine", "e.rknn"]) == 2
+    assert "--engine is a board check: rkstudy doctor --board --engine E.rknn" in capsys.readouterr().err
+
+
+def test_board_side_on_a_recorded_board(board, capsys):
     """The same command against a recorded RK3588 tree with the replay double of RKNNLite."""
-    import sys
-
-    from rkstudy.paths import REPO
-
-    monkeypatch.setenv("RKSTUDY_SYSROOT", str(REPO / "tests" / "fixtures" / "boards" / "rk3588"))
-    monkeypatch.syspath_prepend(str(REPO / "tests" / "doubles"))
-    sys.modules.pop("rknnlite", None)
+    board("rk3588")
     assert main(["doctor", "--board"]) == 0
     out = capsys.readouterr().out
     assert "board runtime: present (RKNPU driver: v0.9.8)" in out

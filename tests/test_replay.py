@@ -20,12 +20,10 @@ from rkstudy.runtime import OrtRunner
 TEXT = "Call me at 555 0142, extension 7. Thank you."
 
 
-def rkstudy(*argv, board="rk3588", cores=None, check=True):
+def rkstudy(*argv, board="rk3588", check=True):
     """The CLI in a subprocess that sees a board: the recorded tree and the RKNNLite double."""
     env = {**os.environ, "RKSTUDY_SYSROOT": str(REPO / "tests" / "fixtures" / "boards" / board),
            "PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "doubles"), str(REPO)])}
-    if cores:
-        env["RKNNLITE_REPLAY_CORES"] = cores
     proc = subprocess.run([sys.executable, "-m", "rkstudy", *map(str, argv)], capture_output=True, text=True,
                           env=env, cwd=REPO, timeout=900)
     if check:
@@ -114,14 +112,13 @@ def test_board_run_from_text_synthesizes_the_latent_on_the_board(work):
     assert other.returncode == 2 and "is not the model this engine was made from" in other.stderr
 
 
-def test_a_single_core_board_falls_back_to_auto_and_other_socs_are_refused(work):
+@pytest.mark.parametrize("board", ["rk3566", "rk3576"])
+def test_an_engine_for_another_soc_is_refused_before_a_child_starts(work, board):
     proc = rkstudy("board", "run", "piper_decoder", "--engine", work / "decoder.rknn", "--latents",
-                   work / "latents.npz", "--results", work / "results1", cores="1")
-    assert "cores auto" in proc.stdout
-    proc = rkstudy("board", "run", "piper_decoder", "--engine", work / "decoder.rknn", "--latents",
-                   work / "latents.npz", "--results", work / "results2", board="rk3566", check=False)
+                   work / "latents.npz", "--results", work / f"results-{board}", board=board, check=False)
     assert proc.returncode == 2
-    assert "compiled for rk3588 and this board is rk3566" in proc.stderr and proc.stderr.count("\n") == 1
+    assert f"compiled for rk3588 and this board is {board}" in proc.stderr and proc.stderr.count("\n") == 1
+    assert not (work / f"results-{board}").exists()
 
 
 def test_board_run_refuses_latents_of_another_voice(work, tmp_path):

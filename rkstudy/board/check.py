@@ -20,6 +20,7 @@ Board side: standard library only.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 
@@ -27,10 +28,12 @@ from ..paths import on_board
 from . import sysfs
 
 SEEDS_SOC = "rk3588"
+LIBRKNNRT_ENV = "LIBRKNNRT_PATH"
 LIBRKNNRT_PATHS = ("/usr/lib/librknnrt.so", "/usr/lib64/librknnrt.so", "/usr/local/lib/librknnrt.so",
                    "/usr/lib/aarch64-linux-gnu/librknnrt.so")
 # ARM "CPU part" ids (/proc/cpuinfo) of the cores these SoCs carry.
-CPU_PARTS = {"0xd05": "Cortex-A55", "0xd0b": "Cortex-A76", "0xd04": "Cortex-A35", "0xd03": "Cortex-A53"}
+CPU_PARTS = {"0xd05": "Cortex-A55", "0xd0b": "Cortex-A76", "0xd04": "Cortex-A35", "0xd03": "Cortex-A53",
+             "0xd08": "Cortex-A72"}
 _LIBRKNNRT = re.compile(rb"librknnrt version: ([^\x00\n]+)")
 
 
@@ -61,9 +64,16 @@ def npu_clock() -> NpuClock | None:
     return NpuClock(c["node"].rsplit("/", 1)[-1], c["governor"], _int(c["cur_freq"]), c["available"])
 
 
+def librknnrt_candidates() -> list[str]:
+    """Where librknnrt is looked for: $LIBRKNNRT_PATH (the variable RKNNLite's runtime reads), then
+    the usual install places."""
+    env = os.environ.get(LIBRKNNRT_ENV)
+    return ([env] if env else []) + list(LIBRKNNRT_PATHS)
+
+
 def librknnrt() -> tuple[str | None, str | None]:
     """(version, path) of the runtime library, read out of the binary as `strings` would."""
-    for path in LIBRKNNRT_PATHS:
+    for path in librknnrt_candidates():
         try:
             data = on_board(path).read_bytes()
         except OSError:
@@ -141,7 +151,7 @@ def verdict(soc_name: str | None, clock: NpuClock | None) -> Verdict:
         return Verdict(False, f"this is an {soc_name}; the seeds' board figures are RK3588 "
                        "(another NPU, another clock): compare ratios, not absolute figures")
     if clock is None:
-        return Verdict(None, "no NPU devfreq node: the NPU clock cannot be read",
+        return Verdict(None, f"the NPU clock cannot be read ({missing_devfreq(soc_name)})",
                        "check that the rknpu driver is loaded (dmesg | grep -i rknpu)")
     seeds_hz = seeds_npu_hz()
     if clock.top_hz is not None and clock.top_hz < seeds_hz:
@@ -157,6 +167,15 @@ def verdict(soc_name: str | None, clock: NpuClock | None) -> Verdict:
     return Verdict(False, f"NPU at {_mhz(clock.cur_hz)} under governor {clock.governor}, not at its top OPP "
                    f"{_mhz(clock.top_hz)}: every NPU figure scales with this clock",
                    f"echo performance | sudo tee {node}/governor")
+
+
+def missing_devfreq(soc_name: str | None) -> str:
+    """Why there is no NPU clock: the SoC's own devfreq node is absent, or its node is not recorded."""
+    expected = sysfs.expected_npu_devfreq(soc_name)
+    if expected:
+        return f"no {expected}: the rknpu driver registers the NPU's devfreq there; is it loaded?"
+    return (f"no {sysfs.DEVFREQ}/*.npu, and rkstudy has no NPU devfreq node recorded for "
+            f"{soc_name or 'this machine'}")
 
 
 @dataclass
@@ -196,7 +215,7 @@ def render(check: BoardCheck) -> str:
         lines.append(f"  NPU clock      {n.cur_hz or na} Hz, governor {n.governor or na}, "
                      f"OPPs {' '.join(str(f // 1_000_000) for f in n.available_hz) or na} MHz ({n.node})")
     else:
-        lines.append(f"  NPU clock      - (no {sysfs.DEVFREQ}/*.npu)")
+        lines.append(f"  NPU clock      - ({missing_devfreq(check.soc)})")
     lines.append(f"  rknpu driver   {check.driver or na}"
                  + (f"   ({check.driver_source})" if check.driver_source else ""))
     lines.append(f"  librknnrt      {check.librknnrt or na}"

@@ -15,12 +15,13 @@ rknn_api.h name, and what the seeds observed it to mean for -4, -6 and -13), the
 names, and the versions the driver and runtime reported ("Who refused: the versions a failure
 names").
 
-One finding the seeds' C++ sidecar never met: RKNNLite 2.5.0's init_runtime returns -1 for every
-failure (rknn_lite.py wraps the runtime's graph build in try/except), and the librknnrt code is
-only in its log, "RKNN init failed. error code: N" (the format string is in its rknn_runtime
-extension). lite_init_code() reads it back; rkstudy.runtime.board captures the log around
-init_runtime for that. This is read from the library's strings, not yet seen on a board: where the
-line does not appear the runner reports init_runtime's own -1.
+RKNNLite 2.5.0 (rknnlite/api/rknn_lite.py) hides the librknnrt code in two ways. An init that fails
+raises inside init_runtime, which logs "E Catch exception when init runtime!" and the traceback, whose
+last line is the runtime's own "Exception: RKNN init failed. error code: RKNN_ERR_MALLOC_FAIL" (the
+code's name, from the name table in its rknn_runtime extension), and returns -1. An init that succeeds
+returns set_core_mask's code, which on a single-core NPU is librknnrt's -13, after "The core_mask is
+only supported by ...". lite_failures() reads both forms back, names or numbers; rkstudy.runtime.board
+captures the log around init_runtime for that.
 
 Board side: standard library only (dmesg is run as a command at call time).
 """
@@ -64,9 +65,15 @@ SEEDS_MEANING = {
     -13: "target-platform mismatch: the .rknn was compiled for another SoC; rebuild it for this one",
 }
 
-# RKNNLite 2.5.0's init_runtime returns -1 for any failure and logs the librknnrt code in this
-# form (the format string "RKNN init failed. error code: {}" is in its rknn_runtime extension).
-_LITE_INIT_CODE = re.compile(r"RKNN init failed\. error code:\s*(-?\d+)")
+CODES_BY_NAME = {name: code for code, (name, _) in CODE_NAMES.items()}
+# The two failure lines of RKNNLite 2.5.0's log (format strings in its rknn_runtime extension); the
+# code is printed as its RKNN_ERR_* name, or as a number by runtimes that print it bare.
+_LITE_FAILURE = re.compile(r"RKNN (init|set core mask) failed\. error code:\s*(-?\d+|RKNN_[A-Z_]+)")
+CORE_MASK_ONLY = "The core_mask is only supported by"
+# What the runtime raises when librknnrt.so is neither at $LIBRKNNRT_PATH nor in /usr/lib.
+NO_LIBRKNNRT = "Can not find dynamic library on"
+# RK3576 has two cores: the runtime swaps a mask naming core 2 for 0_1 (or 0) and says so.
+_RK3576_REPLACED = re.compile(r'will be automatically replaced with "NPU_CORE_([0-9_]+)"')
 
 _DMA_MAP = re.compile(r"rknpu_gem_get_pages: dma map (\d+) fail")
 _MALLOC = re.compile(r"failed to malloc npu memory, size: (\d+)(?:, flags: (0x[0-9a-fA-F]+))?")
@@ -109,10 +116,35 @@ def refused_bytes(text: str | Iterable[str]) -> list[int]:
     return [r.nbytes for r in parse(text) if r.nbytes is not None]
 
 
-def lite_init_code(log_text: str) -> int | None:
-    """The librknnrt rknn_init code an RKNNLite log names (init_runtime itself returns -1)."""
-    codes = _LITE_INIT_CODE.findall(log_text)
-    return int(codes[-1]) if codes else None
+@dataclass(frozen=True)
+class LiteFailure:
+    """One failure line of an RKNNLite log: the step (init or set core mask), the code's number (None
+    for a name rknn_api.h 2.3.2 does not number, such as 2.5.0's RKNN_ERR_SOC_BIND_FAILED) and name."""
+
+    step: str
+    code: int | None
+    name: str
+
+
+def lite_failures(log_text: str) -> list[LiteFailure]:
+    """Every librknnrt failure an RKNNLite log names, in order, names or numbers."""
+    out = []
+    for step, value in _LITE_FAILURE.findall(log_text):
+        if value.startswith("RKNN_"):
+            out.append(LiteFailure(step, CODES_BY_NAME.get(value), value))
+        else:
+            code = int(value)
+            out.append(LiteFailure(step, code, CODE_NAMES.get(code, ("unknown code", ""))[0]))
+    return out
+
+
+def cores_granted(log_text: str, asked: str) -> str:
+    """The core mask a successful init actually runs on: AUTO where the runtime said the mask is not
+    supported on this SoC (and went on), RK3576's replacement where it swapped one, else `asked`."""
+    if CORE_MASK_ONLY in log_text:
+        return "auto"
+    m = _RK3576_REPLACED.search(log_text)
+    return m.group(1) if m else asked
 
 
 def read_dmesg(run: Callable[..., subprocess.CompletedProcess] = subprocess.run) -> list[str] | None:

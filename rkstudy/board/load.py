@@ -8,7 +8,13 @@ summary of the samples (mean and max per core) is that reading, made repeatable.
 The file's format is the driver's (rknpu_debugger.c, rknpu_load_show): "NPU load: " then, on a
 multi-core NPU, " Core%d: " and "%2.d%%," per core ("NPU load:  Core0: 55%, Core1:  0%, Core2:
 0%,"); on a single-core NPU (RK3566) just "%2.d%%". Each value is the core's busy share over the
-driver's own load interval, so sampling faster than that interval repeats values.
+driver's own load interval (RKNPU_LOAD_INTERVAL, 1 s), so sampling faster repeats values and a
+decode shorter than that reads the interval before it.
+
+A board run samples during the decode only: the child starts its sampler when the first context has
+initialized (rkstudy.runtime.board.after_init), so the init's own load is not in the row, and it
+reads the NPU's devfreq cur_freq beside the load, so the clock in the row is the clock during the
+run (under rknpu_ondemand the clock after it is another).
 
 Board side: standard library only. Reading debugfs needs root.
 """
@@ -19,12 +25,11 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..paths import on_board
+from . import sysfs
 from .sysfs import NPU_LOAD
 
 _CORE = re.compile(r"Core(\d+):\s*(\d*)%")
@@ -51,18 +56,33 @@ class CoreLoad:
     samples: int
 
 
-class LoadSampler:
-    """`with LoadSampler() as s: run...` samples the load file every `interval` seconds.
+def unreadable(path: Path, exc: OSError) -> OSError:
+    """The error for a load file that cannot be read, with its fix."""
+    if isinstance(exc, PermissionError):
+        return PermissionError(f"cannot read {path}: debugfs needs root (run with sudo, or mount debugfs "
+                               "readable for your group)")
+    if isinstance(exc, FileNotFoundError):
+        return FileNotFoundError(f"no {path}: the rknpu driver's debugfs is not mounted (mount -t debugfs "
+                                 "none /sys/kernel/debug) or this is not a vendor rknpu kernel")
+    return exc
 
-    s.samples holds (monotonic time, {core: percent}); s.summary() gives mean/max per core.
-    The file is read once before the thread starts, so a missing or unreadable file fails at
-    `with` with the fix, not silently with no samples.
+
+class LoadSampler:
+    """`with LoadSampler() as s: run...` (or s.start() ... s.stop()) samples the load file every
+    `interval` seconds, and the NPU clock file `clock` (a devfreq cur_freq) beside it when given.
+
+    s.samples holds (monotonic time, {core: percent}) and s.clocks_hz the clock readings; s.summary()
+    gives mean/max per core. The load file is read when sampling starts and that reading is the first
+    sample, so a missing or unreadable file fails at the start with the fix, not silently with no
+    samples, and even a block shorter than `interval` has one. `load=False` samples the clock only.
     """
 
-    def __init__(self, path=None, interval: float = 0.1):
-        self.path = Path(path) if path is not None else on_board(NPU_LOAD)
+    def __init__(self, path=None, interval: float = 0.1, clock=None, load: bool = True):
+        self.path = (Path(path) if path is not None else on_board(NPU_LOAD)) if load else None
+        self.clock = Path(clock) if clock is not None else None
         self.interval = interval
         self.samples: list[tuple[float, dict[str, int]]] = []
+        self.clocks_hz: list[int] = []
         self.errors = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -70,30 +90,40 @@ class LoadSampler:
     def _read(self) -> dict[str, int]:
         return parse_load(self.path.read_text())
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
+    def _sample(self) -> None:
+        if self.path is not None:
+            self.samples.append((time.monotonic(), self._read()))
+        if self.clock is not None:
             try:
-                self.samples.append((time.monotonic(), self._read()))
-            except (OSError, ValueError):
-                self.errors += 1  # a half-written file during a rewrite; the next read is whole
-            self._stop.wait(self.interval)
+                self.clocks_hz.append(int(self.clock.read_text().split()[0]))
+            except (OSError, ValueError, IndexError):
+                self.errors += 1
 
-    def __enter__(self) -> LoadSampler:
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self._sample()
+            except (OSError, ValueError, IndexError):
+                self.errors += 1  # a half-written file during a rewrite; the next read is whole
+
+    def start(self) -> LoadSampler:
         try:
-            self._read()
-        except PermissionError as exc:
-            raise PermissionError(f"cannot read {self.path}: debugfs needs root (run with sudo, or "
-                                  "mount debugfs readable for your group)") from exc
-        except FileNotFoundError as exc:
-            raise FileNotFoundError(f"no {self.path}: the rknpu driver's debugfs is not mounted "
-                                    "(mount -t debugfs none /sys/kernel/debug) or this is not a "
-                                    "vendor rknpu kernel") from exc
+            self._sample()
+        except OSError as exc:
+            raise unreadable(self.path, exc) from exc
         self._thread.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def stop(self) -> None:
         self._stop.set()
-        self._thread.join()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def __enter__(self) -> LoadSampler:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
 
     def summary(self) -> dict[str, CoreLoad]:
         cores = sorted({c for _, s in self.samples for c in s}, key=lambda c: int(c[4:]))
@@ -102,6 +132,13 @@ class LoadSampler:
             values = [s[core] for _, s in self.samples if core in s]
             out[core] = CoreLoad(sum(values) / len(values), max(values), len(values))
         return out
+
+    def clock_field(self) -> str:
+        """The NPU clock over the samples (Hz): one value when it held, "low-high" when it moved."""
+        if not self.clocks_hz:
+            return ""
+        low, high = min(self.clocks_hz), max(self.clocks_hz)
+        return str(low) if low == high else f"{low}-{high}"
 
 
 def format_summary(summary: dict[str, CoreLoad]) -> str:
@@ -120,18 +157,18 @@ def row_fields(summary: dict[str, CoreLoad] | None) -> dict[str, str | int]:
             "npu_load_samples": min(v.samples for v in summary.values())}
 
 
-@contextmanager
-def sampled(interval: float = 0.1) -> Iterator[LoadSampler | None]:
-    """A LoadSampler over the block when the board's load file is readable; None otherwise, with
-    one line on stderr saying why (a run without root still runs, its row just has no load)."""
-    sampler = LoadSampler(interval=interval)
+def board_sampler(interval: float = 0.1) -> LoadSampler | None:
+    """The sampler of a board run, not started: the load where its file is readable (else one line on
+    stderr saying why: a run without root still runs, its row just has no load) and the NPU clock where
+    the board has a devfreq node; None where it has neither."""
+    node = sysfs.npu_devfreq()
+    clock = on_board(f"{node}/cur_freq") if node else None
+    sampler = LoadSampler(interval=interval, clock=clock)
     try:
-        sampler.__enter__()
+        sampler._read()
+        return sampler
     except OSError as exc:
+        print(f"NPU load not sampled: {unreadable(sampler.path, exc)}", file=sys.stderr)
+    except ValueError as exc:
         print(f"NPU load not sampled: {exc}", file=sys.stderr)
-        yield None
-        return
-    try:
-        yield sampler
-    finally:
-        sampler.__exit__()
+    return LoadSampler(interval=interval, clock=clock, load=False) if clock is not None else None

@@ -43,14 +43,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..runtime.board import BoardUnavailable
+from .check import LIBRKNNRT_ENV, LIBRKNNRT_PATHS
 from .dmesg import InitRefused, Versions, read_dmesg, refused_bytes, remember_versions
 from .memory import Budget, EngineCost, Verdict, check_set, fmt_bytes
 
 RKNN_FLAG_COLLECT_MODEL_INFO_ONLY = 0x00000100
 RKNN_QUERY_SDK_VERSION = 5
 RKNN_QUERY_MEM_SIZE = 6
-LIBRARY_ENV = "LIBRKNNRT_PATH"
-LIBRARY_PATHS = ("/usr/lib/librknnrt.so", "/usr/lib64/librknnrt.so", "/usr/local/lib/librknnrt.so")
 MIB = 1 << 20
 UINT32_SPAN = 1 << 32
 
@@ -75,10 +74,9 @@ def context_type():
 
 def load_library(path=None) -> ctypes.CDLL:
     """librknnrt, from `path`, $LIBRKNNRT_PATH, the usual places, or the loader's search path."""
-    candidates = [str(path)] if path else []
-    if os.environ.get(LIBRARY_ENV):
-        candidates.append(os.environ[LIBRARY_ENV])
-    candidates += [p for p in LIBRARY_PATHS if Path(p).exists()]
+    env = os.environ.get(LIBRKNNRT_ENV)
+    candidates = ([str(path)] if path else []) + ([env] if env else [])
+    candidates += [p for p in LIBRKNNRT_PATHS if Path(p).exists()]
     found = ctypes.util.find_library("rknnrt")
     if found:
         candidates.append(found)
@@ -90,7 +88,7 @@ def load_library(path=None) -> ctypes.CDLL:
             errors.append(f"{candidate}: {exc}")
     raise BoardUnavailable("librknnrt.so not found (" + ("; ".join(errors) or "no candidate") + "): install "
                            "the RKNPU2 runtime into /usr/lib (the SDK's install.sh does) or set "
-                           f"{LIBRARY_ENV}=/path/to/librknnrt.so")
+                           f"{LIBRKNNRT_ENV}=/path/to/librknnrt.so")
 
 
 def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:

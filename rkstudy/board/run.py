@@ -10,13 +10,14 @@ The parent then writes the audio and appends one results row: wall time, audio s
 RSS, per-core NPU load (mean and max), NPU governor and frequency, driver and runtime versions,
 engine and contract digests, and where it ran (`board`, or `replay` through the test double).
 
-Board side: standard library, numpy and psutil only.
+Board side: standard library and numpy only.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -29,11 +30,12 @@ from .. import atomic, results
 from ..cache import sha256_file
 from ..contract import Contract, beside, for_engine
 from ..errors import InputError, UsageError
-from ..runtime.board import BoardUnavailable, board_available
+from ..runtime.board import BoardUnavailable, after_init, board_available
 from . import load, sysfs
 
-NO_BOARD = ("`rkstudy board run` runs on an RK3588/RK3566 board with rknn-toolkit-lite2 and the rknpu "
-            "driver, and this machine has {why}; on the host use the simulator (the study notebooks)")
+NO_BOARD = ("`rkstudy board run` runs on an RKNPU2 board (RK3588, RK3576, RK3566/RK3568, RK3562) with "
+            "rknn-toolkit-lite2 and the rknpu driver, and this machine has {why}; on the host use the simulator "
+            "(the study notebooks)")
 
 
 def require_board() -> None:
@@ -78,18 +80,75 @@ def append_row(study: str, table: str, row: dict, root: Path) -> Path:
     return results.write_table(study, table, rows + [row], root=root, title=f"Board runs: {table}")
 
 
+def invoking_user() -> tuple[int, int] | None:
+    """(uid, gid) of the user who ran sudo, when this process is root under sudo; None otherwise."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        return int(os.environ["SUDO_UID"]), int(os.environ["SUDO_GID"])
+    except (KeyError, ValueError):
+        return None
+
+
+def _missing_dirs(path: Path) -> tuple[list[Path], Path]:
+    """The folders writing `path` will create (outermost last), and the existing folder above them."""
+    missing, folder = [], path.parent
+    while not folder.exists():
+        missing.append(folder)
+        folder = folder.parent
+    return missing, folder
+
+
+def require_writable(paths: list[Path]) -> None:
+    """Refuse, before a decode, outputs this user cannot write (an earlier run under sudo left them
+    root-owned): files are replaced atomically, so their folder must be writable too."""
+    for path in paths:
+        folder = _missing_dirs(path)[1] if not path.exists() else path.parent
+        blocked = path if path.exists() and not os.access(path, os.W_OK) else (
+            folder if not os.access(folder, os.W_OK) else None)
+        if blocked is not None:
+            import pwd
+
+            try:
+                owner = pwd.getpwuid(blocked.stat().st_uid).pw_name
+            except KeyError:
+                owner = str(blocked.stat().st_uid)
+            raise InputError(f"{blocked} is not writable by this user (owned by {owner}, perhaps by an earlier run "
+                             f"under sudo): sudo chown -R $USER {blocked}, or pass --results DIR")
+
+
+def hand_back(paths: list[Path], created: list[Path]) -> None:
+    """Under sudo, give what this run wrote (and the folders it made) to the user who ran sudo, so a
+    later run without sudo can append to the same table."""
+    owner = invoking_user()
+    if owner is None:
+        return
+    for path in [*created, *paths]:
+        if path.exists():
+            os.chown(path, *owner)
+
+
 def measure(family: str, *, engine: Path, job: str, payload: dict, cores: str = "0_1_2",
             audio_out: Path | None = None, outputs_out: Path | None = None, results_dir: Path | None = None,
-            source_sha256: str | None = None, extra: dict | None = None, remake: str | None = None) -> dict:
+            source_sha256: str | None = None, extra: dict | None = None, remake: str | None = None,
+            timeout: float | None = None) -> dict:
     """Run `job` ("module:function") for `family` on `engine` in a dedicated child; return the row.
 
     `payload` is the job's input (JSON-able: paths, not arrays); `source_sha256` is the digest of the
     model the inputs came from, checked against the contract's source; `remake` is the command a
-    refusal names (default: the family's `--help`).
+    refusal names (default: the family's `--help`); `timeout` bounds the child (default
+    $RKSTUDY_BOARD_TIMEOUT or CHILD_TIMEOUT_S).
     """
     require_board()
     soc = sysfs.soc()
+    if soc is None:
+        raise BoardUnavailable(f"cannot tell this board's SoC: no rockchip,rkXXXX entry in {sysfs.COMPATIBLE}")
     contract = for_engine(engine, family=family, soc=soc, remake=remake)
+    root = Path(results_dir) if results_dir else results.results_root(quick=False)
+    table_csv = root / "board" / f"{family}.csv"
+    outputs = [table_csv, table_csv.with_suffix(".md")] + [Path(p) for p in (audio_out, outputs_out) if p is not None]
+    require_writable(outputs)
+    created = sorted({d for p in outputs for d in _missing_dirs(p)[0]})
     if source_sha256 is not None and source_sha256 != contract.source.sha256:
         from ..errors import EngineMismatch
 
@@ -97,28 +156,16 @@ def measure(family: str, *, engine: Path, job: str, payload: dict, cores: str = 
                              f"made from {contract.source.file} ({contract.source.sha256[:12]}); make inputs "
                              f"from {contract.source.file}, or an engine from theirs with `{contract.remake}`")
     with tempfile.TemporaryDirectory(prefix="rkstudy-board-") as tmp:
-        spec = {"job": job, "engine": str(Path(engine).resolve()), "cores": cores, "payload": payload,
-                "result": str(Path(tmp) / "result.json"), "arrays": str(Path(tmp) / "arrays.npz")}
-        spec_path = Path(tmp) / "spec.json"
-        spec_path.write_text(json.dumps(spec))
-        proc = subprocess.Popen([sys.executable, "-m", "rkstudy.board.run", str(spec_path)], env=os.environ.copy())
-        proc.wait()
-        result_path = Path(spec["result"])
-        if proc.returncode != 0 or not result_path.is_file():
-            raise BoardUnavailable(f"the board run of {Path(engine).name} failed (child exit {proc.returncode}); "
-                                   "its error is printed above")
-        result = json.loads(result_path.read_text())
-        with np.load(spec["arrays"]) as data:
-            arrays = {k: data[k] for k in data.files}
+        spec = {"job": job, "engine": str(Path(engine).resolve()), "cores": cores, "payload": payload}
+        result, arrays = run_child(spec, Path(tmp), timeout=timeout)
         pcm = arrays.pop("audio", np.zeros(0, np.float32))
-    clock = sysfs.npu_clock()
     row = {"family": family, "engine": Path(engine).name, "engine_sha256": contract.engine.sha256[:16],
            "contract_sha256": sha256_file(beside(engine))[:16], "source": contract.source.file,
            **(extra or {}), **result.get("row", {}), "wall_s": round(result["seconds"], 4),
            "audio_s": round(result["audio_s"], 3),
            "rtf": result["seconds"] / result["audio_s"] if result["audio_s"] else float("nan"),
            "peak_rss_mb": round(result["peak_rss_kb"] / 1024, 1), **result["npu_load"], "cores": result["cores"],
-           "npu_governor": clock["governor"] or "", "npu_freq_hz": clock["cur_freq"] or "",
+           **result["npu_clock"],
            "driver": sysfs.npu_driver_version() or "", "runtime": result.get("runtime") or "",
            "where": result["where"], "target": result["target"]}
     row = results.stamp(row)
@@ -132,14 +179,71 @@ def measure(family: str, *, engine: Path, job: str, payload: dict, cores: str = 
         np.savez(buf, audio=pcm, **arrays)
         atomic.write_bytes(outputs_out, buf.getvalue())
         print(f"wrote {outputs_out} (the engine's outputs, float32)")
-    root = Path(results_dir) if results_dir else results.results_root(quick=False)
     table = append_row("board", family, row, root)
+    hand_back(outputs, created)
     audio = f"RTF {row['rtf']:.4f}, {row['audio_s']:.2f} s of audio, " if row["audio_s"] else ""
     npu = (f", NPU load mean {row['npu_load_mean_pct']} % max {row['npu_load_max_pct']} % per core"
            if row["npu_load_samples"] else "")
     print(f"{family} on {row['where']} ({row['target']}, cores {row['cores']}): {audio}{row['wall_s']:.3f} s, "
           f"peak RSS {row['peak_rss_mb']} MB{npu} -> {table}")
     return row
+
+
+CHILD_TIMEOUT_S = 1800.0  # a wedged NPU never returns from inference; no board run here takes minutes
+
+
+def run_child(spec: dict, folder: Path, *, timeout: float | None = None) -> tuple[dict, dict]:
+    """Run a board job in a child process (`python -m rkstudy.board.run`), bounded by `timeout`
+    seconds; return its result and arrays. A child that fails raises its own one-line error here
+    (RknnError for a failed run, exit 1; BoardUnavailable or the input error it met, exit 2); one
+    that outlives the timeout is killed with its process group."""
+    from .dmesg import RknnError
+
+    timeout = timeout or float(os.environ.get("RKSTUDY_BOARD_TIMEOUT") or CHILD_TIMEOUT_S)
+    spec = {**spec, "result": str(folder / "result.json"), "arrays": str(folder / "arrays.npz"),
+            "error": str(folder / "error.json")}
+    spec_path = folder / "spec.json"
+    spec_path.write_text(json.dumps(spec))
+    engine = Path(spec["engine"]).name
+    proc = subprocess.Popen([sys.executable, "-m", "rkstudy.board.run", str(spec_path)], env=os.environ.copy(),
+                            start_new_session=True)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise RknnError(f"the board run of {engine} did not finish in {timeout:.0f} s and was killed (a wedged NPU? "
+                        "dmesg | tail names it); reboot the board if the NPU stays busy, or set "
+                        "RKSTUDY_BOARD_TIMEOUT=<seconds> for a longer run") from None
+    error = Path(spec["error"])
+    if error.is_file():
+        failure = json.loads(error.read_text())
+        raise (RknnError if failure["exit"] == 1 else InputError)(failure["message"])
+    if proc.returncode != 0 or not Path(spec["result"]).is_file():
+        raise RknnError(f"the board run of {engine} ended with exit {proc.returncode} and no result (killed by "
+                        "the system? dmesg | tail says why)")
+    result = json.loads(Path(spec["result"]).read_text())
+    with np.load(spec["arrays"]) as data:
+        return result, {k: data[k] for k in data.files}
+
+
+def child_failure(exc: BaseException) -> tuple[str, int]:
+    """A child's error as one line naming the fix, and the exit code it stands for."""
+    from ..errors import RkstudyError
+    from .dmesg import RknnError
+
+    text = " ".join(str(exc).split())
+    if isinstance(exc, RkstudyError):
+        return text, exc.exit_code
+    if isinstance(exc, RknnError):
+        return text, 1
+    if isinstance(exc, BoardUnavailable):
+        return text, 2
+    if isinstance(exc, ImportError):
+        return (f"the board child cannot import {exc.name or text} ({text}): reinstall the board environment "
+                "(make board-env, or pip install -e '.[board]'), then rkstudy doctor --board"), 2
+    return (f"unexpected {type(exc).__name__} in the board child: {text} (rerun with --debug for the traceback, "
+            "and please report it)"), 1
 
 
 def _child(spec_path: str) -> int:
@@ -150,9 +254,26 @@ def _child(spec_path: str) -> int:
     module, _, attr = spec["job"].partition(":")
     job = getattr(importlib.import_module(module), attr)
     contract: Contract = for_engine(spec["engine"])  # already validated by the parent; re-read here
-    with load.sampled() as sampler:
+    sampler = load.board_sampler()
+    governor = []
+
+    def begin_sampling() -> None:  # after the first init: the row measures the decode, not the init
+        governor.append(sysfs.npu_clock()["governor"] or "")
+        if sampler is not None:
+            try:
+                sampler.start()
+            except OSError as exc:
+                print(f"NPU load not sampled: {exc}", file=sys.stderr)
+
+    after_init(begin_sampling)
+    try:
         out = job(contract=contract, engine=Path(spec["engine"]), cores=spec["cores"], payload=spec["payload"])
-    out["npu_load"] = load.row_fields(sampler.summary() if sampler else None)
+    finally:
+        if sampler is not None:
+            sampler.stop()
+    out["npu_load"] = load.row_fields(sampler.summary() if sampler and sampler.path else None)
+    out["npu_clock"] = {"npu_governor": governor[0] if governor else "",
+                        "npu_freq_hz": sampler.clock_field() if sampler else ""}
     out["peak_rss_kb"] = peak_rss_kb()
     arrays = {"audio": np.asarray(out.pop("audio"), np.float32), **out.pop("arrays", {})}
     np.savez(spec["arrays"], **arrays)
@@ -161,16 +282,25 @@ def _child(spec_path: str) -> int:
 
 
 def main(argv=None) -> int:
-    from ..errors import RkstudyError
-
+    """The child's entry: every failure becomes one line in the spec's error file for the parent to
+    raise (the traceback too, on stderr, under RKSTUDY_DEBUG=1, which `--debug` sets)."""
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
         raise UsageError("usage: python -m rkstudy.board.run SPEC_JSON (started by `rkstudy board run`)")
     try:
         return _child(argv[0])
-    except (RkstudyError, RuntimeError) as exc:
-        print(f"rkstudy board run: error: {' '.join(str(exc).split())}", file=sys.stderr)
-        return 1
+    except Exception as exc:  # noqa: BLE001 - every child error reaches the parent as one line
+        if os.environ.get("RKSTUDY_DEBUG") == "1":
+            import traceback
+
+            traceback.print_exc()
+        message, code = child_failure(exc)
+        error = json.loads(Path(argv[0]).read_text()).get("error")
+        if error:
+            Path(error).write_text(json.dumps({"message": message, "exit": code}))
+        else:
+            print(f"rkstudy board run: error: {message}", file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":

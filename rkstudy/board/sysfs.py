@@ -12,12 +12,22 @@ from ..paths import on_board
 COMPATIBLE = "/proc/device-tree/compatible"
 MODEL = "/proc/device-tree/model"
 NPU_VERSION_FILES = ("/sys/kernel/debug/rknpu/version", "/sys/module/rknpu/version")
-NPU_DEVICE = "/dev/rknpu"
-DEVFREQ = "/sys/class/devfreq"  # the NPU's node is <unit address>.npu: fdab0000 on RK3588, fde40000 on RK356x
+NPU_DEVICE = "/dev/rknpu"  # the misc device of older vendor drivers; DRM kernels give a render node
+DRM = "/sys/class/drm"
+DEVFREQ = "/sys/class/devfreq"
 # The driver's per-core load (rknpu_debugger.c, rknpu_load_show); debugfs, so root only.
 NPU_LOAD = "/sys/kernel/debug/rknpu/load"
-# The toolkit's target names: a chip of the same NPU generation runs the same engine.
-SOC_TARGETS = {"rk3588": "rk3588", "rk3588s": "rk3588", "rk3566": "rk3566", "rk3568": "rk3566"}
+# Device-tree chip -> the toolkit's target name. rk3588s is an rk3588 in a smaller package.
+SOC_TARGETS = {"rk3588": "rk3588", "rk3588s": "rk3588", "rk3576": "rk3576", "rk3568": "rk3568",
+               "rk3566": "rk3566", "rk3562": "rk3562"}
+# Targets whose engines run on one another: rk3566 and rk3568 carry the same NPU.
+SAME_NPU = ({"rk3566", "rk3568"},)
+# Each SoC's NPU devfreq node, named by the NPU's unit address in the vendor kernel's device tree
+# (rk3588.dtsi, rk3568.dtsi, rk3576.dtsi, rk3562.dtsi); npu_devfreq() still takes whatever *.npu
+# node the board has, this only names the one that is missing.
+NPU_DEVFREQ = {"rk3588": "fdab0000.npu", "rk3568": "fde40000.npu", "rk3566": "fde40000.npu",
+               "rk3576": "27700000.npu", "rk3562": "ff300000.npu"}
+_CHIP = re.compile(r"^(r[kv]\d{4}[a-z]?)$")
 _VERSION = re.compile(r"v?(\d+\.\d+\.\d+)")
 
 
@@ -44,13 +54,20 @@ def model() -> str | None:
 
 
 def soc() -> str | None:
-    """The SoC this board reports in its device tree (`rockchip,rk3588`), as the toolkit's target
-    name (rk3588 / rk3566), or None on a machine that is not a supported Rockchip board."""
-    for entry in compatible():
-        vendor, _, chip = entry.strip().partition(",")
-        if vendor == "rockchip" and chip in SOC_TARGETS:
+    """The SoC this board reports in its device tree (`rockchip,rk3588`) as the toolkit's target name
+    (rk3588s gives rk3588); a Rockchip chip this project does not build for gives its own name
+    (`rk3399`), so an engine check can name it; None on a machine that is not a Rockchip board."""
+    chips = [chip for vendor, _, chip in (e.strip().partition(",") for e in compatible())
+             if vendor == "rockchip" and _CHIP.match(chip)]
+    for chip in chips:
+        if chip in SOC_TARGETS:
             return SOC_TARGETS[chip]
-    return None
+    return chips[0] if chips else None
+
+
+def runs_engine_for(soc_name: str, target: str) -> bool:
+    """Whether a board with this SoC runs an engine compiled for `target` (same chip, or same NPU)."""
+    return soc_name == target or any({soc_name, target} <= group for group in SAME_NPU)
 
 
 def npu_driver_version() -> str | None:
@@ -73,6 +90,20 @@ def npu_devfreq() -> str | None:
     """The NPU's devfreq node (`/sys/class/devfreq/fdab0000.npu` on RK3588), or None."""
     nodes = sorted(on_board(DEVFREQ).glob("*.npu"))
     return f"{DEVFREQ}/{nodes[0].name}" if nodes else None
+
+
+def expected_npu_devfreq(soc_name: str | None) -> str | None:
+    """Where this SoC's NPU devfreq node should be, or None for an SoC whose node is not recorded."""
+    node = NPU_DEVFREQ.get(soc_name or "")
+    return f"{DEVFREQ}/{node}" if node else None
+
+
+def npu_device_nodes() -> list[str]:
+    """The NPU's device nodes: each /dev/dri/renderD* whose DRM device is the rknpu driver's (vendor
+    5.10 and 6.1 kernels), and /dev/rknpu where an older driver made a misc device."""
+    nodes = [f"/dev/dri/{d.name}" for d in sorted(on_board(DRM).glob("renderD*"))
+             if "rknpu" in (read(f"{DRM}/{d.name}/device/uevent") or "").lower()]
+    return nodes + ([NPU_DEVICE] if exists(NPU_DEVICE) else [])
 
 
 def npu_clock() -> dict:

@@ -3,22 +3,29 @@ RKNNLite (tests/doubles/rknnlite), whose rows say `replay`, never `board`.
 
 Three behaviours the seeds measured (or that RKNNLite hides) and this runner keeps:
 * The driver's AUTO core mask puts every one of these engines on one core, so the runner asks
-  for cores 0_1_2 and falls back to AUTO when the driver refuses (single-core SoCs such as the
-  RK3566 do). A driver refusal (-4, -6) is not retried with another mask: the seeds saw masks 1
-  and 7 fail identically at the IOVA ceiling.
+  for cores 0_1_2 and falls back to AUTO only when the mask itself is refused (set_core_mask's
+  code, which init_runtime returns: -13 on single-core SoCs such as the RK3566). An init that
+  failed (the runtime raised: -4, -6, a wrong SoC, an old runtime) is never retried with another
+  mask: the seeds saw masks 1 and 7 fail identically at the IOVA ceiling. The row records the mask
+  the runtime granted (0_1 where RK3576 swaps 0_1_2 for its two cores).
 * A failure code names what was refused, not who refused it. Every failure goes through
   rkstudy.board.dmesg.format_failure, the one formatter: the code's name and meaning, the bytes
   the kernel log names, and, once any context in this process has initialized, the driver and
   runtime (API) versions it reported.
-* RKNNLite 2.5.0's init_runtime returns -1 for every failure and prints the librknnrt code
-  ("RKNN init failed. error code: N") to fds 1/2 from C; the runner captures both fds around
-  init_runtime to recover it, and passes the text on to stderr.
+* RKNNLite 2.5.0's init_runtime returns -1 for a failed init and logs librknnrt's code by name
+  inside a traceback; the runner captures fds 1 and 2 around init_runtime to read it back
+  (dmesg.lite_failures), and passes the text on to stderr.
+
+Inputs go to RKNNLite with their own dtypes, as rknn_lite.py hands them to its runtime (the tensor
+type comes from the array): integer inputs (token ids, codes) stay int64 as the contract declares
+them, floating ones become float32.
 
 Board side: numpy and rknnlite (at call time) only.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import sys
@@ -41,14 +48,53 @@ class BoardUnavailable(RuntimeError):
     """No RKNNLite runtime or no NPU driver here."""
 
 
-def board_available() -> tuple[bool, str]:
-    """(present, why): RKNNLite importable and an NPU driver visible."""
+def rknnlite_problem() -> str | None:
+    """Why RKNNLite cannot be used here (not installed, or installed but its import fails: a
+    dependency it pulls unpinned, a wheel for another Python), or None when it imports."""
     if importlib.util.find_spec("rknnlite") is None:
-        return False, "rknn-toolkit-lite2 is not installed (on the board: make board-env, or pip install -e '.[board]')"
+        return "rknn-toolkit-lite2 is not installed (on the board: make board-env, or pip install -e '.[board]')"
+    try:
+        from rknnlite.api import RKNNLite  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - whatever its import raised is the finding
+        import traceback
+
+        fix = ("pip install 'ruamel.yaml==0.19.1' (the import failed inside ruamel.yaml, which the lite2 wheel "
+               "pulls unpinned; 2.5.0 was checked with 0.19.1)"
+               if "ruamel" in traceback.format_exc() else "pip install --force-reinstall rknn-toolkit-lite2==2.5.0")
+        return f"rknnlite does not import ({type(exc).__name__}: {' '.join(str(exc).split())}): {fix}"
+    return None
+
+
+def board_available() -> tuple[bool, str]:
+    """(present, why): RKNNLite imports and an NPU driver is visible."""
+    problem = rknnlite_problem()
+    if problem:
+        return False, problem
     driver = sysfs.npu_driver_version()
-    if driver is None and not sysfs.exists(sysfs.NPU_DEVICE):
-        return False, "no RKNPU driver (no /sys/kernel/debug/rknpu/version, no /dev/rknpu)"
-    return True, driver or "/dev/rknpu present"
+    if driver is None and not sysfs.npu_device_nodes():
+        return False, ("no RKNPU driver (no /sys/kernel/debug/rknpu/version or /sys/module/rknpu/version, no NPU "
+                       "device node in /dev/dri or /dev/rknpu)")
+    return True, driver or f"{sysfs.npu_device_nodes()[0]} present"
+
+
+def mask_refused(rc: int, log_text: str) -> bool:
+    """Whether a failed init_runtime failed on the core mask (so AUTO may work) rather than on the init:
+    the runtime initialized and set_core_mask returned the code (not -1), or the log says the mask was
+    refused. A failed init (its log says "RKNN init failed") and a driver refusal never are."""
+    failures = dmesg.lite_failures(log_text)
+    if any(f.step == "init" for f in failures) or any(f.code in DRIVER_REFUSALS for f in failures):
+        return False
+    return rc not in (-1, *DRIVER_REFUSALS) or any(f.step == "set core mask" for f in failures) \
+        or dmesg.CORE_MASK_ONLY in log_text
+
+
+_after_init: list[Callable[[], None]] = []
+
+
+def after_init(callback: Callable[[], None]) -> None:
+    """Run `callback` once, right after the next context of this process initializes: a board run's
+    child starts its NPU sampler there, so the init's own load is not averaged into the decode's."""
+    _after_init.append(callback)
 
 
 def runtime_versions() -> str | None:
@@ -66,9 +112,13 @@ def capturing_fds(fn: Callable[[], Any]) -> tuple[Any, str]:
     with tempfile.TemporaryFile() as log:
         os.dup2(log.fileno(), 1)
         os.dup2(log.fileno(), 2)
+        # Python-level writers too: sys.stderr need not be fd 2 (an embedding or capturing host)
+        writer = open(log.fileno(), "w", encoding="utf-8", closefd=False)
         try:
-            result = fn()
+            with contextlib.redirect_stdout(writer), contextlib.redirect_stderr(writer):
+                result = fn()
         finally:
+            writer.close()
             sys.stdout.flush()
             sys.stderr.flush()
             os.dup2(saved[0], 1)
@@ -106,26 +156,34 @@ class BoardRunner(Runner):
             raise RknnError(dmesg.format_failure(f"load_rknn({self.engine.name})", rc))
         masks = {"0_1_2": RKNNLite.NPU_CORE_0_1_2, "0": RKNNLite.NPU_CORE_0, "auto": RKNNLite.NPU_CORE_AUTO}
         with dmesg.DmesgWatch() as watch:
-            rc, code = self._init(masks[cores])
+            rc, text = self._init(masks[cores])
             self.cores = cores
-            if rc != 0 and masks[cores] != RKNNLite.NPU_CORE_AUTO and code not in DRIVER_REFUSALS:
-                rc, code = self._init(RKNNLite.NPU_CORE_AUTO)
+            if rc != 0 and masks[cores] != RKNNLite.NPU_CORE_AUTO and mask_refused(rc, text):
+                rc, text = self._init(RKNNLite.NPU_CORE_AUTO)
                 self.cores = "auto"
         if rc != 0:
             self._lite.release()
-            note = "" if code is not None else "RKNNLite returns -1 for every init failure and its log named no code"
+            failures = dmesg.lite_failures(text)
+            code = rc if rc != -1 else (failures[-1].code if failures else None)
+            note = ("librknnrt.so not found: put the RKNPU2 runtime in /usr/lib or set LIBRKNNRT_PATH "
+                    "(rkstudy doctor --board checks it)" if dmesg.NO_LIBRKNNRT in text else
+                    "RKNNLite returned -1 and its log named no code" if not failures else
+                    f"the runtime named {failures[-1].name}" if code is None else "")
             raise InitRefused(f"init_runtime({self.engine.name})", code if code is not None else rc,
                               refusals=watch.refusals, note=note)
+        self.cores = dmesg.cores_granted(text, self.cores)
         sdk = dmesg.parse_lite_sdk_version(self._lite.get_sdk_version())
         dmesg.remember_versions(Versions(sdk.api, sdk.driver or sysfs.npu_driver()[0]))
+        while _after_init:
+            _after_init.pop(0)()
 
-    def _init(self, mask: int) -> tuple[int, int | None]:
-        """init_runtime's rc and the librknnrt code its log names (None when it names none)."""
-        rc, text = capturing_fds(lambda: self._lite.init_runtime(core_mask=mask))
-        return rc, (dmesg.lite_init_code(text) if rc != 0 else None)
+    def _init(self, mask: int) -> tuple[int, str]:
+        """init_runtime's code and the log it wrote."""
+        return capturing_fds(lambda: self._lite.init_runtime(core_mask=mask))
 
     def run(self, inputs) -> list[np.ndarray]:
-        arrays = self._ordered(inputs)
+        arrays = [x.astype(np.float32) if x.dtype.kind == "f" else x.astype(np.int64) if x.dtype.kind in "iu"
+                  else x for x in self._ordered(inputs, keep_dtype=True)]
         fmt = ["nchw" if x.ndim == 4 else None for x in arrays]
         outs = self._lite.inference(inputs=arrays, data_format=fmt if any(fmt) else None)
         if outs is None:

@@ -1,19 +1,114 @@
-"""A test double of rknn-toolkit-lite2 2.5.0's RKNNLite: same constants, methods and return codes.
+"""A test double of rknn-toolkit-lite2 2.5.0's RKNNLite: its constants, signatures, return codes and log text.
 
-`load_rknn` reads the engine and finds, through its stage contract (`<engine>.contract.json`), the ONNX it
-was compiled from (beside the engine, or in $RKNNLITE_REPLAY_ONNX_DIR), checking its sha256; `init_runtime`
-serves that ONNX with onnxruntime. `RKNNLITE_REPLAY_CORES=1` makes it a single-core NPU that refuses any
-core mask but AUTO, as an RK3566 does. `RKNNLITE_REPLAY_INIT_CODE=-4` makes the runtime refuse every
-init the way 2.5.0 reports it: init_runtime returns -1 and the librknnrt code is only in the log it
-writes to fd 2 ("RKNN init failed. error code: -4", the format string in 2.5.0's rknn_runtime
-extension). `IS_TEST_DOUBLE` tells rkstudy's BoardRunner to label its rows `replay`. Used only by tests.
+What is taken from the real 2.5.0 module (rknnlite/api/rknn_lite.py, and the strings of its rknn_runtime
+extension; tests/test_board_double.py compares them with the wheel when it is present):
+
+* load_rknn reads the file and returns 0 (-1 for a missing path); nothing is validated until init_runtime.
+* init_runtime builds the runtime in a try block: any exception is logged as "E Catch exception when init
+  runtime!" followed by the traceback, whose last line is the runtime's `Exception: RKNN init failed.
+  error code: RKNN_ERR_...` (the code's name, not its number), and -1 is returned. Otherwise it returns
+  set_core_mask's code: on a single-core NPU (rk3562, rk3566, rk3568) a mask other than AUTO logs "The
+  core_mask is only supported by ..." and librknnrt's rknn_set_core_mask returns -13; on the two-core
+  rk3576 a mask naming core 2 is replaced ("NPU_CORE_0_1_2" ... "NPU_CORE_0_1") with a warning.
+  Without librknnrt.so ($LIBRKNNRT_PATH, /usr/lib) the runtime's constructor raises "Can not find dynamic
+  library on RK3566!" after its warning box (seen running the 2.5.0 wheel under qemu-aarch64).
+* inference takes each input with the dtype it has (numpy dtype to tensor type, no cast: an int64 engine
+  input must be fed int64); an unsupported dtype or any other failure logs and returns None.
+
+Instead of an NPU: init_runtime serves the ONNX the engine was compiled from, found through the engine's
+stage contract (`<engine>.contract.json`, beside the engine or in $RKNNLITE_REPLAY_ONNX_DIR, checked by
+sha256), with onnxruntime; the SoC is the one the recorded board tree under $RKSTUDY_SYSROOT names.
+`RKNNLITE_REPLAY_INIT_CODE=-4` makes librknnrt refuse every init with that code. `IS_TEST_DOUBLE` tells
+rkstudy's BoardRunner to label its rows `replay`. Used only by tests.
 """
 
 import hashlib
 import json
 import os
+import sys
+import traceback
 
 import numpy as np
+
+# librknnrt's codes by name, as the rknn_runtime extension prints them (rknn_api.h numbers them).
+ERROR_NAMES = {-1: "RKNN_ERR_FAIL", -2: "RKNN_ERR_TIMEOUT", -3: "RKNN_ERR_DEVICE_UNAVAILABLE",
+               -4: "RKNN_ERR_MALLOC_FAIL", -5: "RKNN_ERR_PARAM_INVALID", -6: "RKNN_ERR_MODEL_INVALID",
+               -7: "RKNN_ERR_CTX_INVALID", -8: "RKNN_ERR_INPUT_INVALID", -9: "RKNN_ERR_OUTPUT_INVALID",
+               -10: "RKNN_ERR_DEVICE_UNMATCH", -11: "RKNN_ERR_INCOMPATILE_PRE_COMPILE_MODEL",
+               -12: "RKNN_ERR_INCOMPATILE_OPTIMIZATION_LEVEL_VERSION", -13: "RKNN_ERR_TARGET_PLATFORM_UNMATCH"}
+# added in 2.5.0's table; their numbers are not in the headers this double was written from
+NEW_ERROR_NAMES = ("RKNN_ERR_DECRYPT_FAILED", "RKNN_ERR_KEY_INVALID", "RKNN_ERR_SOC_BIND_FAILED")
+
+INIT_FAILED = "RKNN init failed. error code: {}"
+SET_CORE_MASK_FAILED = "RKNN set core mask failed. error code: {}"
+CORE_MASK_ONLY = "The core_mask is only supported by {}. Please do not set this parameter on other platforms."
+RK3576_TWO_CORES = ('The RK3576 platform has only two NPU cores. "NPU_CORE_0_1_2" is not supported and will be '
+                    'automatically replaced with "NPU_CORE_0_1".')
+UNSUPPORTED_DTYPE = "E Unsupport inputs[{}].dtype: {}"
+NO_LIBRARY = "Can not find dynamic library on {}!"
+MISSING_IN_CONTAINER = "!!! It is detected that {} is missing in the container."
+DOWNLOAD_LIBRARY = ("Please download the librknnrt.so from https://github.com/airockchip/rknn-toolkit2/tree/master/"
+                    "rknpu2/runtime/Linux/librknn_api/aarch64 and move it to directory /usr/lib/")
+# numpy dtypes the runtime maps to tensor types (the names in its extension's strings)
+INPUT_DTYPES = ("float32", "float16", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "bool")
+MULTI_CORE = ("rk3588", "rk3576")
+
+
+def _log(level, message):
+    """The real module logs through Python logging as "<level letter> <message>" on stderr."""
+    sys.stderr.write(f"{level} {message}\n")
+    sys.stderr.flush()
+
+
+def _board_soc():
+    """The SoC of the recorded board tree (the device tree's rockchip,rkXXXX), as the NPU would tell it."""
+    root = os.environ.get("RKSTUDY_SYSROOT", "/")
+    try:
+        with open(os.path.join(root, "proc/device-tree/compatible"), "rb") as fh:
+            entries = fh.read().decode(errors="replace").split("\0")
+    except OSError:
+        return None
+    chips = [e.split(",", 1)[1] for e in entries if e.startswith("rockchip,rk") and e.count(",") == 1]
+    plain = [c for c in chips if c[2:].isdigit() or c == "rk3588s"]
+    return plain[0].replace("rk3588s", "rk3588") if plain else None
+
+
+def _librknnrt_present():
+    """$LIBRKNNRT_PATH or /usr/lib/librknnrt.so (in the recorded tree), where the runtime looks."""
+    root = os.environ.get("RKSTUDY_SYSROOT", "/")
+    given = os.environ.get("LIBRKNNRT_PATH")
+    return os.path.isfile(os.path.join(root, (given or "/usr/lib/librknnrt.so").lstrip("/")))
+
+
+class _ReplayRuntime:
+    """What RKNNRuntime stands for: the engine's ONNX served by onnxruntime."""
+
+    def __init__(self, onnx_bytes, soc):
+        if not _librknnrt_present():
+            for line in ("*" * 50, MISSING_IN_CONTAINER.format("/usr/lib/librknnrt.so"), "!!! Please put it into "
+                         "/usr/lib/ directory.", "*" * 50):
+                _log("W", line)
+            raise Exception(NO_LIBRARY.format((soc or "unknown").upper()) + "\n" + DOWNLOAD_LIBRARY)
+        code = os.environ.get("RKNNLITE_REPLAY_INIT_CODE")
+        if code:
+            raise Exception(INIT_FAILED.format(ERROR_NAMES.get(int(code), code)))
+        if onnx_bytes is None:
+            raise Exception(INIT_FAILED.format(ERROR_NAMES[-6]))
+        import onnxruntime as ort
+
+        self.soc = soc
+        self.session = ort.InferenceSession(onnx_bytes, providers=["CPUExecutionProvider"])
+
+    def set_core_mask(self, core_mask):
+        if core_mask == RKNNLite.NPU_CORE_AUTO:
+            return 0
+        if self.soc not in MULTI_CORE:
+            _log("E", CORE_MASK_ONLY.format("RK3576 / RK3588"))
+            _log("E", SET_CORE_MASK_FAILED.format(ERROR_NAMES[-13]))
+            return -13
+        if self.soc == "rk3576" and core_mask == RKNNLite.NPU_CORE_0_1_2:
+            _log("W", RK3576_TWO_CORES)
+        return 0
 
 
 class RKNNLite:
@@ -31,75 +126,95 @@ class RKNNLite:
         self.verbose = verbose
         self.rknn_data = None
         self.rknn_runtime = None
-        self._onnx = None
+        self._path = None
 
     def load_rknn(self, path, key_path=None):
-        """success: 0, failure: -1 (as the real one: a missing file or no readable contract/ONNX)."""
+        """success: 0, failure: -1 (a missing or unreadable file; the engine is checked at init_runtime)."""
         if not os.path.exists(path):
+            _log("E", "Invalid RKNN model path: {}".format("None" if not path else path))
             return -1
         with open(path, "rb") as fh:
             self.rknn_data = fh.read()
-        contract_path = os.path.splitext(path)[0] + ".contract.json"
+        self._path = path
+        return 0
+
+    def _onnx(self):
+        """The ONNX the engine was compiled from, through its contract, or None (not an engine it can serve)."""
         try:
-            with open(contract_path, encoding="utf-8") as fh:
+            with open(os.path.splitext(self._path)[0] + ".contract.json", encoding="utf-8") as fh:
                 onnx_digest = json.load(fh)["onnx"]
         except (OSError, ValueError, KeyError, TypeError):
-            return -1
-        folders = [os.path.dirname(os.path.abspath(path))]
-        if os.environ.get("RKNNLITE_REPLAY_ONNX_DIR"):
-            folders.insert(0, os.environ["RKNNLITE_REPLAY_ONNX_DIR"])
-        for folder in folders:
+            return None
+        folders = [os.environ["RKNNLITE_REPLAY_ONNX_DIR"]] if os.environ.get("RKNNLITE_REPLAY_ONNX_DIR") else []
+        for folder in folders + [os.path.dirname(os.path.abspath(self._path))]:
             candidate = os.path.join(folder, onnx_digest["file"])
             if os.path.isfile(candidate):
                 with open(candidate, "rb") as fh:
                     data = fh.read()
                 if hashlib.sha256(data).hexdigest() == onnx_digest["sha256"]:
-                    self._onnx = data
-                    return 0
-        return -1
+                    return data
+        return None
 
     def init_runtime(self, target=None, device_id=None, async_mode=False, core_mask=NPU_CORE_AUTO):
-        """success: 0, failure: -1."""
-        if self.rknn_data is None or self._onnx is None:
+        """0, -1 for any exception (logged with its traceback), or set_core_mask's code."""
+        if self.rknn_data is None:
+            _log("E", "Model is not loaded yet, this interface should be called after load_rknn!")
             return -1
-        known = (self.NPU_CORE_AUTO, self.NPU_CORE_0, self.NPU_CORE_1, self.NPU_CORE_2, self.NPU_CORE_0_1,
-                 self.NPU_CORE_0_1_2, self.NPU_CORE_ALL)
-        if core_mask not in known:
+        if self.rknn_runtime is not None:
+            self.release()
+        try:
+            self.rknn_runtime = _ReplayRuntime(self._onnx(), _board_soc())
+        except Exception:
+            _log("E", "Catch exception when init runtime!")
+            _log("E", traceback.format_exc())
             return -1
-        if os.environ.get("RKNNLITE_REPLAY_CORES") == "1" and core_mask not in (self.NPU_CORE_AUTO, self.NPU_CORE_0):
+        try:
+            ret = self.rknn_runtime.set_core_mask(core_mask)
+        except Exception:
+            _log("E", "Catch exception when set npu core mode.")
             return -1
-        if os.environ.get("RKNNLITE_REPLAY_INIT_CODE"):
-            code = int(os.environ["RKNNLITE_REPLAY_INIT_CODE"])
-            os.write(2, f"E RKNN init failed. error code: {code}\n".encode())
-            os.write(2, b"E Catch exception when init runtime!\n")
-            return -1
-        import onnxruntime as ort
-
-        self.rknn_runtime = ort.InferenceSession(self._onnx, providers=["CPUExecutionProvider"])
-        return 0
+        return ret
 
     def inference(self, inputs, data_type=None, data_format=None, inputs_pass_through=None, get_frame_id=False,
                   reuse_outputs=False):
         """Output data (list of ndarray), or None on failure, as the real one."""
         if self.rknn_runtime is None:
+            _log("E", "Runtime environment is not inited, please call init_runtime to init it first!")
             return None
-        dtypes = {"tensor(float)": np.float32, "tensor(int64)": np.int64}
+        session = self.rknn_runtime.session
         try:
-            feed = {i.name: np.asarray(x).astype(dtypes.get(i.type, np.float32))
-                    for i, x in zip(self.rknn_runtime.get_inputs(), inputs)}
-            return [np.asarray(o, np.float32) for o in self.rknn_runtime.run(None, feed)]
-        except Exception:  # the real runtime logs and returns None
+            for i, x in enumerate(inputs):
+                if np.asarray(x).dtype.name not in INPUT_DTYPES:
+                    raise Exception(UNSUPPORTED_DTYPE.format(i, np.asarray(x).dtype))
+            feed = {i.name: np.asarray(x) for i, x in zip(session.get_inputs(), inputs)}
+        except Exception:
+            _log("E", "Catch exception when setting inputs.")
+            _log("E", traceback.format_exc())
+            return None
+        try:
+            return [np.asarray(o, np.float32) for o in session.run(None, feed)]
+        except Exception:
+            _log("E", "Catch exception when running RKNN model.")
+            _log("E", traceback.format_exc())
             return None
 
     def get_sdk_version(self):
         if self.rknn_runtime is None:
+            _log("E", "Runtime environment is not inited, please call init_runtime to init it first!")
             return None
         import onnxruntime as ort
 
         return f"API: replay double (onnxruntime {ort.__version__})\nDRV: none"
 
+    def list_devices(self):
+        """No adb or ntb devices: the double runs where the runtime would, on the board itself."""
+        _log("I", "*" * 25)
+        _log("I", "None devices connected.")
+        _log("I", "*" * 25)
+        return [], []
+
     def list_support_target_platform(self, rknn_model=None):
-        return {"support_target_platform": ["rk3588", "rk3566"]}
+        return {"support_target_platform": ["rk3562", "rk3566", "rk3568", "rk3576", "rk3588"]}
 
     def release(self):
         self.rknn_runtime = None

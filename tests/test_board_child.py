@@ -1,0 +1,108 @@
+"""The measured child of `rkstudy board run`: whatever fails in it reaches the user as one line that
+names the fix (the traceback only under --debug), and a child that hangs (a wedged NPU) is killed at
+its timeout instead of hanging the command."""
+
+import os
+import time
+
+import pytest
+
+from rkstudy.board import run
+from rkstudy.board.dmesg import RknnError
+from rkstudy.contract import Contract, Digest, Tensor
+from rkstudy.errors import InputError
+
+JOBS = '''
+import time
+
+
+def broken(**kw):
+    raise ValueError("an output of rank 2 where the walker wants 3")
+
+
+def missing(**kw):
+    import rknnlite_helper_that_is_not_installed  # noqa: F401
+
+
+def hangs(**kw):
+    time.sleep(60)
+
+
+def refuses(**kw):
+    from rkstudy.errors import InputError
+    raise InputError("--latents x.npz is not a latents file; make one with `rkstudy piper latents`")
+
+
+def works(**kw):
+    return {"seconds": 0.5, "audio_s": 1.0, "audio": [0.0, 0.5], "sample_rate": 22050, "cores": kw["cores"]}
+'''
+
+
+@pytest.fixture
+def spec(tmp_path, monkeypatch):
+    """An engine with a stage-2 contract, and a jobs module the child can import."""
+    (tmp_path / "board_jobs.py").write_text(JOBS)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.delenv("RKSTUDY_DEBUG", raising=False)
+    monkeypatch.setenv("RKSTUDY_SYSROOT", str(tmp_path / "no-board"))  # no load file, no clock: none sampled
+    slice_ = tmp_path / "slice.onnx"
+    slice_.write_bytes(b"the slice")
+    engine = tmp_path / "e.rknn"
+    engine.write_bytes(b"engine")
+    c = Contract(family="piper_decoder", stage="decoder", inputs=(Tensor("z", (1, 192, 93), role="walked", axis=2),),
+                 outputs=(Tensor("audio", (1, 1, 93 * 256), role="walked", axis=2, rate=256),),
+                 source=Digest("v.onnx", "a" * 64), producer="rkstudy piper decoder --skip-rknn")
+    c = c.compiled(target="rk3588", toolkit="rknn-toolkit2 2.5.0", onnx_path=slice_, engine_path=engine)
+    c.write_beside(engine)
+    (tmp_path / "work").mkdir()
+
+    def make(job):
+        return {"job": f"board_jobs:{job}", "engine": str(engine), "cores": "0_1_2", "payload": {}}
+    return make, tmp_path / "work"
+
+
+def test_a_child_that_works_hands_back_its_result(spec):
+    make, work = spec
+    result, arrays = run.run_child(make("works"), work)
+    assert result["cores"] == "0_1_2" and result["npu_load"]["npu_load_samples"] == 0
+    assert result["npu_clock"] == {"npu_governor": "", "npu_freq_hz": ""}  # no init ran, nothing sampled
+    assert arrays["audio"].tolist() == [0.0, 0.5]
+
+
+def test_an_unexpected_child_error_is_one_line(spec, capfd):
+    make, work = spec
+    with pytest.raises(RknnError) as err:
+        run.run_child(make("broken"), work)
+    assert str(err.value) == ("unexpected ValueError in the board child: an output of rank 2 where the walker wants "
+                              "3 (rerun with --debug for the traceback, and please report it)")
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_debug_shows_the_childs_traceback(spec, capfd, monkeypatch):
+    make, work = spec
+    monkeypatch.setenv("RKSTUDY_DEBUG", "1")
+    with pytest.raises(RknnError):
+        run.run_child(make("broken"), work)
+    err = capfd.readouterr().err
+    assert "Traceback" in err and "ValueError: an output of rank 2" in err
+
+
+def test_an_import_error_names_the_board_environment(spec):
+    make, work = spec
+    with pytest.raises(InputError, match=r"cannot import rknnlite_helper_that_is_not_installed .*make board-env"):
+        run.run_child(make("missing"), work)
+
+
+def test_an_input_error_keeps_its_message_and_exit_code(spec):
+    make, work = spec
+    with pytest.raises(InputError, match=r"^--latents x.npz is not a latents file; make one with") as err:
+        run.run_child(make("refuses"), work)
+    assert err.value.exit_code == 2
+
+
+def test_a_hung_child_is_killed_at_its_timeout(spec):
+    make, work = spec
+    t0 = time.monotonic()
+    with pytest.raises(RknnError, match=r"did not finish in 2 s and was killed .*RKSTUDY_BOARD_TIMEOUT"):
+        run.run_child(make("hangs"), work, timeout=2)
+    assert time.monotonic() - t0 < 20

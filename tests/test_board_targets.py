@@ -1,0 +1,44 @@
+"""Every RKNPU2 target rknn-toolkit2 2.5.0 builds for: an fp16 build for an RV110x part is refused before
+a child starts (the toolkit does not build one), and the register field recorded per target is what
+the compiler prints for the probe (a 64-channel k=7 Conv1d at 16384 frames)."""
+
+import re
+
+import numpy as np
+import pytest
+
+from rkstudy import build, contract
+from rkstudy.build import Calibration
+from rkstudy.errors import UsageError
+
+
+@pytest.mark.parametrize("target", contract.QUANTIZED_ONLY)
+def test_an_fp16_build_for_an_rv110x_part_is_refused_with_the_fix(target):
+    with pytest.raises(UsageError, match=rf"builds no fp16 engine for {target} \("
+                                         rf"\"Current target_platform\({target}\) not support do_quantization = "
+                                         r"False\"\): make a quantized build, quantize=Calibration"):
+        build._check_target(target)
+    build._check_target(target, Calibration([{"x": np.zeros((1, 4), np.float32)}]))
+
+
+def test_a_target_the_toolkit_does_not_build_for_is_refused():
+    with pytest.raises(UsageError, match="target 'rk3399' is not one this project builds for; use one of rk3588, "
+                                         "rk3566, rk3568, rk3576, rk3562, rv1103, rv1106"):
+        build._check_target("rk3399")
+
+
+@pytest.mark.simulator
+@pytest.mark.parametrize("target", ["rk3576", "rk3588"])
+def test_the_recorded_register_field_is_what_the_compiler_prints(target, tmp_path):
+    from rkstudy.families.toolchain.probes import long_axis_probe, save_probe
+
+    onnx_path = save_probe(long_axis_probe(16384, channels=64), "register_field_probe_64x16384")
+    out = tmp_path / f"probe-{target}.rknn"
+    report = build.build_engine(onnx_path, target, out=out, reuse=False).raise_for_status()
+    limits = set(re.findall(r"limit: 0x([0-9a-f]+)", out.with_suffix(".log").read_text()))
+    bits = contract.REGISTER_FIELD_BITS[target]
+    if bits is None:
+        assert report.regtask == 0 and limits == set()
+    else:
+        assert report.regtask == 14 and limits == {f"{(1 << bits) - 1:x}"}
+        assert report.regtask_max == 1 << bits  # 16384 frames: one past the field
