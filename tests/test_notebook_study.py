@@ -67,3 +67,27 @@ def test_paths_a_reader_sees_are_relative_to_the_repository():
     assert shown_path(REPO / "results" / "x" / "t.csv").as_posix() == "results/x/t.csv"
     assert "build/quick-results/synthetic" in repr(Study("synthetic", True))
     assert str(REPO) not in repr(Study("synthetic", True))
+
+
+CONCLUDING = ["00_toolchain.ipynb", "01_piper_decoder.ipynb", "01b_piper_decoder_stateful.ipynb",
+              "02_piper_encoder.ipynb", "03_kokoro_generator.ipynb", "04_qwen3_vocoder.ipynb",
+              "05_flow_estimator_memory.ipynb", "06_lint.ipynb"]
+
+
+@pytest.mark.parametrize("name", CONCLUDING)
+def test_each_notebook_ends_with_what_it_shows_before_its_last_cell(name):
+    """The conclusions sit between the headlines and the last cell (reference claims, then finish), under
+    a "What this shows" heading, and each conclude() call holds at most ten statements."""
+    import ast
+    import json
+
+    from rkstudy.paths import NOTEBOOKS
+
+    cells = json.loads((NOTEBOOKS / name).read_text())["cells"]
+    source = ["".join(c["source"]) for c in cells]
+    assert "finish()" in source[-1] and cells[-1]["cell_type"] == "code"
+    assert cells[-2]["cell_type"] == "code" and ".conclude(" in source[-2]
+    assert cells[-3]["cell_type"] == "markdown" and source[-3].startswith("## What this shows")
+    calls = [n for n in ast.walk(ast.parse(source[-2]))
+             if isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "conclude"]
+    assert calls and all(isinstance(c.args[0], ast.List) and 0 < len(c.args[0].elts) <= MAX_STATEMENTS for c in calls)
