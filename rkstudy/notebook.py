@@ -159,8 +159,9 @@ class Study:
 
     def conclusions(self, statements: Iterable[Statement]) -> str:
         """The Markdown list `conclude` shows: each statement filled from this run's tables, with the
-        rows it cites named after it. A cited table or row that is missing fails loudly (KeyError),
-        unless the statement is `full_only` and this is a quick run: then it says it was skipped."""
+        rows it cites named after it. A cited table, row or cell that is missing (or empty) fails loudly
+        (KeyError), unless the statement is `full_only` and this is a quick run: then it says it was
+        skipped. A value its format cannot take fails as loudly (ValueError)."""
         statements = list(statements)
         if len(statements) > MAX_STATEMENTS:
             raise ValueError(f"{self.study}: {len(statements)} statements; a conclusion holds at most "
@@ -175,7 +176,11 @@ class Study:
                     raise KeyError(f"{self.study}, statement {n} ({st.text!r}): {missing.args[0]}") from None
                 lines.append(f"- *Not measured in quick mode (full run only):* {_unfilled(st.text)} ({sources})")
                 continue
-            lines.append(f"- {st.text.format(*values)} ({sources})")
+            try:
+                text = st.text.format(*values)
+            except (ValueError, TypeError, IndexError) as bad:
+                raise ValueError(f"{self.study}, statement {n} ({st.text!r}) cannot take {values!r}: {bad}") from None
+            lines.append(f"- {text} ({sources})")
         return "\n".join(lines)
 
     def _cited(self, cite: Cite):
@@ -186,6 +191,8 @@ class Study:
             raise KeyError(f"{cite.label()} selects {len(rows)} rows of {cite.table!r}, not one")
         if cite.column not in rows[0]:
             raise KeyError(f"{cite.label()}: {cite.table!r} has no column {cite.column!r}")
+        if rows[0][cite.column] in ("", None):  # a row that records what was not measured, e.g. a skipped build
+            raise KeyError(f"{cite.label()}: the cell is empty (not measured in this run)")
         return rows[0][cite.column]
 
     def conclude(self, statements: Iterable[Statement]) -> None:

@@ -14,7 +14,8 @@ def _study(quick: bool) -> Study:
         {"window": 93, "kind": "interior", "min_snr_db": 73.2148},
         {"window": 93, "kind": "tail", "min_snr_db": 104.5},
         {"window": 55, "kind": "interior", "min_snr_db": -3.17}], "windows")
-    study.tables["builds"] = ([{"target": "rk3588", "regtask": 18}], "builds")
+    study.tables["builds"] = ([{"target": "rk3588", "regtask": 18, "snr_db": 43.1},
+                               {"target": "rk3566", "regtask": 355, "snr_db": ""}], "builds")
     return study
 
 
@@ -36,7 +37,8 @@ def test_statements_render_from_the_cited_rows_and_name_them():
     (("window_sweep", {"window": 77}, "min_snr_db"), "selects 0 rows"),
     (("window_sweep", {"window": 93}, "min_snr_db"), "selects 2 rows"),
     (("window_sweep", {"window": 55}, "max_snr_db"), "no column 'max_snr_db'"),
-    (("window_plan", {"window": 93}, "min_snr_db"), "table 'window_plan' was not recorded")])
+    (("window_plan", {"window": 93}, "min_snr_db"), "table 'window_plan' was not recorded"),
+    (("builds", {"target": "rk3566"}, "snr_db"), "the cell is empty")])
 def test_a_missing_or_ambiguous_row_fails_loudly_in_both_modes(cite, why):
     for quick in (False, True):
         with pytest.raises(KeyError, match=why):
@@ -54,6 +56,11 @@ def test_a_full_run_only_statement_says_it_was_skipped_in_quick_mode_only():
     # present in quick mode too: rendered from the row like any other
     present = says("{:.0f} dB", ("window_sweep", {"window": 55}, "min_snr_db"), full_only=True)
     assert _study(quick=True).conclusions([present]) == "- -3 dB (`window_sweep`: window=55, min_snr_db)"
+
+
+def test_a_value_the_format_cannot_take_fails_naming_the_statement():
+    with pytest.raises(ValueError, match=r"synthetic, statement 1 .* cannot take \['rk3588'\]"):
+        _study(False).conclusions([says("{:.1f} dB", ("builds", {"target": "rk3588"}, "target"))])
 
 
 def test_at_most_ten_statements():
