@@ -1,19 +1,68 @@
-"""What every study notebook does the same way, once (host): show a table, show the seeds' figures
-beside ours, stamp and write tables, save figures as PNG for readers on a code host, play short
-audio clips, and record the headline numbers the notebook tests and the results index read.
+"""What every study notebook does the same way, once (host): show a table, show the reference
+documents' figures beside ours, stamp and write tables, save figures as PNG for readers on a code
+host, play short audio clips, record the headline numbers the notebook tests and the results index
+read, and end with what the run shows, each statement rendered from the table row it cites.
 """
 
 from __future__ import annotations
 
+import string
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from . import cache, claims, gates, results
-from .paths import results_root
+from .paths import REPO, results_root
 
 CLIP_SECONDS = 5.0  # audio embedded in an executed notebook; the full render goes to the cache
+MAX_STATEMENTS = 10  # a conclusion a reader takes in at once; more belongs in the tables
+
+
+def shown_path(path: Path) -> Path:
+    """`path` relative to the repository when it is inside it: an executed notebook is read on other
+    machines, where this machine's absolute paths mean nothing."""
+    try:
+        return Path(path).resolve().relative_to(REPO)
+    except ValueError:
+        return Path(path)
+
+
+@dataclass(frozen=True)
+class Cite:
+    """One value a statement quotes: `column` of the one row of `table` that `where` selects (column
+    -> value, every pair must match; compared as text too, so 93 selects a row holding "93")."""
+    table: str
+    where: Mapping
+    column: str
+
+    def label(self) -> str:
+        sel = ", ".join(f"{k}={v}" for k, v in self.where.items())
+        return f"`{self.table}`: {sel + ', ' if sel else ''}{self.column}"
+
+    def matches(self, row: Mapping) -> bool:
+        return all(k in row and (row[k] == v or str(row[k]) == str(v)) for k, v in self.where.items())
+
+
+@dataclass(frozen=True)
+class Statement:
+    """One thing a run shows: `text` is a format string whose fields take the cited values in
+    order. `full_only` says the cited rows exist only in a full run: in quick mode a missing table
+    or row then renders as skipped instead of failing."""
+    text: str
+    cites: tuple[Cite, ...]
+    full_only: bool = False
+
+
+def says(text: str, *cites: tuple | Cite, full_only: bool = False) -> Statement:
+    """`says("worst window {:.1f} dB", ("window_sweep", {"window": 93}, "min_snr_db"))`."""
+    return Statement(text, tuple(c if isinstance(c, Cite) else Cite(*c) for c in cites), full_only)
+
+
+def _unfilled(text: str) -> str:
+    """`text` with every format field shown as an ellipsis: a statement whose values were not measured."""
+    return "".join(lit + ("…" if field is not None else "") for lit, field, _, _ in string.Formatter().parse(text))
 
 
 def _with_risk(row: Mapping) -> dict:
@@ -35,7 +84,8 @@ class Study:
         self.headline_values: dict[str, dict] = {}
 
     def __repr__(self) -> str:
-        return f"Study({self.study!r}, {'quick' if self.quick else 'full'} mode, tables -> {self.root / self.study})"
+        return (f"Study({self.study!r}, {'quick' if self.quick else 'full'} mode, "
+                f"tables -> {shown_path(self.root / self.study)})")
 
     # --- showing ---------------------------------------------------------------------------
     @staticmethod
@@ -48,13 +98,12 @@ class Study:
             return
         display(Markdown(results.to_markdown(rows, columns or [c for c in rows[0] if c not in results.STAMP[:3]])))
 
-    def seeds(self, *words: str, study: str | None = None) -> list[dict]:
-        """Show the seeds' figures for this study whose text contains any of `words` (all of them
-        with no words): theirs, not ours, from data/reference/seeds.csv."""
+    def seeds(self, *words: str, study: str | None = None) -> None:
+        """Show the reference documents' figures for this study whose text contains any of `words`
+        (all of them with no words): theirs, not ours, from data/reference/seeds.csv."""
         rows = [r for r in results.reference(study or self.study)
                 if not words or any(w.lower() in r["figure"].lower() for w in words)]
         self.show(rows, ["figure", "value", "unit", "where", "target", "section"])
-        return rows
 
     # --- tables, figures, audio, headlines -------------------------------------------------------
     def table(self, name: str, rows: Iterable[Mapping], title: str, by=None,
@@ -72,9 +121,9 @@ class Study:
         return [results.write_table(self.study, name, rows, root=self.root, title=title)
                 for name, (rows, title) in self.tables.items()]
 
-    def figure(self, fig, name: str) -> Path:
+    def figure(self, fig, name: str) -> None:
         """Save `fig` as results/<study>/figures/<name>.png (the notebook still shows it inline)."""
-        return results.save_figure(fig, self.study, name, root=self.root)
+        results.save_figure(fig, self.study, name, root=self.root)
 
     def listen(self, pcm: np.ndarray, sample_rate: int, name: str):
         """The full render to the cache as WAV; an audio player of its first CLIP_SECONDS."""
@@ -108,9 +157,54 @@ class Study:
         return self.table("reference_claims", rows, "The reference documents' measured claims beside ours",
                           by=results.HOST, show=["claim", "theirs", "ours", "verdict"])
 
+    def conclusions(self, statements: Iterable[Statement]) -> str:
+        """The Markdown list `conclude` shows: each statement filled from this run's tables, with the
+        rows it cites named after it. A cited table, row or cell that is missing (or empty) fails loudly
+        (KeyError), unless the statement is `full_only` and this is a quick run: then it says it was
+        skipped. A value its format cannot take fails as loudly (ValueError)."""
+        statements = list(statements)
+        if len(statements) > MAX_STATEMENTS:
+            raise ValueError(f"{self.study}: {len(statements)} statements; a conclusion holds at most "
+                             f"{MAX_STATEMENTS} (keep the rest in the tables)")
+        lines = []
+        for n, st in enumerate(statements, 1):
+            sources = "; ".join(c.label() for c in st.cites)
+            try:
+                values = [self._cited(c) for c in st.cites]
+            except KeyError as missing:
+                if not (st.full_only and self.quick):
+                    raise KeyError(f"{self.study}, statement {n} ({st.text!r}): {missing.args[0]}") from None
+                lines.append(f"- *Not measured in quick mode (full run only):* {_unfilled(st.text)} ({sources})")
+                continue
+            try:
+                text = st.text.format(*values)
+            except (ValueError, TypeError, IndexError) as bad:
+                raise ValueError(f"{self.study}, statement {n} ({st.text!r}) cannot take {values!r}: {bad}") from None
+            lines.append(f"- {text} ({sources})")
+        return "\n".join(lines)
+
+    def _cited(self, cite: Cite):
+        if cite.table not in self.tables:
+            raise KeyError(f"table {cite.table!r} was not recorded in this run (recorded: {', '.join(self.tables)})")
+        rows = [r for r in self.tables[cite.table][0] if cite.matches(r)]
+        if len(rows) != 1:
+            raise KeyError(f"{cite.label()} selects {len(rows)} rows of {cite.table!r}, not one")
+        if cite.column not in rows[0]:
+            raise KeyError(f"{cite.label()}: {cite.table!r} has no column {cite.column!r}")
+        if rows[0][cite.column] in ("", None):  # a row that records what was not measured, e.g. a skipped build
+            raise KeyError(f"{cite.label()}: the cell is empty (not measured in this run)")
+        return rows[0][cite.column]
+
+    def conclude(self, statements: Iterable[Statement]) -> None:
+        """Show "what this shows" (`conclusions`) as Markdown: the prose is rendered from the tables
+        of this run, so it cannot drift from them."""
+        from IPython.display import Markdown, display
+
+        display(Markdown(self.conclusions(statements)))
+
     def finish(self) -> None:
-        """Write every table and the headlines; print where they went."""
+        """Write every table and the headlines; print where they went (relative to the repository)."""
         for path in self.write_tables():
-            print(path)
+            print(shown_path(path))
         if self.headline_values:
-            print(results.record_headlines(self.study, self.headline_values, root=self.root))
+            print(shown_path(results.record_headlines(self.study, self.headline_values, root=self.root)))

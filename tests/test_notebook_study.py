@@ -1,0 +1,100 @@
+"""Study.conclude: a notebook's "What this shows" is rendered from the rows it cites, so the prose
+cannot drift from the tables; a missing row fails loudly, except a full-run-only statement in quick
+mode, which says it was skipped."""
+
+import pytest
+
+from rkstudy.notebook import MAX_STATEMENTS, Cite, Study, says, shown_path
+from rkstudy.paths import REPO
+
+
+def _study(quick: bool) -> Study:
+    study = Study("synthetic", quick)
+    study.tables["window_sweep"] = ([
+        {"window": 93, "kind": "interior", "min_snr_db": 73.2148},
+        {"window": 93, "kind": "tail", "min_snr_db": 104.5},
+        {"window": 55, "kind": "interior", "min_snr_db": -3.17}], "windows")
+    study.tables["builds"] = ([{"target": "rk3588", "regtask": 18, "snr_db": 43.1},
+                               {"target": "rk3566", "regtask": 355, "snr_db": ""}], "builds")
+    return study
+
+
+def test_statements_render_from_the_cited_rows_and_name_them():
+    text = _study(quick=False).conclusions([
+        says("The worst interior window of the 93-frame window scores {:.1f} dB against a full decode",
+             ("window_sweep", {"window": 93, "kind": "interior"}, "min_snr_db")),
+        says("{} lines at 93 frames on {}, {:.2f} dB at 55", ("builds", {"target": "rk3588"}, "regtask"),
+             Cite("builds", {"target": "rk3588"}, "target"),
+             ("window_sweep", {"window": "55", "kind": "interior"}, "min_snr_db"))])
+    assert text.split("\n") == [
+        "- The worst interior window of the 93-frame window scores 73.2 dB against a full decode "
+        "(`window_sweep`: window=93, kind=interior, min_snr_db)",
+        "- 18 lines at 93 frames on rk3588, -3.17 dB at 55 (`builds`: target=rk3588, regtask; "
+        "`builds`: target=rk3588, target; `window_sweep`: window=55, kind=interior, min_snr_db)"]
+
+
+@pytest.mark.parametrize("cite, why", [
+    (("window_sweep", {"window": 77}, "min_snr_db"), "selects 0 rows"),
+    (("window_sweep", {"window": 93}, "min_snr_db"), "selects 2 rows"),
+    (("window_sweep", {"window": 55}, "max_snr_db"), "no column 'max_snr_db'"),
+    (("window_plan", {"window": 93}, "min_snr_db"), "table 'window_plan' was not recorded"),
+    (("builds", {"target": "rk3566"}, "snr_db"), "the cell is empty")])
+def test_a_missing_or_ambiguous_row_fails_loudly_in_both_modes(cite, why):
+    for quick in (False, True):
+        with pytest.raises(KeyError, match=why):
+            _study(quick).conclusions([says("{} dB", cite)])
+
+
+def test_a_full_run_only_statement_says_it_was_skipped_in_quick_mode_only():
+    statement = says("The 28-frame context reaches {:.1f} dB", ("window_plan", {"context": 28}, "snr_db"),
+                     full_only=True)
+    assert _study(quick=True).conclusions([statement]) == (
+        "- *Not measured in quick mode (full run only):* The 28-frame context reaches … dB "
+        "(`window_plan`: context=28, snr_db)")
+    with pytest.raises(KeyError, match="window_plan"):
+        _study(quick=False).conclusions([statement])
+    # present in quick mode too: rendered from the row like any other
+    present = says("{:.0f} dB", ("window_sweep", {"window": 55}, "min_snr_db"), full_only=True)
+    assert _study(quick=True).conclusions([present]) == "- -3 dB (`window_sweep`: window=55, min_snr_db)"
+
+
+def test_a_value_the_format_cannot_take_fails_naming_the_statement():
+    with pytest.raises(ValueError, match=r"synthetic, statement 1 .* cannot take \['rk3588'\]"):
+        _study(False).conclusions([says("{:.1f} dB", ("builds", {"target": "rk3588"}, "target"))])
+
+
+def test_at_most_ten_statements():
+    cite = ("builds", {"target": "rk3588"}, "regtask")
+    assert len(_study(False).conclusions([says("{}", cite)] * MAX_STATEMENTS).split("\n")) == MAX_STATEMENTS == 10
+    with pytest.raises(ValueError, match="11 statements"):
+        _study(False).conclusions([says("{}", cite)] * (MAX_STATEMENTS + 1))
+
+
+def test_paths_a_reader_sees_are_relative_to_the_repository():
+    assert shown_path(REPO / "results" / "x" / "t.csv").as_posix() == "results/x/t.csv"
+    assert "build/quick-results/synthetic" in repr(Study("synthetic", True))
+    assert str(REPO) not in repr(Study("synthetic", True))
+
+
+CONCLUDING = ["00_toolchain.ipynb", "01_piper_decoder.ipynb", "01b_piper_decoder_stateful.ipynb",
+              "02_piper_encoder.ipynb", "03_kokoro_generator.ipynb", "04_qwen3_vocoder.ipynb",
+              "05_flow_estimator_memory.ipynb", "06_lint.ipynb"]
+
+
+@pytest.mark.parametrize("name", CONCLUDING)
+def test_each_notebook_ends_with_what_it_shows_before_its_last_cell(name):
+    """The conclusions sit between the headlines and the last cell (reference claims, then finish), under
+    a "What this shows" heading, and each conclude() call holds at most ten statements."""
+    import ast
+    import json
+
+    from rkstudy.paths import NOTEBOOKS
+
+    cells = json.loads((NOTEBOOKS / name).read_text())["cells"]
+    source = ["".join(c["source"]) for c in cells]
+    assert "finish()" in source[-1] and cells[-1]["cell_type"] == "code"
+    assert cells[-2]["cell_type"] == "code" and ".conclude(" in source[-2]
+    assert cells[-3]["cell_type"] == "markdown" and source[-3].startswith("## What this shows")
+    calls = [n for n in ast.walk(ast.parse(source[-2]))
+             if isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "conclude"]
+    assert calls and all(isinstance(c.args[0], ast.List) and 0 < len(c.args[0].elts) <= MAX_STATEMENTS for c in calls)
