@@ -20,16 +20,15 @@ ends (a graph that cannot stream is refused with the node that breaks it: delays
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import onnx
 
 from ... import atomic, cache, graph
 from ...contract import METADATA_KEY, Contract, Digest, Tensor, Window, from_metadata
-from ...errors import InputError, UsageError
+from ...errors import UsageError
 from ...graph.delays import NotStreamable
 from ...graph.stateful import make_step
 from ...graph.validity import mask_conv_inputs
@@ -240,45 +239,3 @@ def produce_step(port: Port, emit: int, frames: int, *, sample_rate: int = 22050
 def read_contract(model) -> Contract:
     name = Path(model).name if isinstance(model, (str, Path)) else "this ONNX"
     return from_metadata(graph.metadata(model), where=name, remake=PRODUCER)
-
-
-# --- the user's inputs ------------------------------------------------------------------------
-def load_inputs(path, port_or_contract) -> list[dict[str, np.ndarray]]:
-    """The utterances of an .npz of real inputs: key NAME for the first, NAME.1, NAME.2 ... for more,
-    each array as the graph takes it (batch axis included). Every walked and static input must be there."""
-    path = Path(path)
-    if not path.is_file():
-        raise UsageError(f"--inputs {path}: no such file; write one with numpy.savez(path, mel=..., ...)")
-    with np.load(path) as data:
-        arrays = {k: np.asarray(data[k], np.float32) for k in data.files}
-    names = _input_names(port_or_contract)
-    utterances: dict[int, dict[str, np.ndarray]] = {}
-    for key, value in arrays.items():
-        name, dot, k = key.rpartition(".")
-        name, k = (name, int(k)) if dot and k.isdigit() else (key, 0)
-        if name not in names:
-            raise UsageError(f"--inputs {path.name}: {key!r} names no input of the graph; its inputs: {', '.join(names)}")
-        utterances.setdefault(k, {})[name] = value
-    out = []
-    for k in sorted(utterances):
-        missing = [n for n in names if n not in utterances[k]]
-        if missing:
-            raise UsageError(f"--inputs {path.name}: utterance {k} has no {', '.join(missing)}")
-        out.append(utterances[k])
-    if not out:
-        raise UsageError(f"--inputs {path.name} is empty; it needs {', '.join(names)}")
-    return out
-
-
-def _input_names(p) -> list[str]:
-    if isinstance(p, Port):
-        return p.walked_names + list(p.static)
-    return [t.name for t in p.inputs if t.role in ("walked", "constant")]
-
-
-def walked_frames(utterance: Mapping[str, np.ndarray], contract: Contract) -> int:
-    """Latent frames of an utterance, the same for every walked input (InputError when they disagree)."""
-    frames = {t.name: utterance[t.name].shape[-1] // t.rate for t in contract.role("walked")}
-    if len(set(frames.values())) != 1:
-        raise InputError(f"the walked inputs span different frame counts: {frames}")
-    return next(iter(frames.values()))

@@ -8,12 +8,13 @@ Board side: numpy only.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 
 from ...contract import Contract
-from ...errors import EngineMismatch
+from ...errors import EngineMismatch, UsageError
 from ...sidecar import WindowSidecar
 from ...stream import StatefulWalker
 
@@ -45,3 +46,35 @@ class PortSidecar:
     @property
     def steps(self) -> int:
         return self.walker.steps if self.stateful else 0
+
+
+def input_names(contract: Contract) -> list[str]:
+    """The inputs a user's .npz brings: the walked ones and the constants (masks and state are the walker's)."""
+    return [t.name for t in contract.inputs if t.role in ("walked", "constant")]
+
+
+def load_inputs(path, names: Sequence[str]) -> list[dict[str, np.ndarray]]:
+    """The utterances of an .npz of real inputs: key NAME for the first, NAME.1, NAME.2 ... for more,
+    each array as the graph takes it (batch axis included). Every input in `names` must be there."""
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"--inputs {path}: no such file; write one with numpy.savez(path, mel=..., ...)")
+    with np.load(path) as data:
+        arrays = {k: np.asarray(data[k], np.float32) for k in data.files}
+    utterances: dict[int, dict[str, np.ndarray]] = {}
+    for key, value in arrays.items():
+        name, dot, k = key.rpartition(".")
+        name, k = (name, int(k)) if dot and k.isdigit() else (key, 0)
+        if name not in names:
+            raise UsageError(f"--inputs {path.name}: {key!r} names no input of the graph; "
+                             f"its inputs: {', '.join(names)}")
+        utterances.setdefault(k, {})[name] = value
+    out = []
+    for k in sorted(utterances):
+        missing = [n for n in names if n not in utterances[k]]
+        if missing:
+            raise UsageError(f"--inputs {path.name}: utterance {k} has no {', '.join(missing)}")
+        out.append(utterances[k])
+    if not out:
+        raise UsageError(f"--inputs {path.name} is empty; it needs {', '.join(names)}")
+    return out
