@@ -111,7 +111,7 @@ def exactness_f64(port: Port, step, utterance: Mapping[str, np.ndarray], edge_fr
             "first_frames_db": gates.snr_db(full64[..., :e], step64[..., :e]),
             "last_frames_db": gates.snr_db(full64[..., -e:], step64[..., -e:]), "edge_frames": edge_frames,
             "fp32_full_vs_f64_db": gates.snr_db(full64, full32), "gate_db": EXACT_GATE.threshold,
-            "where": "host float64"}
+            "precision": "float64", "where": "host"}
 
 
 def input_probe(utterances: Sequence[Mapping[str, np.ndarray]], limit: int = 8):
