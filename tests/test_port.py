@@ -177,3 +177,14 @@ def test_build_gate_and_board_run_of_a_step(models, tmp_path):
         np.testing.assert_array_equal(data["audio"], ref)
     (row,) = results.read_table(tmp_path / "results" / "board" / "port.csv")
     assert (row["where"], row["walk"], int(row["utterances"])) == ("replay", "stateful step", 2)
+
+
+def test_cli_plan_fp32_writes_the_plan_tables(models, tmp_path):
+    np.savez(tmp_path / "in.npz", mel=mel(96, 6))
+    proc = rkstudy("port", "plan", models["hifigan_v3"], "--walk", "mel:2:1", "--output", "audio:16", "--frames",
+                   str(FRAMES), "--inputs", tmp_path / "in.npz", "--snr", "60", "--skip-rknn", "--results", tmp_path)
+    rf = next(line for line in proc.stdout.splitlines() if "receptive field" in line)
+    left = int(rf.split("receptive field ")[1].split(" frames")[0])
+    assert 2 <= left <= 20 and "rk3588 at 60 dB: context" in proc.stdout
+    rows = results.read_table(tmp_path / "port" / "window_plan_plan.csv")
+    assert [(r["target"], float(r["snr_target_db"])) for r in rows] == [("rk3588", 60.0)]
