@@ -188,3 +188,19 @@ def test_cli_plan_fp32_writes_the_plan_tables(models, tmp_path):
     assert 2 <= left <= 20 and "rk3588 at 60 dB: context" in proc.stdout
     rows = results.read_table(tmp_path / "port" / "window_plan_plan.csv")
     assert [(r["target"], float(r["snr_target_db"])) for r in rows] == [("rk3588", 60.0)]
+
+
+def test_a_static_speaker_input_is_fed_unchanged_and_the_step_stays_exact(tmp_path):
+    v = architectures.hifigan(3, channels=32, frames=32, speaker_dims=4)
+    onnx.save(v.model, tmp_path / "spk.onnx")
+    port = producer.port_from_flags(tmp_path / "spk.onnx", ["mel:2:1"], ["g"], ["audio:16"])
+    step = producer.produce_step(port, EMIT, FRAMES)
+    assert [t.role for t in step.contract.inputs][:3] == ["walked", "mask", "constant"]
+    g = np.random.default_rng(7).standard_normal((1, 4, 1)).astype(np.float32)
+    x = {"mel": mel(LENGTH), "g": g}
+    row = exactness_f64(port, step, x)
+    assert min(row["step_vs_full_f64_db"], row["first_frames_db"], row["last_frames_db"]) >= EXACT_GATE.threshold
+    moved = exactness_f64(port, step, {"mel": x["mel"], "g": -g})   # another speaker decodes differently
+    assert moved["step_vs_full_f64_db"] >= EXACT_GATE.threshold
+    full, other = (OrtRunner(port.model).run({"mel": x["mel"], "g": s})[0] for s in (g, -g))
+    assert gates.snr_db(full, other) < 20.0
