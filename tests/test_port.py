@@ -204,3 +204,13 @@ def test_a_static_speaker_input_is_fed_unchanged_and_the_step_stays_exact(tmp_pa
     assert moved["step_vs_full_f64_db"] >= EXACT_GATE.threshold
     full, other = (OrtRunner(port.model).run({"mel": x["mel"], "g": s})[0] for s in (g, -g))
     assert gates.snr_db(full, other) < 20.0
+
+
+def test_cli_all_writes_the_window_and_says_why_there_is_no_step(models, tmp_path):
+    np.savez(tmp_path / "in.npz", mel=mel(30))
+    proc = rkstudy("port", "all", models["instance_norm"], "--walk", "mel:2:1", "--output", "audio:1", "--frames",
+                   "32", "--inputs", tmp_path / "in.npz", "--out-dir", tmp_path, "--skip-rknn")
+    assert "no stateful step: InstanceNormalization '/norm/InstanceNormalization'" in proc.stdout
+    window = producer.read_contract(tmp_path / "instance_norm_w32.onnx")
+    assert (window.window.frames, window.window.emit) == (32, 16) and not window.state
+    assert not list(tmp_path.glob("*step*"))

@@ -8,7 +8,7 @@ producer.py (host: the flags, the window graph and its contract, the stateful st
 (host: the window plan as a rkstudy.planner.PlanTarget, the float64 exactness check, the test
 architectures of rkstudy.port.architectures) · sidecar.py (board side: the window walk or the
 stateful step, whichever the contract says) · cli.py (`rkstudy port lint | fold | plan | step |
-build`) · board.py (`rkstudy board run port`).
+build | all`) · board.py (`rkstudy board run port`).
 """
 
 from .. import Family, register

@@ -1,4 +1,4 @@
-"""`rkstudy port lint | fold | plan | step | build`: a user's own conv vocoder ONNX through the
+"""`rkstudy port lint | fold | plan | step | build | all`: a user's own conv vocoder ONNX through the
 project's path, each step a subcommand (the flag convention: rkstudy.families.port.producer).
 
 Importing this module is board safe (argparse only); the handlers import the host code they need.
@@ -33,34 +33,66 @@ def _lint(args) -> int:
     return report.exit_code
 
 
-def _fold(args) -> int:
+def _write_window(port, args, save: Path | None) -> Path:
     from .producer import produce_window
 
-    port = _port(args)
     produced = produce_window(port, args.frames, _context(args), sample_rate=args.sample_rate,
                               producer=command_line())
     w, c = produced.contract.window, produced.contract
-    path = produced.save(args.save or Path(f"{port.path.stem}_w{w.frames}.onnx"))
+    path = produced.save(save or Path(f"{port.path.stem}_w{w.frames}.onnx"))
     mask = c.role("mask")
     print(f"{port.path.name}: window {w.frames} = {w.emit} + 2x{w.context}, {port.hop} samples per frame; "
           + (f"{len(produced.masked)} conv inputs masked by the frame mask {mask[0].name!r}" if mask
              else "no frame mask (the graph zeroes its own conv inputs, or it does not stream)"))
-    print(f"wrote {path} (its contract in the metadata); compile it with `rkstudy port build --onnx {path.name} "
-          f"--inputs <inputs.npz>`")
+    print(f"wrote {path} (its contract in the metadata)")
+    return path
+
+
+def _write_step(port, args, emit: int, save: Path | None) -> Path:
+    from .producer import produce_step
+
+    produced = produce_step(port, emit, args.frames, sample_rate=args.sample_rate, producer=command_line())
+    p = produced.contract.params
+    path = produced.save(save or Path(f"{port.path.stem}_step_e{p['emit']}.onnx"))
+    print(f"{port.path.name}: stateful step of {p['emit']} frames, lookahead {p['lookahead_samples']} samples "
+          f"({p['lookahead_frames']:.2f} frames), state {p['state_floats']} floats in {len(p['state_layout'])} "
+          f"tensors{', frame mask ' + repr(produced.masked[0]) if produced.masked else ''}")
+    print(f"wrote {path}")
+    return path
+
+
+def _fold(args) -> int:
+    path = _write_window(_port(args), args, args.save)
+    print(f"compile it with `rkstudy port build --onnx {path} --inputs <inputs.npz>`")
     return 0
 
 
 def _step(args) -> int:
-    from .producer import produce_step
+    path = _write_step(_port(args), args, args.frames, args.save)
+    print(f"compile it with `rkstudy port build --onnx {path} --inputs <inputs.npz>`")
+    return 0
+
+
+def _all(args) -> int:
+    """lint, fold, step (or the reason there is none), then build and gate each graph for --target."""
+    from ...graph.delays import NotStreamable
+    from ...lint import lint
 
     port = _port(args)
-    produced = produce_step(port, args.frames, args.frames, sample_rate=args.sample_rate, producer=command_line())
-    p = produced.contract.params
-    path = produced.save(args.save or Path(f"{port.path.stem}_step_e{p['emit']}.onnx"))
-    print(f"{port.path.name}: stateful step of {p['emit']} frames, lookahead {p['lookahead_samples']} samples "
-          f"({p['lookahead_frames']:.2f} frames), state {p['state_floats']} floats in {len(p['state_layout'])} "
-          f"tensors{', frame mask ' + repr(produced.masked[0]) if produced.masked else ''}")
-    print(f"wrote {path}; compile it with `rkstudy port build --onnx {path.name} --inputs <inputs.npz>`")
+    report = lint(port.path, {k: list(v) for k, v in port.shapes(args.frames).items()}, target=args.target)
+    print(report.text())
+    if report.exit_code:
+        return report.exit_code
+    out = args.out_dir or Path(".")
+    out.mkdir(parents=True, exist_ok=True)
+    emit = args.emit or args.frames
+    graphs = [_write_window(port, args, out / f"{port.path.stem}_w{args.frames}.onnx")]
+    try:
+        graphs.append(_write_step(port, args, emit, out / f"{port.path.stem}_step_e{emit}.onnx"))
+    except NotStreamable as exc:
+        print(f"no stateful step: {exc}")
+    for path in [] if args.skip_rknn else graphs:
+        _build_graph(path, args.inputs, args.target, None)
     return 0
 
 
@@ -102,7 +134,7 @@ def _plan(args) -> int:
     return 0
 
 
-def _build(args) -> int:
+def _build_graph(onnx_path: Path, inputs: Path, target: str, out: Path | None) -> int:
     from ...cliutil import print_converted
     from ...engine import convert
     from ..piper_decoder.study import ENGINE_ALIVE_GATE
@@ -110,15 +142,19 @@ def _build(args) -> int:
     from .sidecar import input_names, load_inputs
     from .study import input_probe
 
-    c = read_contract(args.onnx)
-    utterances = load_inputs(args.inputs, input_names(c))
+    c = read_contract(onnx_path)
+    utterances = load_inputs(inputs, input_names(c))
     what = (f"stateful step of {c.params['emit']} frames" if c.state
             else f"window {c.window.frames} = {c.window.emit} + 2x{c.window.context}")
-    print(f"{args.onnx.name}: {c.family}, {what}, {c.params['hop']} samples per frame, from {c.source.file}")
+    print(f"{onnx_path.name}: {c.family}, {what}, {c.params['hop']} samples per frame, from {c.source.file}")
     probe = input_probe(utterances)
-    done = convert(args.onnx, args.target, args.out, probe=lambda contract: probe(args.onnx, contract),
+    done = convert(onnx_path, target, out, probe=lambda contract: probe(onnx_path, contract),
                    gate=ENGINE_ALIVE_GATE, remake=c.producer)
     return print_converted(done, ENGINE_ALIVE_GATE, f"your inputs ({len(utterances)} utterance(s), full length)")
+
+
+def _build(args) -> int:
+    return _build_graph(args.onnx, args.inputs, args.target, args.out)
 
 
 def _model_args(p) -> None:
@@ -136,7 +172,7 @@ def _model_args(p) -> None:
 
 
 def add_cli(sub) -> None:
-    """Register `rkstudy port lint | fold | plan | step | build`."""
+    """Register `rkstudy port lint | fold | plan | step | build | all`."""
     li = sub.add_parser("lint", help="lint your ONNX pinned to the compiled length (exit 1 on an error finding)")
     _model_args(li)
     li.add_argument("--target", choices=TARGETS, default="rk3588")
@@ -165,6 +201,16 @@ def add_cli(sub) -> None:
     _model_args(st)
     st.add_argument("--save", type=Path, help="the step ONNX to write (default <model>_step_e<frames>.onnx)")
     st.set_defaults(func=_step)
+
+    al = sub.add_parser("all", help="lint, fold, step, then build and gate each for --target over your inputs")
+    _model_args(al)
+    al.add_argument("--inputs", type=Path, required=True, help=".npz of real inputs by input name")
+    al.add_argument("--context", type=int, help="context frames each side of the window (default frames / 4)")
+    al.add_argument("--emit", type=positive, help="frames per stateful step (default --frames)")
+    al.add_argument("--target", choices=TARGETS, default="rk3588")
+    al.add_argument("--out-dir", type=Path, help="where the graphs and engines go (default here)")
+    al.add_argument("--skip-rknn", action="store_true", help="the graphs only, no builds")
+    al.set_defaults(func=_all)
 
     bu = sub.add_parser("build", help="compile a produced window or step, gate the simulator against fp32 on "
                         "your full-length inputs, write the contract beside the engine")

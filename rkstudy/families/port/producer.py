@@ -34,7 +34,7 @@ from ...graph.stateful import make_step
 from ...graph.validity import mask_conv_inputs
 
 FAMILY = "port"
-PRODUCER = "rkstudy port fold <model.onnx> --walk NAME:AXIS:RATE --output NAME:RATE --frames N --output-onnx X"
+PRODUCER = "rkstudy port fold <model.onnx> --walk NAME:AXIS:RATE --output NAME:RATE --frames N --save X"
 
 
 @dataclass(frozen=True)
