@@ -137,6 +137,8 @@ def rkstudy(*argv, board=None, check=True):
     (["--walk", "spec:2:1", "--output", "audio:16"], "the graph has no input 'spec'; its inputs: mel"),
     (["--walk", "mel:2:1", "--output", "wave:16"], "the graph has no output 'wave'; its outputs: audio"),
     (["--walk", "mel:2:1", "--output", "audio:16", "--static", "g"], "--static g: the graph has no input 'g'"),
+    (["--walk", "mel:2:1", "--output", "audio:8"], "the graph makes 16 samples per input frame; give that rate"),
+    (["--walk", "mel:2:1"], "name the walked output: --output NAME:RATE"),
 ])
 def test_cli_refuses_bad_flags_in_one_line(models, args, says):
     proc = rkstudy("port", "step", models["hifigan_v3"], *args, "--frames", "16", check=False)
