@@ -20,6 +20,7 @@ ends (a graph that cannot stream is refused with the node that breaks it: delays
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,9 +70,8 @@ class Port:
         for vi in self.model.graph.input:
             if vi.name not in rates and vi.name not in self.static:
                 continue
-            dims = []
+            dims, rank = [], len(vi.type.tensor_type.shape.dim)
             for k, d in enumerate(vi.type.tensor_type.shape.dim):
-                rank = len(vi.type.tensor_type.shape.dim)
                 if vi.name in rates and k == rank - 1:
                     dims.append(rates[vi.name].rate * frames)
                 elif d.HasField("dim_value"):
@@ -231,8 +231,9 @@ def produce_step(port: Port, emit: int, frames: int, *, sample_rate: int = 22050
     if step.output_rate != port.hop:
         raise UsageError(f"--output {port.outputs[0][0]}:{port.hop}: the graph makes {step.output_rate} samples "
                          "per input frame; give that rate")
-    contract = step_contract(step, family=FAMILY, masks=(), source=Digest.of(port.path), producer=producer,
-                             params=_params(port, sample_rate))
+    contract = dataclasses.replace(step_contract(step, family=FAMILY, masks=(), source=Digest.of(port.path),
+                                                 producer=producer, params=_params(port, sample_rate)),
+                                   stage="vocoder")
     return Produced(graph.with_metadata(step.model, **{METADATA_KEY: contract.to_json()}), contract, step.masks)
 
 
