@@ -128,6 +128,18 @@ EXPECT = {
         # 151 frames (0.69 of the latent) as compiled (measured 2026-11-30, torch CPU)
         "receptive field, frozen statistics (planner, fp32)": (6, 11),
         "receptive field as compiled, share of the latent (planner, fp32)": (0.5, 1.0)}),
+    # quick mode: HiFi-GAN V3 and Vocos (small) and the instance-norm graph, one step built for rk3588
+    # (measured 2026-12-01: float64 303-310 dB, simulator 57.3 dB, receptive field 8 frames, no REGTASK)
+    "port": ("07_port_your_model.ipynb", {
+        "architectures ported (window and step)": (2, 2),
+        "architectures refused a step, naming the node": (1, 1),
+        "step vs full decode, float64, worst over every sample": (250, math.inf),
+        "step vs full decode, float64, first frames, worst": (250, math.inf),
+        "step vs full decode, float64, last frames, worst": (250, math.inf),
+        "fp32 full decode vs float64, worst": (100, 160),
+        "receptive field, hifigan_v3 (frames left, fp32)": (4, 12),
+        "simulator rk3588 vs fp32 over the inputs, step, worst": (30, math.inf),
+        "REGTASK lines, step, rk3588, most": (0, 0)}),
     # quick mode: the toolchain probe with both toolkit versions (`make test` makes the 2.3.2 environment)
     "toolkit_levers": ("08_toolkit_levers.ipynb", {
         "toolkit versions compared": (2, 2),

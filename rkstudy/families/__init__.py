@@ -18,13 +18,14 @@ from dataclasses import dataclass
 
 # The one registry line per family: the packages under rkstudy/families/ that register themselves.
 FAMILIES = ("toolchain", "piper_decoder", "piper_decoder_stateful", "piper_encoder", "inflect_decoder",
-            "kokoro_generator", "qwen3_vocoder", "flow_estimator")
+            "kokoro_generator", "qwen3_vocoder", "flow_estimator", "port")
 
 # Help for the first word of a family command (`rkstudy piper ...`).
 GROUPS = {"piper": "Piper (VITS) voice stages", "inflect": "Inflect v2 decode.onnx contract",
           "kokoro": "Kokoro-82M (iSTFTNet) stages",
           "qwen3": "Qwen3-TTS stages (the 12 Hz vocoder with seeded random weights: the checkpoint is not obtainable)",
-          "cosyvoice3": "CosyVoice3 stages (a DiT stand-in with random weights where the model is not obtainable)"}
+          "cosyvoice3": "CosyVoice3 stages (a DiT stand-in with random weights where the model is not obtainable)",
+          "port": "your own conv vocoder ONNX: lint, fold, window plan, stateful step, build"}
 
 
 @dataclass(frozen=True)

@@ -1,1 +1,2 @@
-"""The generic port path: a user's own vocoder ONNX through the project's plan / step / build / gate path."""
+"""Vocoder shapes the project was never tuned on (architectures.py), the proving ground of the generic
+port path; the path itself, `rkstudy port`, is the family rkstudy.families.port."""

@@ -1,0 +1,19 @@
+"""A user's own vocoder ONNX through the project's path: lint, pin and fold with a contract, the
+window plan, the stateful step, build and simulator gate per target, and the board run, with no
+family code. What the graph cannot tell by itself comes as flags (rkstudy.families.port.producer
+documents the convention): the walked inputs with their frame axis and rate, the static inputs,
+the walked outputs with their samples per frame, and the compiled length.
+
+producer.py (host: the flags, the window graph and its contract, the stateful step) · study.py
+(host: the window plan as a rkstudy.planner.PlanTarget, the float64 exactness check, the test
+architectures of rkstudy.port.architectures) · sidecar.py (board side: the window walk or the
+stateful step, whichever the contract says) · cli.py (`rkstudy port lint | fold | plan | step |
+build | all`) · board.py (`rkstudy board run port`).
+"""
+
+from .. import Family, register
+
+FAMILY = register(Family(
+    name="port", title="your own conv vocoder ONNX: lint, fold, window plan, stateful step, build, board run",
+    notebook="07_port_your_model.ipynb", command=("port", "build"),
+    cli="rkstudy.families.port.cli:add_cli", board="rkstudy.families.port.board:add_board"))

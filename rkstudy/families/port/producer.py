@@ -1,0 +1,242 @@
+"""Stage 1 of the port path (host): a user's ONNX and the flags that say what it cannot -> the
+window graph (pinned, folded, validity-masked, its contract in the metadata) and the stateful step.
+
+The flag convention, one rate per tensor, counted per latent frame:
+
+* `--walk NAME:AXIS:RATE`: a walked input, its frame axis (the last one: the walkers cut frames on
+  the last axis) and its elements along that axis per latent frame (1 for a mel spectrogram);
+* `--output NAME:RATE`: a walked output and its samples per latent frame (the hop: 256 for a
+  22.05 kHz HiFi-GAN, 1 for a spectrum-frame output);
+* `--static NAME`: an input fed unchanged on every window or step (a speaker embedding);
+* `--frames N`: the compiled length in latent frames (the window, or the pinned length the step is
+  cut from).
+
+Every graph input is named once, walked or static; the graph's dims other than the frame axis
+must be fixed (a dynamic batch dim is pinned to 1). The window graph gets the validity mask of
+rkstudy.graph.validity where the graph streams, so a window padded past the end of a short input
+reads the full decode's zero padding; the step is rkstudy.graph.stateful.make_step, exact at both
+ends (a graph that cannot stream is refused with the node that breaks it: delays.NotStreamable).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+
+from ... import atomic, cache, graph
+from ...contract import METADATA_KEY, Contract, Digest, Tensor, Window, from_metadata
+from ...errors import UsageError
+from ...graph.delays import NotStreamable
+from ...graph.stateful import make_step
+from ...graph.validity import mask_conv_inputs
+
+FAMILY = "port"
+PRODUCER = "rkstudy port fold <model.onnx> --walk NAME:AXIS:RATE --output NAME:RATE --frames N --save X"
+
+
+@dataclass(frozen=True)
+class Walked:
+    name: str
+    axis: int
+    rate: int
+
+
+@dataclass(frozen=True)
+class Port:
+    """A user's model and what the flags say about it."""
+
+    path: Path
+    model: onnx.ModelProto
+    walked: tuple[Walked, ...]
+    static: tuple[str, ...]
+    outputs: tuple[tuple[str, int], ...]     # (name, samples per latent frame)
+
+    @property
+    def hop(self) -> int:
+        return self.outputs[0][1]
+
+    @property
+    def walked_names(self) -> list[str]:
+        return [w.name for w in self.walked]
+
+    def shapes(self, frames: int) -> dict[str, tuple[int, ...]]:
+        """Every input's shape with `frames` latent frames on the walked inputs' frame axis."""
+        out = {}
+        rates = {w.name: w for w in self.walked}
+        for vi in self.model.graph.input:
+            if vi.name not in rates and vi.name not in self.static:
+                continue
+            dims, rank = [], len(vi.type.tensor_type.shape.dim)
+            for k, d in enumerate(vi.type.tensor_type.shape.dim):
+                if vi.name in rates and k == rank - 1:
+                    dims.append(rates[vi.name].rate * frames)
+                elif d.HasField("dim_value"):
+                    dims.append(d.dim_value)
+                elif k == 0:
+                    dims.append(1)   # a dynamic batch: one utterance at a time
+                else:
+                    raise UsageError(f"input {vi.name} has a dynamic dim {k} ({d.dim_param or '?'}) that is not its "
+                                     f"frame axis; pin it first with `rkstudy fold {self.path.name} --shape ...`")
+            out[vi.name] = tuple(dims)
+        return out
+
+
+def _parse(text: str, flag: str, parts: int, example: str) -> list[str]:
+    fields = text.split(":")
+    if len(fields) != parts or not all(fields):
+        raise UsageError(f"{flag} {text!r}: expected {example}")
+    return fields
+
+
+def _int(text: str, flag: str, whole: str, example: str, minimum: int | None = None) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise UsageError(f"{flag} {whole!r}: {text!r} is not an integer; expected {example}") from None
+    if minimum is not None and value < minimum:
+        raise UsageError(f"{flag} {whole!r}: {value} must be at least {minimum}; expected {example}")
+    return value
+
+
+def port_from_flags(path, walk: Sequence[str], static: Sequence[str] = (), output: Sequence[str] = ()) -> Port:
+    """The Port the flags describe, every name checked against the graph (UsageError, one line)."""
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"{path}: no such ONNX file")
+    model = graph.load(path)
+    init = {i.name for i in model.graph.initializer}
+    inputs = {vi.name: len(vi.type.tensor_type.shape.dim) for vi in model.graph.input if vi.name not in init}
+    outputs = [o.name for o in model.graph.output]
+    if not walk:
+        raise UsageError("name the walked input: --walk NAME:AXIS:RATE (such as --walk mel:2:1)")
+    if not output:
+        raise UsageError("name the walked output: --output NAME:RATE (such as --output audio:256)")
+    walked = []
+    for text in walk:
+        name, axis, rate = _parse(text, "--walk", 3, "NAME:AXIS:RATE, such as mel:2:1")
+        axis = _int(axis, "--walk", text, "NAME:AXIS:RATE, such as mel:2:1")
+        rate = _int(rate, "--walk", text, "NAME:AXIS:RATE, such as mel:2:1", minimum=1)
+        if name not in inputs:
+            raise UsageError(f"--walk {text}: the graph has no input {name!r}; its inputs: {', '.join(inputs)}")
+        if axis % max(inputs[name], 1) != inputs[name] - 1:
+            raise UsageError(f"--walk {text}: the frame axis must be the last one ({inputs[name] - 1} for {name}): "
+                             "the walkers cut frames on the last axis; transpose the input in the export")
+        walked.append(Walked(name, inputs[name] - 1, rate))
+    for name in static:
+        if name not in inputs:
+            raise UsageError(f"--static {name}: the graph has no input {name!r}; its inputs: {', '.join(inputs)}")
+    outs = []
+    for text in output:
+        name, rate = _parse(text, "--output", 2, "NAME:RATE, such as audio:256")
+        rate = _int(rate, "--output", text, "NAME:RATE, such as audio:256", minimum=1)
+        if name not in outputs:
+            raise UsageError(f"--output {text}: the graph has no output {name!r}; its outputs: {', '.join(outputs)}")
+        outs.append((name, rate))
+    named = [w.name for w in walked] + list(static)
+    twice = sorted({n for n in named if named.count(n) > 1})
+    if twice:
+        raise UsageError(f"{', '.join(twice)} named twice; give each input once, --walk or --static")
+    unnamed = [n for n in inputs if n not in named]
+    if unnamed:
+        raise UsageError(f"the graph's input(s) {', '.join(unnamed)} are not named; give each --walk or --static")
+    return Port(path, model, tuple(walked), tuple(static), tuple(outs))
+
+
+def folded(port: Port, frames: int) -> onnx.ModelProto:
+    """The graph pinned to `frames` latent frames, constant-folded, unlisted outputs dropped."""
+    keep = [o for o, _ in port.outputs]
+    model = port.model
+    if keep != [o.name for o in model.graph.output]:
+        model = graph.slice_at(model, port.walked_names + list(port.static), keep)
+    return graph.fold(graph.pin_shapes(model, port.shapes(frames)), port.shapes(frames))
+
+
+@dataclass
+class Produced:
+    """A produced graph (window or step), its contract (also in its metadata), and what masks it got."""
+
+    model: onnx.ModelProto
+    contract: Contract
+    masked: tuple[str, ...] = ()
+
+    def save(self, path=None) -> Path:
+        data = self.model.SerializeToString()
+        if path is None:
+            c = self.contract
+            tag = f"w{c.window.frames}_e{c.window.emit}" if c.window else f"step_e{c.params['emit']}"
+            return cache.cached_bytes("slices", f"port_{Path(c.source.file).stem}_{tag}", data, ".onnx")
+        return atomic.write_bytes(path, data)
+
+
+def _shape(model: onnx.ModelProto, name: str) -> tuple[int, ...]:
+    for vi in list(model.graph.input) + list(model.graph.output):
+        if vi.name == name:
+            return tuple(d.dim_value for d in vi.type.tensor_type.shape.dim)
+    raise KeyError(name)
+
+
+def _params(port: Port, sample_rate: int) -> dict:
+    return {"hop": port.hop, "sample_rate": sample_rate, "walked": {w.name: w.rate for w in port.walked},
+            "static": list(port.static), "outputs": dict(port.outputs)}
+
+
+def produce_window(port: Port, frames: int, context: int, *, sample_rate: int = 22050,
+                   producer: str = PRODUCER) -> Produced:
+    """The window graph of `frames` = emit + 2 x context latent frames and its contract. Where the
+    graph streams (every walked input at one element per frame), every conv input the graph does
+    not zero outside the real frames is multiplied by a frame mask the walker makes; a graph that
+    cannot stream is windowed as it is (its tail windows then read conv biases past the end)."""
+    if not 0 <= 2 * context < frames:
+        raise UsageError(f"--context {context} leaves no frame to emit in a {frames}-frame window; "
+                         f"take a context below {(frames + 1) // 2}")
+    model, mask, masked = folded(port, frames), None, ()
+    if all(w.rate == 1 for w in port.walked):
+        try:
+            valid = mask_conv_inputs(model, port.walked_names)
+            model, mask, masked = valid.model, valid.mask, valid.masked
+        except NotStreamable:
+            pass
+    inputs = [Tensor(w.name, _shape(model, w.name), role="walked", axis=w.axis, rate=w.rate) for w in port.walked]
+    if mask:
+        inputs.append(Tensor(mask, _shape(model, mask), role="mask", axis=2))
+    inputs += [Tensor(s, _shape(model, s), role="constant") for s in port.static]
+    outputs = [Tensor(o, _shape(model, o), role="walked", axis=len(_shape(model, o)) - 1, rate=r)
+               for o, r in port.outputs]
+    for t in outputs:
+        if t.shape[-1] != t.rate * frames:
+            raise UsageError(f"--output {t.name}:{t.rate}: at {frames} frames the graph makes {t.shape[-1]} samples, "
+                             f"not {t.rate * frames}; its rate is {t.shape[-1] / frames:g} samples per frame")
+    contract = Contract(family=FAMILY, stage="vocoder", inputs=tuple(inputs), outputs=tuple(outputs),
+                        source=Digest.of(port.path), producer=producer,
+                        params={**_params(port, sample_rate), "masked_convs": len(masked)},
+                        window=Window(frames=frames, emit=frames - 2 * context, context=context,
+                                      hop=frames - 2 * context))
+    return Produced(graph.with_metadata(model, **{METADATA_KEY: contract.to_json()}), contract, masked)
+
+
+def produce_step(port: Port, emit: int, frames: int, *, sample_rate: int = 22050,
+                 producer: str = PRODUCER) -> Produced:
+    """The stateful step of `emit` frames, cut from the graph pinned at `frames` (any length: the
+    surgery re-pins it), with its contract. NotStreamable (exit 2) names the node where it cannot."""
+    from ..piper_decoder_stateful.producer import step_contract
+
+    bad = [f"{w.name} ({w.rate} per frame)" for w in port.walked if w.rate != 1]
+    if bad:
+        raise NotStreamable(f"a stateful step walks inputs at one element per frame; {', '.join(bad)} is not")
+    step = make_step(folded(port, frames), port.walked_names, emit)
+    if step.output_rate != port.hop:
+        raise UsageError(f"--output {port.outputs[0][0]}:{port.hop}: the graph makes {step.output_rate} samples "
+                         "per input frame; give that rate")
+    contract = dataclasses.replace(step_contract(step, family=FAMILY, masks=(), source=Digest.of(port.path),
+                                                 producer=producer, params=_params(port, sample_rate)),
+                                   stage="vocoder")
+    return Produced(graph.with_metadata(step.model, **{METADATA_KEY: contract.to_json()}), contract, step.masks)
+
+
+def read_contract(model) -> Contract:
+    name = Path(model).name if isinstance(model, (str, Path)) else "this ONNX"
+    return from_metadata(graph.metadata(model), where=name, remake=PRODUCER)

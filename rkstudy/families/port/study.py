@@ -1,0 +1,140 @@
+"""Host measurements of the port path: the user's model as a rkstudy.planner.PlanTarget (the window
+plan on the user's own inputs), the stateful step's exactness at both ends in float64, and the
+simulator probe made of the user's inputs.
+
+The planner measures on the graph as exported (dynamic frame axis, onnxruntime fp32): the full
+decode at any length and the window walk at the window's length. Its outputs are compared frame
+by frame, so a multi-channel walked output (a spectrum [1, bins, T]) is laid out frame-major: frame
+k is `channels x rate` consecutive values, and the planner's hop is that product.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from ... import gates
+from ...errors import UsageError
+from ...planner import PlanTarget
+from ...window import Rate, walk
+from .producer import Port, produce_window
+
+# The float64 gate: the step's walk against the full-length decode, both in float64, every sample.
+EXACT_GATE = gates.Gate("port_step_vs_full_decode_float64", 250.0)
+
+
+def _frame_major(out: np.ndarray) -> np.ndarray:
+    """[1, C, T] -> frame-major flat (T x C values, time slowest)."""
+    return np.ascontiguousarray(np.asarray(out)[0].reshape(-1, out.shape[-1]).T).reshape(-1)
+
+
+def _dynamic(port: Port) -> None:
+    for w in port.walked:
+        vi = next(i for i in port.model.graph.input if i.name == w.name)
+        if vi.type.tensor_type.shape.dim[-1].HasField("dim_value"):
+            raise UsageError(f"{w.name}'s frame axis is pinned in {port.path.name}; the plan decodes at every length, "
+                             "so export the model with a dynamic frame axis")
+
+
+def n_frames(port: Port, utterance: Mapping[str, np.ndarray]) -> int:
+    w = port.walked[0]
+    return utterance[w.name].shape[-1] // w.rate
+
+
+def plan_target(port: Port, utterances: Sequence[Mapping[str, np.ndarray]], frames: int, context: int, *,
+                sample_rate: int = 22050) -> PlanTarget:
+    """The planner's view of the user's model: decode and walk through onnxruntime on the dynamic
+    graph, the engine at each window from produce_window (cached), the user's utterances as latents."""
+    from ...runtime import OrtRunner
+
+    _dynamic(port)
+    runner = OrtRunner(port.model)
+    out_index = [o.name for o in port.model.graph.output].index(port.outputs[0][0])
+    channels = int(np.prod(runner.run(dict(utterances[0]))[out_index].shape[1:-1]))
+
+    def decode(u):
+        return _frame_major(runner.run(dict(u))[out_index])
+
+    def walked(u, emit, ctx):
+        static = {s: u[s] for s in port.static}
+
+        def one_window(feed):
+            got = runner.run({**{k: v[None] for k, v in feed.items()}, **static})
+            return [got[out_index][0]]
+
+        (out,) = walk(n_frames(port, u), one_window, emit=emit, context=ctx,
+                      walked={w.name: (u[w.name][0], Rate(w.rate)) for w in port.walked},
+                      outputs=[Rate(port.hop)], progress=False)
+        return _frame_major(out[None])
+
+    def perturb(u, k, rng):
+        moved = {name: np.array(v) for name, v in u.items()}
+        for w in port.walked:
+            x = moved[w.name]
+            x[..., k * w.rate:(k + 1) * w.rate] = rng.standard_normal(x[..., :w.rate].shape) * float(np.std(x))
+        return moved
+
+    def noise_like(us, seed):
+        rng = np.random.default_rng(seed)
+        return [{name: (rng.standard_normal(v.shape) * float(np.std(v))).astype(np.float32)
+                 if name in port.walked_names else v for name, v in u.items()} for u in us]
+
+    def engine(window):
+        return produce_window(port, window, min(context, (window - 1) // 2), sample_rate=sample_rate).save()
+
+    return PlanTarget(family="port", hop=port.hop * channels, decode=decode, engine=engine, latents=list(utterances),
+                      default_emit=frames - 2 * context, default_context=context, walk=walked, perturb=perturb,
+                      noise_like=noise_like, n_frames=lambda u: n_frames(port, u))
+
+
+def exactness_f64(port: Port, step, utterance: Mapping[str, np.ndarray], edge_frames: int = 8) -> dict:
+    """The step walked over `utterance` against the full-length decode, both in float64 (the method's
+    own error, without fp32 rounding): SNR over every sample, over the first and the last
+    `edge_frames` frames; with the fp32 full decode against the float64 one beside it."""
+    from ...runtime import OrtRunner
+    from ...stream import StatefulWalker
+    from ..piper_decoder_stateful.f64 import F64Runner, run_f64
+    from .producer import folded
+
+    n = n_frames(port, utterance)
+    full_graph = folded(port, n)
+    out_index = [o.name for o in full_graph.graph.output].index(port.outputs[0][0])
+    full64 = run_f64(full_graph, utterance)[out_index][0]
+    full32 = OrtRunner(full_graph).run(dict(utterance))[out_index][0]
+    c = step.contract
+    walker = StatefulWalker(F64Runner(step.model), c, {s: utterance[s] for s in port.static}, dtype=np.float64)
+    got = walker.decode({w.name: np.asarray(utterance[w.name], np.float64)[0] for w in port.walked})
+    step64 = got[[t.name for t in c.role("walked", outputs=True)].index(port.outputs[0][0])]
+    e = edge_frames * port.hop
+    return {"frames": n, "emit": c.params["emit"], "step_vs_full_f64_db": gates.snr_db(full64, step64),
+            "first_frames_db": gates.snr_db(full64[..., :e], step64[..., :e]),
+            "last_frames_db": gates.snr_db(full64[..., -e:], step64[..., -e:]), "edge_frames": edge_frames,
+            "fp32_full_vs_f64_db": gates.snr_db(full64, full32), "gate_db": EXACT_GATE.threshold,
+            "precision": "float64", "where": "host"}
+
+
+def input_probe(utterances: Sequence[Mapping[str, np.ndarray]], limit: int = 8):
+    """Stage 2's probe: the engine's own feeds while the fp32 graph walks the user's full-length inputs
+    (every window, or every step with the state it carried), at most `limit` of them spread over the
+    walk, so the simulator gate covers the real inputs, the tail and the cache path."""
+    from ...runtime import OrtRunner
+    from .sidecar import PortSidecar
+
+    def probe(onnx_path, contract):
+        runner, feeds = OrtRunner(onnx_path), []
+
+        class Recorder:
+            input_names, shapes = runner.input_names, runner.shapes
+
+            def run(self, feed):
+                feeds.append({k: np.array(v, np.float32) for k, v in feed.items()})
+                return runner.run(feed)
+
+        side = PortSidecar(Recorder(), contract)
+        for u in utterances:
+            side.decode(u)
+        keep = sorted({round(i) for i in np.linspace(0, len(feeds) - 1, min(limit, len(feeds)))})
+        return [feeds[i] for i in keep]
+
+    return probe
