@@ -17,4 +17,5 @@ FAMILY = register(Family(
     name="flow_estimator",
     title="CosyVoice3 flow estimator (DiT stand-in, random weights): the NPU memory ceiling and a lazy engine ladder",
     notebook="05_flow_estimator_memory.ipynb", command=("cosyvoice3", "estimator"),
-    cli="rkstudy.families.flow_estimator.cli:add_cli"))
+    cli="rkstudy.families.flow_estimator.cli:add_cli",
+    lint_graphs="rkstudy.families.flow_estimator.lint_graphs:lint_graphs"))

@@ -10,4 +10,5 @@ from .. import Family, register
 FAMILY = register(Family(
     name="inflect_decoder", title="Inflect v2 decode.onnx contract, carved from the Piper voice (256-frame window)",
     notebook="01_piper_decoder.ipynb", command=("inflect", "decoder"),
-    cli="rkstudy.families.inflect_decoder.cli:add_cli", planner="rkstudy.families.inflect_decoder.study:plan_target"))
+    cli="rkstudy.families.inflect_decoder.cli:add_cli", planner="rkstudy.families.inflect_decoder.study:plan_target",
+    lint_graphs="rkstudy.families.inflect_decoder.lint_graphs:lint_graphs"))

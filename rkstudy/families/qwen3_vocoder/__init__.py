@@ -30,4 +30,5 @@ FAMILY = register(Family(
     notebook="04_qwen3_vocoder.ipynb", command=("qwen3", "vocoder"),
     cli="rkstudy.families.qwen3_vocoder.cli:add_cli",
     board="rkstudy.families.qwen3_vocoder.board:add_board",
-    requires=("qwen_tts", "transformers")))
+    requires=("qwen_tts", "transformers"),
+    lint_graphs="rkstudy.families.qwen3_vocoder.lint_graphs:lint_graphs"))

@@ -8,4 +8,5 @@ from .. import Family, register
 
 FAMILY = register(Family(
     name="toolchain", title="The compiler, the simulator and the 13-bit register field, on probe graphs",
-    notebook="00_toolchain.ipynb"))
+    notebook="00_toolchain.ipynb",
+    lint_graphs="rkstudy.families.toolchain.lint_graphs:lint_graphs"))
