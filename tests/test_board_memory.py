@@ -7,8 +7,9 @@ import pytest
 from rkstudy.board import memory
 from rkstudy.board.dmesg import InitRefused
 from rkstudy.board.memory import Budget, EngineCost, LazyLadder, check_set
+from rkstudy.families.flow_estimator.reference_memory import reference_memory_model
 
-SEEDS = memory.seeds_model()
+SEEDS = reference_memory_model()
 COSTS, BUDGET = SEEDS.costs, SEEDS.budget
 
 

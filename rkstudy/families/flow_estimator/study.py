@@ -19,13 +19,14 @@ from tqdm.auto import tqdm
 
 from ... import gates
 from ...board.dmesg import InitRefused
-from ...board.memory import MIB, SINGLE_MAPPING_CEILING, LazyLadder, SeedsModel, check_set, smallest_rung
+from ...board.memory import MIB, SINGLE_MAPPING_CEILING, LazyLadder, check_set, smallest_rung
 from ...build import build_engine
 from ...contract import Contract
 from ...engine import simulator_vs_fp32
 from ...results import HOST
 from ...toolkit.log import layer_table, memory_plan, op_targets
 from . import producer
+from .reference_memory import ReferenceMemoryModel
 
 SIM_GATE = gates.Gate("simulator_vs_fp32", 30.0)  # a floor: the stand-in measured 46-59 dB here
 QUICK = {"depth": 2, "sizes": {"sdpa": (64,)}, "simulate": (64,), "depth_probe": ()}
@@ -44,8 +45,8 @@ def config(quick: bool) -> dict:
 
 
 # --- the memory model against the seeds' table ----------------------------------------------------
-def admit_refuse_rows(seeds: SeedsModel, long_with: Sequence[Sequence[str]] = ((), ("S110",), ("S110", "S200"))
-                      ) -> list[dict]:
+def admit_refuse_rows(seeds: ReferenceMemoryModel,
+                      long_with: Sequence[Sequence[str]] = ((), ("S110",), ("S110", "S200"))) -> list[dict]:
     """Every set the seeds initialized in one process, then every S>=900 engine alone and beside
     smaller ones: the seeds' total and verdict (theirs) beside the model's (ours, on their costs)."""
     rows = []
@@ -68,7 +69,7 @@ def admit_refuse_rows(seeds: SeedsModel, long_with: Sequence[Sequence[str]] = ((
     return rows
 
 
-def seeds_fit_rows(seeds: SeedsModel, dma_map_bytes: int) -> list[dict]:
+def seeds_fit_rows(seeds: ReferenceMemoryModel, dma_map_bytes: int) -> list[dict]:
     """Our fit of the seeds' context costs at S <= their longest loadable engine, w + c S^2 (and with
     a linear term), and what the fits say: S=900 predicted, where the context meets their budget.
     Then the uint32-wrap reading of their S=900 figure: if its internal arena were the `dma_map_bytes`
@@ -102,7 +103,7 @@ class SeedsDriver:
     """A model of the seeds' board: rknn_init refuses one mapping past the ceiling, or a context
     that would take the resident sum past their budget. The ladder's walk runs against it."""
 
-    def __init__(self, seeds: SeedsModel):
+    def __init__(self, seeds: ReferenceMemoryModel):
         self.seeds = seeds
         self.resident: dict[str, float] = {}
 
@@ -121,7 +122,7 @@ class SeedsDriver:
         self.resident.pop(name)
 
 
-def walk_ladder(seeds: SeedsModel, rungs: Sequence[str], requests: Sequence[int]) -> list[dict]:
+def walk_ladder(seeds: ReferenceMemoryModel, rungs: Sequence[str], requests: Sequence[int]) -> list[dict]:
     """Route each request (frames) to the smallest rung that holds it; the ladder loads lazily and
     evicts least recently used. Requests past the widest rung, and rungs refused alone, take the CPU
     path. One row per request: what happened and what is resident after it."""
@@ -238,7 +239,7 @@ def ceiling_estimate(growth: Sequence[dict], attn: str, depth: int) -> dict | No
                  and r["quantity"] == "planned internal arena" and r["fit"] == "a + b*S + c*S^2"), None)
 
 
-def seeds_cost_points(seeds: SeedsModel) -> list[tuple[int, float | None, int | None]]:
+def seeds_cost_points(seeds: ReferenceMemoryModel) -> list[tuple[int, float | None, int | None]]:
     """(S, context MiB, refused mapping bytes) per seeds engine, for plotting theirs beside ours."""
     return [(int(n[1:]), c.context_mib, c.mapping_bytes) for n, c in seeds.costs.items()]
 
