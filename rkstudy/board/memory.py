@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import sys
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -134,10 +134,14 @@ def check_set(costs: Sequence[EngineCost], budget: Budget) -> Verdict:
                    f"MiB per-process budget ({_fmt_mib(budget.mib - total)} MiB spare)", names, total)
 
 
-def smallest_rung(lengths: Mapping[str, int], n: int) -> str | None:
-    """The engine with the smallest compiled length that holds `n` frames, or None past the widest
-    (RKNN shapes are fixed, so a longer input has no engine and goes to the CPU path)."""
-    fits = [(length, name) for name, length in lengths.items() if length >= n]
+def smallest_rung(lengths: Mapping[Any, int] | Iterable[int], n: int) -> Any:
+    """The engine with the smallest compiled length that holds `n` frames (or tokens), or None past
+    the widest (RKNN shapes are fixed, so a longer input has no engine and goes to the CPU path).
+
+    `lengths` maps each engine's name to its compiled length; a plain sequence of lengths names each
+    engine by its length (the Piper encoder's width ladder)."""
+    rungs = lengths.items() if isinstance(lengths, Mapping) else ((length, length) for length in lengths)
+    fits = [(length, name) for name, length in rungs if length >= n]
     return min(fits)[1] if fits else None
 
 

@@ -14,6 +14,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ... import gates, graph
+from ...board.memory import smallest_rung
 from ...build import build_engine
 from ...cache import cache_dir, sha256_file
 from ...engine import simulator_vs_fp32
@@ -23,7 +24,7 @@ from ...runtime import OrtRunner, SimulatorRunner
 from ..piper import voice as piper
 from .producer import Product, both, counts_for, produce
 from .seam import encoder_slice, find_encoder_seam
-from .sidecar import FALLBACK, Ladder, LadderEngine, route
+from .sidecar import FALLBACK, Ladder, LadderEngine
 from .tokens import chunk_ids, pad_ids, real_tokens
 
 SIM_GATE = gates.Gate("simulator_vs_fp32", 30.0)  # seeds' board: 40-48 dB; simulator 55-61 dB
@@ -438,7 +439,7 @@ def ladder_plans(voice: piper.Voice, text: str, ladders: dict[str, Sequence[int]
         chunks = chunk_ids(voice, text, size)
         longest = max(len(ids) for _, ids in chunks)
         for name, widths in ladders.items():
-            lands = [route(widths, len(ids)) for _, ids in chunks]
+            lands = [smallest_rung(widths, len(ids)) for _, ids in chunks]
             out.append({"ladder": name, "widths": ",".join(map(str, widths)), "chunk_chars": size,
                         "chunks": len(chunks), "longest_chunk_tokens": longest,
                         "on_engines": sum(w is not None for w in lands),
