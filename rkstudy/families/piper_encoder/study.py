@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
-from ... import gates, graph
+from ... import fits, gates, graph
 from ...board.memory import smallest_rung
 from ...build import build_engine
 from ...cache import cache_dir, sha256_file
@@ -258,19 +258,14 @@ def target_rows(rows: Sequence[dict], mode: str = BANDED, widths: Sequence[int] 
 def growth_exponent(rows: Sequence[dict], key: str) -> float:
     """Least-squares slope of log(key) against log(frames): bytes ~ N^k."""
     pts = [(r["frames"], r[key]) for r in rows if r.get(key)]
-    if len(pts) < 2:
-        return float("nan")
-    x, y = np.log([p[0] for p in pts]), np.log([p[1] for p in pts])
-    return float(np.polyfit(x, y, 1)[0])
+    return fits.power_law_exponent([p[0] for p in pts], [p[1] for p in pts])
 
 
 def growth_exponent_excess(rows: Sequence[dict], key: str, base: float) -> float:
     """Slope of log(key - base) against log(frames): the growth of what the width adds on top
     of the voice's own (width-independent) weights."""
     pts = [(r["frames"], r[key] - base) for r in rows if r.get(key) and r[key] > base]
-    if len(pts) < 2:
-        return float("nan")
-    return float(np.polyfit(np.log([p[0] for p in pts]), np.log([p[1] for p in pts]), 1)[0])
+    return fits.power_law_exponent([p[0] for p in pts], [p[1] for p in pts])
 
 
 def growth_rows(size_rows: Sequence[dict], base_bytes: int) -> list[dict]:
