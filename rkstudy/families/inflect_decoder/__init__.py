@@ -2,7 +2,8 @@
 from the Piper voice, through the shared decoder producer and sidecar.
 
 carve.py (host: the decode.onnx, prior samples) · study.py (context sweep, notebook 01) ·
-cli.py (`rkstudy inflect decoder`). Its engines run on a board through the Piper decoder sidecar.
+lint_graphs.py (lint study graphs) · cli.py (`rkstudy inflect decoder`). Its engines run on a board
+through the Piper decoder sidecar.
 """
 
 from .. import Family, register

@@ -1,7 +1,8 @@
 """Piper (VITS) decoder on the NPU: the pre-flow latent and its mask in, audio out, walked by window.
 
 seam and front end: rkstudy.families.piper.voice · producer.py (host) · sidecar.py (board side) ·
-study.py (host measurements, notebook 01) · cli.py (`rkstudy piper decoder`, `rkstudy piper latents`) ·
+study.py (host measurements, notebook 01) · lint_graphs.py (lint study graphs) ·
+cli.py (`rkstudy piper decoder`, `rkstudy piper latents`) ·
 board.py (`rkstudy board run piper_decoder`).
 """
 

@@ -2,8 +2,8 @@
 duration conditioning, with the relative-shift chains rewritten, and a ladder of widths.
 
 seam.py and tokens.py (seam and front end) · producer.py (host) · sidecar.py (the ladder, board
-side) · study.py (host measurements, notebook 02) · cli.py (`rkstudy piper encoder`) · board.py
-(`rkstudy board run piper_encoder`).
+side) · study.py (host measurements, notebook 02) · lint_graphs.py (lint study graphs) ·
+cli.py (`rkstudy piper encoder`) · board.py (`rkstudy board run piper_encoder`).
 """
 
 from .. import Family, register
