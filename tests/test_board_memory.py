@@ -7,8 +7,9 @@ import pytest
 from rkstudy.board import memory
 from rkstudy.board.dmesg import InitRefused
 from rkstudy.board.memory import Budget, EngineCost, LazyLadder, check_set
+from rkstudy.families.flow_estimator.reference_memory import reference_memory_model
 
-SEEDS = memory.seeds_model()
+SEEDS = reference_memory_model()
 COSTS, BUDGET = SEEDS.costs, SEEDS.budget
 
 
@@ -95,6 +96,8 @@ def test_smallest_rung():
     assert memory.smallest_rung(lengths, 110) == "S110"
     assert memory.smallest_rung(lengths, 111) == "S200"
     assert memory.smallest_rung(lengths, 251) is None
+    # a plain sequence of lengths names each rung by its length (the encoder's width ladder), any order
+    assert [memory.smallest_rung((128, 64, 192), n) for n in (1, 64, 65, 192, 193)] == [64, 64, 128, 192, None]
 
 
 class Handle:

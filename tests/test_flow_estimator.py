@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 from rkstudy import results
-from rkstudy.board.memory import seeds_model
 from rkstudy.families.flow_estimator import study
+from rkstudy.families.flow_estimator.reference_memory import reference_memory_model
 
 torch = pytest.importorskip("torch")
 FIXTURES = Path(__file__).parent / "fixtures"
-SEEDS = seeds_model()
+SEEDS = reference_memory_model()
 
 
 def test_standin_contract_and_export(tmp_path):

@@ -445,3 +445,59 @@ def test_fp16_findings_match_the_toolkits_per_layer_report():
     assert hot["sin_single_cos"] > 0.999  # the Sin left on the CPU computes right: its cost is time, not accuracy
     cool = honesty.numerics(next(c for c in honesty.cases() if c.code == "RK501" and not c.has_hazard))
     assert cool["lint_over_fp16"] == "-" and cool["accuracy_analysis_q_inf"] == "-"
+
+
+def test_lint_study_loops_over_the_family_registry(monkeypatch):
+    """Every registered family with a `lint_graphs` hook contributes its graphs, in registry order, and
+    a family without one contributes none: adding a family needs no edit in rkstudy.lint."""
+    from rkstudy import families
+    from rkstudy.lint import study
+
+    hooked = {name for name, f in families.load_all().items() if f.lint_graphs}
+    assert hooked == set(families.FAMILIES)
+    for name, f in families.load_all().items():
+        module, _, attr = f.lint_graphs.partition(":")
+        assert module == f"rkstudy.families.{name}.lint_graphs" and callable(f.resolve("lint_graphs"))
+
+    calls = []
+    fake = {"b": families.Family("b", "b", lint_graphs="fake:b"), "a": families.Family("a", "a"),
+            "c": families.Family("c", "c", lint_graphs="fake:c")}
+    monkeypatch.setattr(families, "load_all", lambda: fake)
+    monkeypatch.setattr(families.Family, "resolve", lambda self, which: lambda quick: calls.append(
+        (self.name, quick)) or [study.FamilyGraph(self.name, "raw", f"{self.name} graph", onnx.ModelProto())])
+    got = study.family_graphs(quick=True)
+    assert calls == [("b", True), ("c", True)] and [g.family for g in got] == ["b", "c"]
+
+
+def test_lint_study_toolchain_graphs_quick_and_full():
+    from rkstudy.families.toolchain.lint_graphs import lint_graphs
+
+    quick = [(g.family, g.stage, g.label, len(g.model.graph.node)) for g in lint_graphs(quick=True)]
+    assert quick == [("toolchain", "raw", "vocoder_probe", 6),
+                     ("toolchain", "rewritten", "vocoder_probe, sine.reduce_sin", 16),
+                     ("toolchain", "raw", "long_axis_probe L=8191", 1),
+                     ("toolchain", "raw", "long_axis_probe L=32768", 1)]
+    full = [g.label for g in lint_graphs(quick=False)]
+    assert full[2:] == [f"long_axis_probe L={n}" for n in (4096, 8191, 8192, 12288, 16384, 24576, 32768, 65536)]
+
+
+def test_lint_study_heavy_families_skip_quick_runs():
+    from rkstudy.families.kokoro_generator.lint_graphs import lint_graphs as kokoro
+    from rkstudy.families.qwen3_vocoder.lint_graphs import lint_graphs as qwen3
+
+    assert kokoro(quick=True) == [] and qwen3(quick=True) == []
+
+
+@pytest.mark.parametrize("frames,window", [(5, 8), (12, 8), (8, 8)])
+def test_lint_study_first_window_sample(frames, window):
+    """A latent's first window, zero-padded past its end, and a mask of 1 over its real frames only."""
+    from rkstudy.families.piper_decoder.lint_graphs import first_window_sample
+
+    z = np.arange(2 * frames, dtype=np.float32).reshape(2, frames) + 1
+    got = first_window_sample(z, window)
+    real = min(frames, window)
+    assert got["z"].shape == (1, 2, window) and got["y_mask"].shape == (1, 1, window)
+    assert got["z"].dtype == got["y_mask"].dtype == np.float32
+    np.testing.assert_array_equal(got["z"][0, :, :real], z[:, :real])
+    assert not got["z"][0, :, real:].any()
+    assert got["y_mask"].ravel().tolist() == [1.0] * real + [0.0] * (window - real)

@@ -6,6 +6,7 @@ import onnx
 import pytest
 
 from rkstudy import cli, contract, gates, results
+from rkstudy.board.memory import smallest_rung
 from rkstudy.errors import EngineMismatch
 from rkstudy.families.piper import voice as piper
 from rkstudy.families.piper_encoder import producer, seam, sidecar, study, tokens
@@ -115,7 +116,7 @@ def test_ladder_refuses_an_engine_for_another_voice(voice, product):
 
 
 def test_route_and_chunks(voice):
-    assert [sidecar.route([128, 64, 192], n) for n in (1, 64, 65, 192, 193)] == [64, 64, 128, 192, None]
+    assert [smallest_rung([128, 64, 192], n) for n in (1, 64, 65, 192, 193)] == [64, 64, 128, 192, None]
     assert tokens.chunk_text("One two three. Four five six seven.", 9) == ["One two", "three.", "Four five",
                                                                          "six", "seven."]
     chunks = tokens.chunk_ids(voice, piper.read_text("paragraph"), 60)

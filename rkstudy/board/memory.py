@@ -3,7 +3,9 @@
 Two constraints, not one. Both come from someone else's board measurements (the seeds,
 000_6e5d138aacebdbda.txt, "The IOVA ceiling, i.e. how big an engine can be": a flow-matching DiT
 estimator, fp16, on an Orange Pi 5 Plus, RK3588, 6.1.115-vendor-rk35xx); their figures are rows of
-data/reference/seeds.csv (study flow_estimator), read by seeds_model().
+data/reference/seeds.csv (study flow_estimator), read by the flow estimator family
+(rkstudy.families.flow_estimator.reference_memory). This module is the generic part: the budget, a
+set's verdict, the smallest-rung router and the lazy ladder.
 
 1. The single-mapping ceiling. An engine is mapped into the NPU's I/O address space, a 32-bit
    arena on RK3588, so one mapping past ~4 GB is refused at rknn_init whatever else is resident
@@ -22,10 +24,9 @@ Board side: standard library only.
 
 from __future__ import annotations
 
-import re
 import sys
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -133,58 +134,14 @@ def check_set(costs: Sequence[EngineCost], budget: Budget) -> Verdict:
                    f"MiB per-process budget ({_fmt_mib(budget.mib - total)} MiB spare)", names, total)
 
 
-_CONTEXT = re.compile(r"context per engine \(RKNN_QUERY_MEM_SIZE\) S=(\d+)")
-_MAPPING = re.compile(r"refused single mapping \(dmesg\) S=(\d+)")
-_SET = re.compile(r"set (admitted|refused \(-4\)) S=([\d+x]+)")
-_UNITS = {"GB": 10**9, "MB": 10**6, "B": 1}
+def smallest_rung(lengths: Mapping[Any, int] | Iterable[int], n: int) -> Any:
+    """The engine with the smallest compiled length that holds `n` frames (or tokens), or None past
+    the widest (RKNN shapes are fixed, so a longer input has no engine and goes to the CPU path).
 
-
-@dataclass(frozen=True)
-class SeedsModel:
-    """The seeds' memory figures as the model reads them: per-engine costs (S110, S200, ...), the
-    sets they initialized in one process ((engines, MiB they state, admitted?)), and their budget."""
-
-    costs: dict[str, EngineCost]
-    sets: list[tuple[tuple[str, ...], float, bool]]
-    budget: Budget
-
-
-def _engines(text: str) -> tuple[str, ...]:
-    """"110+200+250" -> (S110, S200, S250); "110x4" -> (S110,) * 4 (the seeds write both)."""
-    out = []
-    for part in text.split("+"):
-        s, _, times = part.partition("x")
-        out += [f"S{int(s)}"] * (int(times) if times else 1)
-    return tuple(out)
-
-
-def seeds_model() -> SeedsModel:
-    """The seeds' figures from data/reference/seeds.csv, each cost naming its seed file and section."""
-    from ..results import reference
-
-    context: dict[int, tuple[float, str]] = {}
-    mapping: dict[int, tuple[int, str]] = {}
-    sets = []
-    for r in reference(SEEDS_STUDY):
-        where = f"seeds {r['seed_file']}, {r['section']}"
-        if m := _CONTEXT.fullmatch(r["figure"]):
-            context[int(m.group(1))] = (float(r["value"]), where)
-        elif m := _MAPPING.fullmatch(r["figure"]):
-            mapping[int(m.group(1))] = (round(float(r["value"]) * _UNITS[r["unit"]]), where)
-        elif m := _SET.fullmatch(r["figure"]):
-            sets.append((_engines(m.group(2)), float(r["value"]), m.group(1) == "admitted"))
-    costs = {}
-    for s in sorted(set(context) | set(mapping)):
-        ctx, src = context.get(s, (None, ""))
-        mb, msrc = mapping.get(s, (None, ""))
-        costs[f"S{s}"] = EngineCost(f"S{s}", ctx, mb, src or msrc)
-    return SeedsModel(costs, sets, Budget.seeds())
-
-
-def smallest_rung(lengths: Mapping[str, int], n: int) -> str | None:
-    """The engine with the smallest compiled length that holds `n` frames, or None past the widest
-    (RKNN shapes are fixed, so a longer input has no engine and goes to the CPU path)."""
-    fits = [(length, name) for name, length in lengths.items() if length >= n]
+    `lengths` maps each engine's name to its compiled length; a plain sequence of lengths names each
+    engine by its length (the Piper encoder's width ladder)."""
+    rungs = lengths.items() if isinstance(lengths, Mapping) else ((length, length) for length in lengths)
+    fits = [(length, name) for name, length in rungs if length >= n]
     return min(fits)[1] if fits else None
 
 

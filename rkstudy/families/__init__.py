@@ -32,8 +32,8 @@ GROUPS = {"piper": "Piper (VITS) voice stages", "inflect": "Inflect v2 decode.on
 class Family:
     """What the command line, doctor, the board side and the results index need to know.
 
-    `cli` and `board` are "module:function" strings resolved only when used, so registering a
-    family imports nothing but this module.
+    `cli`, `board`, `planner` and `lint_graphs` are "module:function" strings resolved only when used,
+    so registering a family imports nothing but this module.
     """
 
     name: str                              # the registry key, the contract's family, the study
@@ -44,6 +44,7 @@ class Family:
     board: str | None = None               # "module:function(subparsers)" adding `board run <name>`
     requires: tuple[str, ...] = ()         # modules its host side needs beyond the converter (doctor checks)
     planner: str | None = None             # "module:function() -> rkstudy.planner.PlanTarget" (walked decoders)
+    lint_graphs: str | None = None         # "module:function(quick) -> [rkstudy.lint.study.FamilyGraph]" (notebook 06)
 
     @property
     def study(self) -> str:

@@ -17,15 +17,16 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from ... import gates
+from ... import fits, gates
 from ...board.dmesg import InitRefused
-from ...board.memory import MIB, SINGLE_MAPPING_CEILING, LazyLadder, SeedsModel, check_set, smallest_rung
+from ...board.memory import MIB, SINGLE_MAPPING_CEILING, LazyLadder, check_set, smallest_rung
 from ...build import build_engine
 from ...contract import Contract
 from ...engine import simulator_vs_fp32
 from ...results import HOST
 from ...toolkit.log import layer_table, memory_plan, op_targets
 from . import producer
+from .reference_memory import ReferenceMemoryModel
 
 SIM_GATE = gates.Gate("simulator_vs_fp32", 30.0)  # a floor: the stand-in measured 46-59 dB here
 QUICK = {"depth": 2, "sizes": {"sdpa": (64,)}, "simulate": (64,), "depth_probe": ()}
@@ -44,8 +45,8 @@ def config(quick: bool) -> dict:
 
 
 # --- the memory model against the seeds' table ----------------------------------------------------
-def admit_refuse_rows(seeds: SeedsModel, long_with: Sequence[Sequence[str]] = ((), ("S110",), ("S110", "S200"))
-                      ) -> list[dict]:
+def admit_refuse_rows(seeds: ReferenceMemoryModel,
+                      long_with: Sequence[Sequence[str]] = ((), ("S110",), ("S110", "S200"))) -> list[dict]:
     """Every set the seeds initialized in one process, then every S>=900 engine alone and beside
     smaller ones: the seeds' total and verdict (theirs) beside the model's (ours, on their costs)."""
     rows = []
@@ -68,7 +69,7 @@ def admit_refuse_rows(seeds: SeedsModel, long_with: Sequence[Sequence[str]] = ((
     return rows
 
 
-def seeds_fit_rows(seeds: SeedsModel, dma_map_bytes: int) -> list[dict]:
+def seeds_fit_rows(seeds: ReferenceMemoryModel, dma_map_bytes: int) -> list[dict]:
     """Our fit of the seeds' context costs at S <= their longest loadable engine, w + c S^2 (and with
     a linear term), and what the fits say: S=900 predicted, where the context meets their budget.
     Then the uint32-wrap reading of their S=900 figure: if its internal arena were the `dma_map_bytes`
@@ -80,15 +81,15 @@ def seeds_fit_rows(seeds: SeedsModel, dma_map_bytes: int) -> list[dict]:
     y = np.array([p[1] for p in pts], float)
     rows = []
     for label, powers in (("w + c*S^2", (0, 2)), ("w + b*S + c*S^2", (0, 1, 2))):
-        coef, resid = _lstsq(S, y, powers)
+        coef, resid = fits.polynomial(S, y, powers)
         w, c = coef[0], coef[-1]
-        budget_s = _crossing(coef, powers, seeds.budget.mib)
+        budget_s = fits.crossing(coef, powers, seeds.budget.mib)
         rows.append({"fit": label, "points_S": "/".join(str(int(s)) for s in S),
                      "weights_mib_intercept": w, "internal_bytes_per_S2": c * MIB,
                      "max_abs_residual_mib": float(np.abs(resid).max()),
                      "max_abs_residual_pct": float(np.max(np.abs(resid) / y) * 100),
                      "predicted_S900_mib": float(sum(k * 900.0 ** p for k, p in zip(coef, powers))),
-                     "S_at_budget": budget_s, "where": HOST.where})
+                     "S_at_budget": _blank(budget_s), "where": HOST.where})
     wrapped_mib = (dma_map_bytes % SINGLE_MAPPING_CEILING) / MIB
     rows.append({"fit": "uint32 wrap reading of S=900", "points_S": "900",
                  "weights_mib_intercept": seeds.costs["S900"].context_mib - wrapped_mib,
@@ -102,7 +103,7 @@ class SeedsDriver:
     """A model of the seeds' board: rknn_init refuses one mapping past the ceiling, or a context
     that would take the resident sum past their budget. The ladder's walk runs against it."""
 
-    def __init__(self, seeds: SeedsModel):
+    def __init__(self, seeds: ReferenceMemoryModel):
         self.seeds = seeds
         self.resident: dict[str, float] = {}
 
@@ -121,7 +122,7 @@ class SeedsDriver:
         self.resident.pop(name)
 
 
-def walk_ladder(seeds: SeedsModel, rungs: Sequence[str], requests: Sequence[int]) -> list[dict]:
+def walk_ladder(seeds: ReferenceMemoryModel, rungs: Sequence[str], requests: Sequence[int]) -> list[dict]:
     """Route each request (frames) to the smallest rung that holds it; the ladder loads lazily and
     evicts least recently used. Requests past the widest rung, and rungs refused alone, take the CPU
     path. One row per request: what happened and what is resident after it."""
@@ -189,20 +190,9 @@ def build_ladder(cfg: dict, target: str = "rk3588") -> tuple[list[dict], list[di
 
 
 # --- growth with S ------------------------------------------------------------------------------
-def _lstsq(S: np.ndarray, y: np.ndarray, powers: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-    A = np.stack([S ** p for p in powers], axis=1)
-    coef, *_ = np.linalg.lstsq(A, y, rcond=None)
-    return coef, A @ coef - y
-
-
-def _crossing(coef: np.ndarray, powers: Sequence[int], level: float) -> float | str:
-    """Smallest S > 0 where the fitted polynomial reaches `level` ("" if it never does)."""
-    poly = np.zeros(max(powers) + 1)
-    for c, p in zip(coef, powers):
-        poly[max(powers) - p] += c
-    poly[-1] -= level
-    roots = [r.real for r in np.roots(poly) if abs(r.imag) < 1e-6 and r.real > 0]
-    return float(min(roots)) if roots else ""
+def _blank(x: float | None) -> float | str:
+    """A table cell: empty where the fit never reaches the level."""
+    return "" if x is None else x
 
 
 def growth_rows(builds: Sequence[dict], level_bytes: int = SINGLE_MAPPING_CEILING) -> list[dict]:
@@ -221,12 +211,12 @@ def growth_rows(builds: Sequence[dict], level_bytes: int = SINGLE_MAPPING_CEILIN
             for label, powers in (("a + b*S", (0, 1)), ("a + b*S + c*S^2", (0, 1, 2))):
                 if len(S) < len(powers) + 1:
                     continue  # an exact fit through every point says nothing about the growth
-                coef, resid = _lstsq(S, y, powers)
+                coef, resid = fits.polynomial(S, y, powers)
                 rows.append({"attn": attn, "depth": depth, "quantity": quantity, "fit": label,
                              "S_points": "/".join(str(int(s)) for s in S), "a_bytes": coef[0], "b_bytes_per_S": coef[1],
                              "c_bytes_per_S2": coef[2] if len(powers) == 3 else "",
                              "max_abs_residual_bytes": float(np.abs(resid).max()),
-                             "S_at_2^32_bytes": _crossing(coef, powers, level_bytes),
+                             "S_at_2^32_bytes": _blank(fits.crossing(coef, powers, level_bytes)),
                              "longest_S_built": int(S.max()), "where": HOST.where})
     return rows
 
@@ -238,7 +228,7 @@ def ceiling_estimate(growth: Sequence[dict], attn: str, depth: int) -> dict | No
                  and r["quantity"] == "planned internal arena" and r["fit"] == "a + b*S + c*S^2"), None)
 
 
-def seeds_cost_points(seeds: SeedsModel) -> list[tuple[int, float | None, int | None]]:
+def seeds_cost_points(seeds: ReferenceMemoryModel) -> list[tuple[int, float | None, int | None]]:
     """(S, context MiB, refused mapping bytes) per seeds engine, for plotting theirs beside ours."""
     return [(int(n[1:]), c.context_mib, c.mapping_bytes) for n, c in seeds.costs.items()]
 

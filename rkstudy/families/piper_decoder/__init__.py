@@ -1,7 +1,8 @@
 """Piper (VITS) decoder on the NPU: the pre-flow latent and its mask in, audio out, walked by window.
 
 seam and front end: rkstudy.families.piper.voice · producer.py (host) · sidecar.py (board side) ·
-study.py (host measurements, notebook 01) · cli.py (`rkstudy piper decoder`, `rkstudy piper latents`) ·
+study.py (host measurements, notebook 01) · lint_graphs.py (lint study graphs) ·
+cli.py (`rkstudy piper decoder`, `rkstudy piper latents`) ·
 board.py (`rkstudy board run piper_decoder`).
 """
 
@@ -11,4 +12,5 @@ FAMILY = register(Family(
     name="piper_decoder", title="Piper (VITS) decoder: pre-flow latent -> audio, fixed-window walk",
     notebook="01_piper_decoder.ipynb", command=("piper", "decoder"),
     cli="rkstudy.families.piper_decoder.cli:add_cli", board="rkstudy.families.piper_decoder.board:add_board",
-    planner="rkstudy.families.piper_decoder.study:plan_target"))
+    planner="rkstudy.families.piper_decoder.study:plan_target",
+    lint_graphs="rkstudy.families.piper_decoder.lint_graphs:lint_graphs"))

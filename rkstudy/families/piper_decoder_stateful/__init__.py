@@ -5,8 +5,8 @@ recomputes no context (the window walk recomputes 48 of every 93 frames).
 producer.py (host: graph surgery on the produced --dec-mask slice, the stage contract, the
 state-aware probe) · f64.py (host: the float64 reference behind the exactness gate) · sidecar.py
 (board side, over rkstudy.stream.StatefulWalker) · study.py (host measurements, notebook 01b) ·
-cli.py (handlers of `rkstudy piper decoder --stateful --emit E` and of stage 2 for a stateful
-contract; the flags live in piper_decoder's command) · board.py (`rkstudy board run
+lint_graphs.py (lint study graphs) · cli.py (handlers of `rkstudy piper decoder --stateful --emit E`
+and of stage 2 for a stateful contract; the flags live in piper_decoder's command) · board.py (`rkstudy board run
 piper_decoder_stateful`).
 """
 
@@ -16,4 +16,5 @@ FAMILY = register(Family(
     name="piper_decoder_stateful",
     title="Piper (VITS) decoder as a stateful streaming step: caches through graph I/O, no recomputed context",
     notebook="01b_piper_decoder_stateful.ipynb", command=None,
-    board="rkstudy.families.piper_decoder_stateful.board:add_board"))
+    board="rkstudy.families.piper_decoder_stateful.board:add_board",
+    lint_graphs="rkstudy.families.piper_decoder_stateful.lint_graphs:lint_graphs"))

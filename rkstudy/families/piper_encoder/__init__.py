@@ -2,8 +2,8 @@
 duration conditioning, with the relative-shift chains rewritten, and a ladder of widths.
 
 seam.py and tokens.py (seam and front end) · producer.py (host) · sidecar.py (the ladder, board
-side) · study.py (host measurements, notebook 02) · cli.py (`rkstudy piper encoder`) · board.py
-(`rkstudy board run piper_encoder`).
+side) · study.py (host measurements, notebook 02) · lint_graphs.py (lint study graphs) ·
+cli.py (`rkstudy piper encoder`) · board.py (`rkstudy board run piper_encoder`).
 """
 
 from .. import Family, register
@@ -12,4 +12,5 @@ FAMILY = register(Family(
     name="piper_encoder",
     title="Piper duration encoder: token ids -> prior stats + duration conditioning, width ladder",
     notebook="02_piper_encoder.ipynb", command=("piper", "encoder"),
-    cli="rkstudy.families.piper_encoder.cli:add_cli", board="rkstudy.families.piper_encoder.board:add_board"))
+    cli="rkstudy.families.piper_encoder.cli:add_cli", board="rkstudy.families.piper_encoder.board:add_board",
+    lint_graphs="rkstudy.families.piper_encoder.lint_graphs:lint_graphs"))

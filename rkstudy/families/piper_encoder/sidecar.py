@@ -15,16 +15,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...board.memory import smallest_rung
 from ...contract import Contract
 from ...errors import EngineMismatch
 from .tokens import pad_ids
 
 FALLBACK = "fp32 fallback"
-
-
-def route(widths: Sequence[int], tokens: int) -> int | None:
-    """The smallest width >= tokens, or None when the chunk is above the widest."""
-    return next((w for w in sorted(widths) if w >= tokens), None)
 
 
 @dataclass
@@ -75,7 +71,8 @@ class Ladder:
         return [e.width for e in self.engines]
 
     def route(self, tokens: int) -> int | None:
-        return route(self.widths, tokens)
+        """The smallest width >= tokens, or None when the chunk is above the widest."""
+        return smallest_rung(self.widths, tokens)
 
     def run(self, ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray, str]:
         """(stats [1, 2C, n], cond [1, Cd, n], where it ran: `n<width>` or the fallback)."""

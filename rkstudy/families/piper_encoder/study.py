@@ -13,7 +13,8 @@ from collections.abc import Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
-from ... import gates, graph
+from ... import fits, gates, graph
+from ...board.memory import smallest_rung
 from ...build import build_engine
 from ...cache import cache_dir, sha256_file
 from ...engine import simulator_vs_fp32
@@ -23,7 +24,7 @@ from ...runtime import OrtRunner, SimulatorRunner
 from ..piper import voice as piper
 from .producer import Product, both, counts_for, produce
 from .seam import encoder_slice, find_encoder_seam
-from .sidecar import FALLBACK, Ladder, LadderEngine, route
+from .sidecar import FALLBACK, Ladder, LadderEngine
 from .tokens import chunk_ids, pad_ids, real_tokens
 
 SIM_GATE = gates.Gate("simulator_vs_fp32", 30.0)  # seeds' board: 40-48 dB; simulator 55-61 dB
@@ -257,19 +258,14 @@ def target_rows(rows: Sequence[dict], mode: str = BANDED, widths: Sequence[int] 
 def growth_exponent(rows: Sequence[dict], key: str) -> float:
     """Least-squares slope of log(key) against log(frames): bytes ~ N^k."""
     pts = [(r["frames"], r[key]) for r in rows if r.get(key)]
-    if len(pts) < 2:
-        return float("nan")
-    x, y = np.log([p[0] for p in pts]), np.log([p[1] for p in pts])
-    return float(np.polyfit(x, y, 1)[0])
+    return fits.power_law_exponent([p[0] for p in pts], [p[1] for p in pts])
 
 
 def growth_exponent_excess(rows: Sequence[dict], key: str, base: float) -> float:
     """Slope of log(key - base) against log(frames): the growth of what the width adds on top
     of the voice's own (width-independent) weights."""
     pts = [(r["frames"], r[key] - base) for r in rows if r.get(key) and r[key] > base]
-    if len(pts) < 2:
-        return float("nan")
-    return float(np.polyfit(np.log([p[0] for p in pts]), np.log([p[1] for p in pts]), 1)[0])
+    return fits.power_law_exponent([p[0] for p in pts], [p[1] for p in pts])
 
 
 def growth_rows(size_rows: Sequence[dict], base_bytes: int) -> list[dict]:
@@ -438,7 +434,7 @@ def ladder_plans(voice: piper.Voice, text: str, ladders: dict[str, Sequence[int]
         chunks = chunk_ids(voice, text, size)
         longest = max(len(ids) for _, ids in chunks)
         for name, widths in ladders.items():
-            lands = [route(widths, len(ids)) for _, ids in chunks]
+            lands = [smallest_rung(widths, len(ids)) for _, ids in chunks]
             out.append({"ladder": name, "widths": ",".join(map(str, widths)), "chunk_chars": size,
                         "chunks": len(chunks), "longest_chunk_tokens": longest,
                         "on_engines": sum(w is not None for w in lands),

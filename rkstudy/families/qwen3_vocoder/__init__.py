@@ -11,8 +11,8 @@ model.py (host: the package's decoder, the released config, seeded weights) · s
 streaming step and its cache layout) · producer.py (stage 1: the step, made to compile without REGTASK lines by
 rkstudy.graph.longaxis; the contract, the export census) ·
 sidecar.py (board side: offline, 16+64 streaming and the window role over rkstudy.stream) ·
-study.py (host measurements, notebook 04) · cli.py (`rkstudy qwen3 vocoder`) · board.py
-(`rkstudy board run qwen3_vocoder`).
+study.py (host measurements, notebook 04) · lint_graphs.py (lint study graphs) · cli.py (`rkstudy qwen3
+vocoder`) · board.py (`rkstudy board run qwen3_vocoder`).
 """
 
 from .. import Family, register
@@ -30,4 +30,5 @@ FAMILY = register(Family(
     notebook="04_qwen3_vocoder.ipynb", command=("qwen3", "vocoder"),
     cli="rkstudy.families.qwen3_vocoder.cli:add_cli",
     board="rkstudy.families.qwen3_vocoder.board:add_board",
-    requires=("qwen_tts", "transformers")))
+    requires=("qwen_tts", "transformers"),
+    lint_graphs="rkstudy.families.qwen3_vocoder.lint_graphs:lint_graphs"))
