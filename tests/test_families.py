@@ -25,6 +25,7 @@ LACKS = {
                         "board.py": "its engines run through the Piper decoder's board job"},
     "flow_estimator": {"sidecar.py": "its board side is the shared memory kit (rkstudy.board.memory)",
                        "board.py": "its board commands are `rkstudy board memory | check | dram`"},
+    "port": {"lint_graphs.py": "its graphs are the user's own: `rkstudy port lint` lints them"},
 }
 # family -> hook the module exists for but the registry leaves unset: why
 NO_HOOK = {("piper_decoder_stateful", "cli"): "its flags live in piper_decoder's command; cli.py holds the handlers"}
