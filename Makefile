@@ -11,7 +11,7 @@ TOOLKIT = $$($(PY) -c 'import tomllib; print(tomllib.load(open("pyproject.toml",
 NO_DEPS = $$($(PY) -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml","rb"))["tool"]["rkstudy"]["models-no-deps"]))')
 NOTEBOOKS := $(sort $(wildcard notebooks/*.ipynb))
 
-.PHONY: venv models toolkit test reproduce bench doctor lab lint format board-env clean
+.PHONY: venv models toolkit test test-fast reproduce bench doctor lab lint format board-env clean
 
 $(ENV_STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -43,6 +43,11 @@ doctor: venv
 # Unit tests, then every notebook in quick mode (papermill; each test checks the numbers its notebook recorded).
 test: models
 	$(PY) -m pytest tests
+
+# Everything that starts no toolkit child, runs no notebook and starts no JupyterLab (a few minutes);
+# tests/conftest.py fails any test that builds an engine without the `simulator` mark.
+test-fast: models
+	$(PY) -m pytest -m "not simulator and not notebooks and not lab" tests
 
 # Every notebook in full mode: each rewrites its tables and figures under results/; the executed
 # notebooks (outputs included) are kept under results/notebooks/; then the index is regenerated.

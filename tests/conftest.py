@@ -3,6 +3,30 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from rkstudy import build
+
+# The fast tier (`make test-fast`, `-m "not simulator ..."`) stays fast only if every test that starts a
+# toolkit child says so. A test without the `simulator` mark that reaches EngineProcess fails here,
+# cold cache or warm, instead of silently making the fast tier slow.
+_engine_allowed = {"now": True}
+_start_engine = build.EngineProcess.__init__
+
+
+def _guarded_start(self, *args, **kwargs):
+    if not _engine_allowed["now"] and build.toolkit_available():  # without a toolkit it only says so
+        pytest.fail("this test starts a toolkit child (rkstudy.build.EngineProcess): mark it "
+                    "@pytest.mark.simulator", pytrace=False)
+    _start_engine(self, *args, **kwargs)
+
+
+build.EngineProcess.__init__ = _guarded_start
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    # set before fixtures run, so a module-scoped fixture that builds an engine is caught too
+    _engine_allowed["now"] = item.get_closest_marker("simulator") is not None
+
 
 def make_model(nodes, inputs, outputs, inits=()):
     g = helper.make_graph(nodes, "t", inputs, outputs, list(inits))

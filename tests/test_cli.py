@@ -86,6 +86,7 @@ def test_a_missing_toolkit_names_make_toolkit(files, capsys, monkeypatch):
     assert code == 2 and "run `make toolkit`" in err and err.count("\n") == 1
 
 
+@pytest.mark.simulator
 def test_a_failed_gate_or_build_exits_1(files, capsys):
     code, err = run(["build", str(files / "long.onnx"), "--regtask-limit", "1", "--rebuild",
                      "--out", str(files / "long.rknn")], capsys)
@@ -103,6 +104,7 @@ def test_version(capsys):
     assert exc.value.code == 0 and capsys.readouterr().out.startswith("rkstudy 0.")
 
 
+@pytest.mark.simulator
 def test_fold_then_build_from_the_command_line(dynamic_model, tmp_path, capsys):
     src, folded, engine = tmp_path / "dyn.onnx", tmp_path / "folded.onnx", tmp_path / "e.rknn"
     onnx.save(dynamic_model, str(src))

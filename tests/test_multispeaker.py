@@ -93,6 +93,7 @@ def test_g_is_in_the_contract_and_reaches_the_walk_and_the_reference(model):
         side.decode(z, progress=False)
 
 
+@pytest.mark.simulator
 def test_the_conversion_stage_feeds_g(model, tmp_path):
     produced = produce_for_voice(model, emit=16, context=8)
     path = produced.save(tmp_path / "spk_decoder.onnx")

@@ -70,6 +70,7 @@ def test_rewrite_matches_the_raw_slice(voice, product):
     assert row["vs_folded_max_diff"] < 1e-4
 
 
+@pytest.mark.simulator
 def test_simulator_fidelity(voice, product, sim):
     raw = OrtRunner(product.raw)
     for n in (17, W):
@@ -81,6 +82,7 @@ def test_simulator_fidelity(voice, product, sim):
     assert sim.report.engine_bytes == 0  # no engine file asked for: the simulator child keeps it
 
 
+@pytest.mark.simulator
 def test_durations_are_seeded_and_the_ladder_routes(voice, product, sim):
     engine = sidecar.LadderEngine(sim, product.contract)
     assert (engine.width, engine.channels) == (W, (384, 192))
@@ -121,6 +123,7 @@ def test_route_and_chunks(voice):
     assert len(chunks) == 10 and all(ids[0] == 1 and ids[-1] == 2 for _, ids in chunks)
 
 
+@pytest.mark.simulator
 def test_cli_produces_and_converts(tmp_path, capsys):
     out = tmp_path / "enc_n32.onnx"
     out.write_bytes(b"an old file that must not survive")
