@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from .contract import TARGETS
-from .errors import UsageError
+from .errors import InputError, UsageError
 
 
 class Parser(argparse.ArgumentParser):
@@ -67,6 +67,25 @@ def refuse_mixed(p: argparse.ArgumentParser, args, stage1: tuple[str, ...]) -> N
              if getattr(args, name, None) not in (None, False)]
     if given:
         p.error(f"--onnx converts a produced graph (stage 2); {', '.join(given)} belong to stage 1")
+
+
+def text_to_speak(args) -> str:
+    """The text of --text or --text-file. Text with nothing to say is bad input: a front end turns it
+    into a few frames of silence that pass for a result."""
+    if args.text is not None:
+        if not args.text.strip():
+            raise UsageError("--text is empty; give the text to speak, for example --text \"Hello.\"")
+        return args.text
+    path = Path(args.text_file)
+    if not path.exists() or path.is_dir():
+        raise InputError(f"no text file at {path}; give --text-file a UTF-8 file with the text to speak")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise InputError(f"{path} is not UTF-8 text; give --text-file a UTF-8 file with the text to speak") from None
+    if not text.strip():
+        raise InputError(f"{path} holds no text; give --text-file a UTF-8 file with the text to speak")
+    return text
 
 
 ARGV: list[str] = []  # the arguments of the command being run (set by rkstudy.cli.main)

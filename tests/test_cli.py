@@ -28,6 +28,8 @@ def files(tmp_path_factory):
     (d / "truncated.onnx").write_bytes(data[: len(data) // 2])
     (d / "corrupt.onnx").write_bytes(b"\x08\x07this is not an onnx model at all\xff\xfe" * 40)
     onnx.save(long_axis_probe(32768), str(d / "long.onnx"))  # overflows the 13-bit field on rk3588
+    (d / "blank.txt").write_text(" \n\t\n", encoding="utf-8")
+    (d / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
     return d
 
 
@@ -68,6 +70,14 @@ ERRORS = [
      "`rkstudy board run` runs on an RK3588/RK3566 board"),
     (["piper", "decoder", "--voice-onnx", "{d}/none.onnx", "--skip-rknn"], 2, "no voice ONNX at"),
     (["nosuch"], 2, "invalid choice: 'nosuch'"),
+    (["piper", "latents", "--text", "", "-o", "{d}/said.npz"], 2, "--text is empty; give the text to speak"),
+    (["piper", "latents", "--text", " \n ", "-o", "{d}/said.npz"], 2, "--text is empty; give the text to speak"),
+    (["piper", "latents", "--text-file", "{d}/blank.txt", "-o", "{d}/said.npz"], 2, "blank.txt holds no text"),
+    (["piper", "latents", "--text-file", "{d}/none.txt", "-o", "{d}/said.npz"], 2, "no text file at"),
+    (["piper", "latents", "--text-file", "{d}/latin1.txt", "-o", "{d}/said.npz"], 2, "latin1.txt is not UTF-8 text"),
+    (["kokoro", "inputs", "--text", "", "-o", "{d}/said.npz"], 2, "--text is empty; give the text to speak"),
+    (["kokoro", "inputs", "--text-file", "{d}/blank.txt", "-o", "{d}/said.npz"], 2, "blank.txt holds no text"),
+    (["piper", "encoder", "--frames", "100000", "--skip-rknn"], 2, "GB available; the widest that fits is --frames"),
 ]
 
 
@@ -78,6 +88,24 @@ def test_error_table(files, capsys, argv, code, fragment):
     assert got == code
     assert fragment in err
     assert err.count("\n") == 1 and "Traceback" not in err  # one line, no traceback
+    assert not (files / "said.npz").exists()  # refused input writes nothing
+
+
+def test_an_encoder_width_that_cannot_fit_is_refused_naming_the_widest_that_does(capsys, monkeypatch):
+    from rkstudy.families.piper_encoder import producer
+
+    monkeypatch.setattr(producer, "available_memory", lambda: 8e9)
+    widest = int(((8e9 - producer.STAGE1_BASE_BYTES) / producer.STAGE1_BYTES_PER_N2["gather"]) ** 0.5)
+    assert widest == 1292  # 0.65 GB + 4.4 kB * N^2 <= 8 GB
+    producer.refuse_what_cannot_fit(widest)  # the width it names is admitted
+    code, err = run(["piper", "encoder", "--frames", str(widest + 1), "--skip-rknn"], capsys)
+    assert code == 2 and err.count("\n") == 1
+    assert "needs about 8 GB at that width and this machine has 8.0 GB available; the widest that fits is " \
+           "--frames 1292" in err
+    banded = producer.stage1_peak_bytes(4096, "banded")
+    assert banded == pytest.approx(0.65e9 + 800 * 4096**2)  # 14 GB: far less than gather, still too much
+    with pytest.raises(UsageError, match="the widest that fits is --frames 3031"):
+        producer.refuse_what_cannot_fit(4096, "banded")
 
 
 def test_a_missing_toolkit_names_make_toolkit(files, capsys, monkeypatch):

