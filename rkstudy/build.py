@@ -428,7 +428,7 @@ def build_engine(onnx_path, target: str, shapes: Mapping[str, Sequence[int]] | N
     shapes = {k: [int(d) for d in v] for k, v in
               (shapes if shapes is not None else graph.input_shapes(onnx_path)).items()}
     key = cache.digest(onnx_path, target, shapes, optimization_level, toolkit_version(),
-                       *([quantize.key(list(shapes))] if quantize else []))  # fp16 keys stay as they were
+                       *([quantize.key(list(shapes))] if quantize else []))  # an fp16 key has no calibration term
     out = Path(out) if out else default_engine_path(onnx_path, target, key)
     record = out.with_suffix(".json")
     if reuse and out.exists() and record.exists():

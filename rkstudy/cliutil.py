@@ -107,8 +107,3 @@ def print_converted(done, gate, probed_on: str) -> int:
     print(f"simulator vs fp32 on {probed_on}: {done.simulated.worst_snr_db:.1f} dB (gate {gate.threshold} dB)")
     print(f"wrote {done.engine} and {done.engine.with_suffix('.contract.json').name}")
     return 0
-
-
-def require(condition: bool, message: str) -> None:
-    if not condition:
-        raise UsageError(message)

@@ -169,7 +169,7 @@ def _size(mode, frames, engine_bytes, peak_gb, peak_from="dedicated build child"
             "carried_from": "", "status": "ok", "where": "host", "target": "rk3588"}
 
 
-def test_relshift_growth_prefers_the_dedicated_build_and_scores_the_targets():
+def test_relshift_growth_prefers_the_dedicated_build_and_scores_the_size_goals():
     sizes = [_size("banded", 128, 16_000_000, 0.9, "simulator child (build + inference)"),
              _size("banded", 128, 16_000_000, 0.5), _size("banded", 320, 21_000_000, 3.5),
              _size("banded", 512, 401_000_000, 1.0), _size("gather", 128, 137_000_000, 1.9)]

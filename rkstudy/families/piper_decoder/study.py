@@ -176,17 +176,6 @@ def build_rows(model: DecoderModel, targets, *, emit: int = DEFAULT_EMIT, contex
     return rows
 
 
-def engine_walk(model: DecoderModel, latents, runner, contract, progress: bool = True):
-    """Walk an engine over each latent; return the per-sentence PCM and the seconds each took."""
-    side = sidecar(model, runner, contract)
-    pcm, seconds = [], []
-    for lat in tqdm(latents, desc="sentences", disable=not progress, leave=False):
-        t0 = time.perf_counter()
-        pcm.append(side.decode(lat.z, lat.g, progress=False))
-        seconds.append(time.perf_counter() - t0)
-    return pcm, seconds
-
-
 def fidelity_rows(refs, tests, sample_rate: int, latents, emit: int, context: int, hop: int):
     """Utterance rows (all metrics) and per-window rows for two renders of the same latents."""
     ref, test = np.concatenate(refs), np.concatenate(tests)

@@ -34,7 +34,7 @@ from .producer import ProducedStep, produce_inflect_step, produce_step_for_voice
 from .sidecar import StatefulDecoderSidecar
 
 EMITS = (16, 45, 93)
-# the exactness gate, both decodes in float64 (measured 279-289 dB)
+# the 120 dB exactness gate, both decodes in float64 (measured 279-289 dB)
 EXACT_GATE = gates.Gate("stateful_step_vs_full_decode_float64", 120.0)
 # fp32 against fp32: the measured floor is 97.3 dB (E=16); a broken cache lands below 40 dB
 STEP_GATE = gates.Gate("stateful_step_vs_full_decode_fp32", 90.0)

@@ -37,7 +37,6 @@ from .sidecar import AUDIO, CACHE_IN, CACHE_OUT, CODES, FAMILY, SAMPLE_RATE, SAM
 
 PRODUCER_VERSION = 1  # bump when the producer changes what it writes (keys the cache)
 DEFAULT_CODES_LENGTH = 64
-FIRST_CODES_LENGTH = 16
 PRODUCER = "rkstudy qwen3 vocoder --codes-length 64 --skip-rknn --output qwen3_vocoder_b64.onnx"
 
 
