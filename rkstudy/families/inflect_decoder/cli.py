@@ -9,8 +9,7 @@ from pathlib import Path
 
 from ...cliutil import add_stage_args, command_line, positive, refuse_mixed
 from ...errors import UsageError
-
-EMIT, CONTEXT = 192, 32  # carve.py holds the same defaults
+from . import CONTEXT, EMIT
 
 
 def _cmd(args) -> int:

@@ -8,8 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ...cliutil import add_stage_args, positive, refuse_mixed, text_to_speak
+from . import DEFAULT_CONTEXT, DEFAULT_FRAMES
 
-DEFAULT_FRAMES, DEFAULT_CONTEXT = 128, 28  # producer.py holds the same defaults (see study.py for why 28)
 STAGE1 = ("frames", "context", "exact_sine", "no_sin_reduce", "degree", "no_alpha_fold", "no_split_dilated",
           "no_polyphase", "raw_sums", "max_axis")
 
@@ -43,8 +43,6 @@ def _rewrites(args):
 def _generator(args) -> int:
     if args.onnx:
         return convert_generator(args.onnx, args.target, args.out)
-    import shutil
-
     from .producer import graph_name, produce, self_check
 
     frames, context = args.frames or DEFAULT_FRAMES, args.context if args.context is not None else DEFAULT_CONTEXT
@@ -56,9 +54,7 @@ def _generator(args) -> int:
           "(int8-dequantized)")
     for row in self_check(produced):
         print(f"gate {row['gate']}: {row['measured']:.1f} dB (threshold {row['threshold']:g} dB)")
-    output = args.output or Path(graph_name(frames, rw, args.max_axis))
-    output.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(produced.path, output)
+    output = produced.save(args.output or Path(graph_name(frames, rw, args.max_axis)))
     print(f"wrote {output}")
     return 0 if args.skip_rknn else convert_generator(output, args.target, args.out)
 

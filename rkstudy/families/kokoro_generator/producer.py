@@ -37,13 +37,13 @@ import torch
 
 from ... import cache, gates, graph
 from ...contract import METADATA_KEY, Contract, Digest, Tensor, Window, from_metadata
+from ...produced import Produced
 from ...window import plan_windows
-from . import frontend, generator, weights
+from . import DEFAULT_CONTEXT, DEFAULT_FRAMES, frontend, generator, weights
 from .generator import COARSE, ENGINE, FINE, Rewrites
 from .head import IstftHead
 
 FAMILY = "kokoro_generator"
-DEFAULT_FRAMES, DEFAULT_CONTEXT = 128, 28   # the seeds' window and context (see study.py: why 28 is kept)
 INPUTS = ("x", "har", "style", "m10", "m60")
 OUTPUT = "gen"
 OPSET = 17
@@ -210,19 +210,6 @@ def generator_contract(*, frames: int, context: int, rw: Rewrites, max_axis: int
     return Contract(family=FAMILY, stage="generator", inputs=inputs, outputs=outputs, source=source,
                     producer=producer_command(frames, context, rw, max_axis), params=params,
                     window=Window(frames=frames, emit=emit, context=context, hop=emit))
-
-
-@dataclass
-class Produced:
-    """A produced generator graph: its path (in the cache), the contract, and its census."""
-
-    path: Path
-    contract: Contract
-    census: graph.Census
-
-    @property
-    def model(self) -> onnx.ModelProto:
-        return onnx.load(str(self.path))
 
 
 def _code_digest() -> str:

@@ -8,8 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ...cliutil import add_stage_args, command_line, positive, refuse_mixed, text_to_speak
-
-DEFAULT_EMIT, DEFAULT_CONTEXT = 45, 24  # the seeds' 93-frame window; producer.py holds the same defaults
+from . import DEFAULT_CONTEXT, DEFAULT_EMIT
 
 
 def convert_decoder(onnx_path: Path, target: str, out: Path | None, remake: str) -> int:
@@ -44,7 +43,6 @@ def _decoder(args) -> int:
         from ..piper_decoder_stateful.cli import produce as produce_step
 
         return produce_step(args, command_line())
-    from ... import atomic
     from ..piper.voice import Voice
     from . import study
     from .producer import produce_for_voice
@@ -59,8 +57,7 @@ def _decoder(args) -> int:
     row = study.self_check(voice, produced, voice.latents(study.SELF_CHECK_TEXT))
     print(f"self-check: worst window {row['measured']:.1f} dB against a full-length decode "
           f"(gate {row['threshold']} dB)")
-    output = args.output or Path(f"decoder_z_w{produced.contract.window.frames}.onnx")
-    atomic.write_bytes(output, produced.model.SerializeToString())
+    output = produced.save(args.output or Path(f"decoder_z_w{produced.contract.window.frames}.onnx"))
     print(f"wrote {output}")
     return 0 if args.skip_rknn else convert_decoder(output, args.target, args.out, produced.contract.producer)
 

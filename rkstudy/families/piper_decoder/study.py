@@ -19,7 +19,7 @@ from ...planner import PlanTarget
 from ...runtime import OrtRunner
 from ...window import Window, plan_windows, window_inputs
 from ..piper.voice import DecoderModel, DecoderSeam, Voice, find_decoder_seam
-from .producer import DEFAULT_CONTEXT, DEFAULT_EMIT, Produced, decoder_graph, produce_for_voice
+from .producer import DEFAULT_CONTEXT, DEFAULT_EMIT, DecoderSlice, decoder_graph, produce_for_voice
 from .sidecar import DecoderSidecar
 
 SWEEP = ((45, 5), (45, 16), (45, 24))      # paroli's 55, a middle 77, the seeds' 93
@@ -249,7 +249,7 @@ def rtf_rows(paths, latents, hop: int, sample_rate: int, repeats: int, where: st
     return out
 
 
-def self_check(model: DecoderModel, produced: Produced, latents) -> dict:
+def self_check(model: DecoderModel, produced: DecoderSlice, latents) -> dict:
     """Stage 1 gate: the fp32 window walk against a full-length decode on real latents, worst
     non-padded window (a padded window is the documented tail deficit, not a stitching failure)."""
     full = FullDecoder(model.model, model.seam)

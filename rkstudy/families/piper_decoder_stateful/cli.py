@@ -31,7 +31,6 @@ def convert_step(onnx_path: Path, target: str, out: Path | None, contract) -> in
 def produce(args, producer: str) -> int:
     """Stage 1: the step, a self-check of its fp32 walk against a full-length decode, the ONNX; then
     stage 2 unless --skip-rknn."""
-    from ... import atomic
     from ..piper.voice import Voice
     from .producer import DEFAULT_EMIT, produce_step_for_voice
     from .study import self_check
@@ -45,7 +44,6 @@ def produce(args, producer: str) -> int:
     row = self_check(voice, produced)
     print(f"self-check: {row['measured']:.1f} dB against a full-length decode, every sample (gate "
           f"{row['threshold']} dB, fp32)")
-    output = args.output or Path(f"decoder_step_e{p['emit']}.onnx")
-    atomic.write_bytes(output, produced.model.SerializeToString())
+    output = produced.save(args.output or Path(f"decoder_step_e{p['emit']}.onnx"))
     print(f"wrote {output}")
     return 0 if args.skip_rknn else convert_step(output, args.target, args.out, produced.contract)

@@ -24,6 +24,7 @@ from ... import atomic, gates, graph
 from ...cache import digest, entry
 from ...contract import METADATA_KEY, Contract, Digest, Tensor
 from ...graph import relshift
+from ...produced import Produced
 from ...results import HOST
 from ...runtime import OrtRunner
 from ..piper import voice as piper
@@ -67,17 +68,20 @@ def encoder_contract(*, frames: int, stats: int, cond: int, n_vocab: int, source
                             "relshift": mode})
 
 
-@dataclass
-class Product:
-    """What the producer made for one width: the three graphs, the findings, the contract, the path."""
+@dataclass(kw_only=True)
+class EncoderSlice(Produced):
+    """What the producer made for one width: the rewritten graph (`model`, contract in its metadata,
+    saved at `path`: what the engine is compiled from), the two graphs before it, and the findings."""
 
     frames: int
     raw: onnx.ModelProto  # the dynamic slice
     folded: onnx.ModelProto  # pinned + onnxslim
-    rewritten: onnx.ModelProto  # relative-shift chains rewritten, contract in its metadata
     findings: list  # relshift.RelShift per chain, each with the form it got (relshift.plan)
-    contract: Contract
-    path: Path  # the rewritten ONNX (what the engine is compiled from)
+
+    @property
+    def rewritten(self) -> onnx.ModelProto:
+        """The relative-shift chains rewritten: the graph itself."""
+        return self.model
 
     def census_rows(self) -> list[dict]:
         rows = []
@@ -142,7 +146,7 @@ def _vocab(model: onnx.ModelProto) -> int:
 
 
 def produce(voice: piper.Voice, frames: int, output: Path | str | None = None,
-            mode: str = DEFAULT_RELSHIFT) -> Product:
+            mode: str = DEFAULT_RELSHIFT) -> EncoderSlice:
     """Slice, pin, fold, rewrite (`mode`: relshift.GATHER or relshift.BANDED), write the contract,
     and save the rewritten ONNX (default: the cache, keyed by the voice bytes, the width, the mode
     and REWRITE_VERSION; an explicit `output` is always rewritten). Refuses a rewrite that leaves
@@ -183,7 +187,7 @@ def produce(voice: piper.Voice, frames: int, output: Path | str | None = None,
             atomic.save_onnx(rewritten, output)
     else:
         atomic.save_onnx(rewritten, output)
-    return Product(frames=frames, raw=raw, folded=folded, rewritten=rewritten, findings=findings,
+    return EncoderSlice(frames=frames, raw=raw, folded=folded, model=rewritten, findings=findings,
                    contract=contract, path=Path(output))
 
 
@@ -217,7 +221,7 @@ def counts_for(frames: int) -> list[int]:
     return sorted({n for n in (17, 61, frames - 1, frames) if 0 < n <= frames})
 
 
-def pad_safety(voice: piper.Voice, product: Product, counts: Sequence[int] | None = None) -> list[dict]:
+def pad_safety(voice: piper.Voice, product: EncoderSlice, counts: Sequence[int] | None = None) -> list[dict]:
     """The padded run of the graph the engine is compiled from (rewritten, at width N) against
     the exact-length run of the raw slice, on the real frames; gated at PAD_SAFE_GATE."""
     raw, eng = OrtRunner(product.raw), OrtRunner(product.rewritten)
@@ -232,7 +236,7 @@ def pad_safety(voice: piper.Voice, product: Product, counts: Sequence[int] | Non
     return rows
 
 
-def rewrite_check(voice: piper.Voice, product: Product, counts: Sequence[int] | None = None) -> list[dict]:
+def rewrite_check(voice: piper.Voice, product: EncoderSlice, counts: Sequence[int] | None = None) -> list[dict]:
     """Rewritten against folded (same width: isolates the rewrite; max diff is what changed)
     and against the raw dynamic slice at full width (the seeds' 121-131 dB gate)."""
     raw, fold, eng = OrtRunner(product.raw), OrtRunner(product.folded), OrtRunner(product.rewritten)

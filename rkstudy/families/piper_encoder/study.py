@@ -21,7 +21,7 @@ from ...graph.relshift import BANDED, GATHER
 from ...results import HOST, read_table
 from ...runtime import OrtRunner, SimulatorRunner
 from ..piper import voice as piper
-from .producer import Product, both, counts_for, produce
+from .producer import EncoderSlice, both, counts_for, produce
 from .seam import encoder_slice, find_encoder_seam
 from .sidecar import FALLBACK, Ladder, LadderEngine, route
 from .tokens import chunk_ids, pad_ids, real_tokens
@@ -128,7 +128,7 @@ def simulate_width(voice: piper.Voice, frames: int, target: str = "rk3588",
     return {"fidelity": fid, "size": size_row(product, sim.report), "outputs": outputs, "product": product}
 
 
-def size_row(product: Product, report, peak_from: str = "simulator child (build + inference)") -> dict:
+def size_row(product: EncoderSlice, report, peak_from: str = "simulator child (build + inference)") -> dict:
     """`converter_peak_gb` is the peak RSS (GiB, VmHWM) of the child that built the engine; `peak_from` says
     whether that child only built (a dedicated build child) or also served the simulator."""
     c = graph.census(product.rewritten, with_axis=False)
