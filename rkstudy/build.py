@@ -44,6 +44,9 @@ from .results import toolkit_version
 
 REGTASK_LIMIT = 100_000  # past this, the overflow is the ~800k-line regime that ruins an engine
 BUILD_TIMEOUT_S = 3 * 3600  # generous: the widest encoder builds here took ~25 min on 2 cores
+# Set (to a reason) in a process that must start no toolkit child, nor may any process it starts: the
+# fast test tier sets it for every test not marked `simulator` (tests/conftest.py).
+NO_CHILD_ENV = "RKSTUDY_NO_TOOLKIT_CHILD"
 TAIL_LINES = 30
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _REGTASK_VALUE = re.compile(r"value: 0x([0-9a-fA-F]+)")
@@ -195,6 +198,8 @@ class EngineProcess:
                  analysis: Mapping | None = None, quantize: Calibration | None = None):
         _check_target(target)
         require_toolkit()
+        if os.environ.get(NO_CHILD_ENV):
+            raise UsageError(f"this run starts no toolkit child: {os.environ[NO_CHILD_ENV]}")
         self.onnx = Path(onnx_path).resolve()
         if not self.onnx.is_file():
             raise FileNotFoundError(f"no ONNX model at {self.onnx}")
