@@ -41,6 +41,8 @@ def add_stage_args(p: argparse.ArgumentParser, *, output_help: str = "where stag
     p.add_argument("--target", choices=TARGETS, default="rk3588")
     p.add_argument("--out", type=Path,
                    help="engine path (default: beside the graph, <family>-w<frames>-<target>-<graph digest>.rknn)")
+    p.add_argument("--json", action="store_true",
+                   help="stage 2: print the build and gate row as JSON instead of the summary line")
 
 
 def add_board_run_args(p: argparse.ArgumentParser, *,
@@ -62,6 +64,8 @@ def refuse_mixed(p: argparse.ArgumentParser, args, stage1: tuple[str, ...]) -> N
     if args.onnx is None:
         if args.out is not None and args.skip_rknn:
             p.error("--out names the engine, and --skip-rknn builds none")
+        if getattr(args, "json", False) and args.skip_rknn:
+            p.error("--json prints stage 2's row, and --skip-rknn builds no engine")
         return
     given = [f"--{name.replace('_', '-')}" for name in stage1 + ("output", "skip_rknn")
              if getattr(args, name, None) not in (None, False)]
@@ -100,10 +104,42 @@ def print_build(report) -> None:
     print(json.dumps({**report.row(), "engine": report.engine, "log": report.log}, indent=1))
 
 
-def print_converted(done, gate, probed_on: str) -> int:
-    """What stage 2 of every family prints: the build row, the simulator gate on `probed_on`, and
-    the two files written (engine and contract). Returns the exit code 0."""
-    print_build(done.simulated.report)
-    print(f"simulator vs fp32 on {probed_on}: {done.simulated.worst_snr_db:.1f} dB (gate {gate.threshold} dB)")
-    print(f"wrote {done.engine} and {done.engine.with_suffix('.contract.json').name}")
+def stage2(onnx_path: Path, target: str, out: Path | None, *, describe, remake: str, probe=None, gate=None,
+           probed_on: str = "white noise", as_json: bool = False) -> int:
+    """Stage 2 of every family: read the contract back out of the graph and say in one line what it
+    is (`describe(contract)`), build the engine and gate the simulator against fp32 on `probe`'s
+    inputs in the same child (rkstudy.engine.convert; white noise and engine.ALIVE_GATE when not
+    given), write the compiled contract beside the engine, and print the summary line a person
+    reads, or with `as_json` the row alone. Returns 0; a failed build or gate raises (exit 1)."""
+    from . import graph
+    from .contract import from_metadata
+    from .engine import ALIVE_GATE, convert
+
+    gate = gate or ALIVE_GATE
+    contract = from_metadata(graph.metadata(onnx_path), where=Path(onnx_path).name, remake=remake)
+    if not as_json:
+        print(describe(contract), flush=True)  # before the build: it takes minutes on a wide graph
+    done = convert(onnx_path, target, out, probe=probe, gate=gate, remake=remake)
+    row = stage2_row(done, gate, probed_on)
+    print(json.dumps(row, indent=1) if as_json else summary_line(row))
     return 0
+
+
+def stage2_row(done, gate, probed_on: str) -> dict:
+    """What stage 2 made, as a row: the build (BuildReport.row()), the files, and the gate."""
+    report = done.simulated.report
+    return {**report.row(), "engine": str(done.engine), "engine_bytes": report.engine_bytes,
+            "contract": str(done.engine.with_suffix(".contract.json")), "log": report.log,
+            **gate.row(done.simulated.worst_snr_db), "probed_on": probed_on}
+
+
+def summary_line(row: dict) -> str:
+    """Stage 2 in one line: the engine, what it is (target, dtype, bytes), what the compiler said
+    (REGTASK lines and their largest field value), what it cost
+    (build seconds, converter peak), and the simulator gate, measured against its threshold."""
+    op = ">=" if row["passed"] else "<"
+    return (f"{row['engine']}: {row['target']} {row['dtype']}, {row['engine_bytes']:,} bytes, REGTASK "
+            f"{row['regtask']} lines (largest value {row['regtask_max_value']}), built in {row['build_s']} s, "
+            f"converter peak {row['converter_peak_mb']:,.0f} MB; simulator vs fp32 on {row['probed_on']}: "
+            f"{row['measured']:.1f} {row['unit']} {op} {row['threshold']:g} (gate {row['gate']}); contract "
+            f"{Path(row['contract']).name}")

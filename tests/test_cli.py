@@ -1,6 +1,9 @@
 """The command line: one parametrized table of argv -> exit code -> message, and the happy paths."""
 
+import importlib
 import json
+import pkgutil
+import re
 
 import onnx
 import pytest
@@ -146,3 +149,81 @@ def test_fold_then_build_from_the_command_line(dynamic_model, tmp_path, capsys):
     assert main(["census", str(folded)]) == 0
     census = json.loads(capsys.readouterr().out)
     assert census["Shape"] == 0 and census["longest_axis"] == 93
+
+
+STAGE2_ROW = {"status": "ok", "target": "rk3566", "dtype": "fp16", "regtask": 18, "regtask_max_value": 8309,
+              "engine_mb": 12.345, "build_s": 41.2, "converter_peak_mb": 2150.4, "engine": "/e/dec.rknn",
+              "engine_bytes": 12_345_678, "contract": "/e/dec.contract.json", "gate": "simulator_vs_fp32_white_noise",
+              "measured": 31.26, "threshold": 15.0, "unit": "dB", "passed": True, "probed_on": "a white-noise window"}
+
+
+def test_stage2_says_what_it_built_in_one_line():
+    from rkstudy.cliutil import summary_line
+
+    assert summary_line(STAGE2_ROW) == (
+        "/e/dec.rknn: rk3566 fp16, 12,345,678 bytes, REGTASK 18 lines (largest value 8309), built in 41.2 s, "
+        "converter peak 2,150 MB; simulator vs fp32 on a white-noise window: 31.3 dB >= 15 "
+        "(gate simulator_vs_fp32_white_noise); contract dec.contract.json")
+
+
+@pytest.mark.simulator
+def test_stage2_prints_the_summary_line_and_json_gives_the_row(tmp_path, capsys):
+    step, engine = tmp_path / "b4.onnx", tmp_path / "b4.rknn"
+    assert main(["qwen3", "vocoder", "--codes-length", "4", "--widths", "tiny", "--skip-rknn",
+                 "--output", str(step)]) == 0
+    capsys.readouterr()
+    assert main(["qwen3", "vocoder", "--onnx", str(step), "--out", str(engine)]) == 0
+    described, summary = capsys.readouterr().out.splitlines()
+    assert described.startswith("b4.onnx: qwen3_vocoder, step of 4 tokens")
+    m = re.fullmatch(re.escape(str(engine)) + r": rk3588 fp16, ([\d,]+) bytes, REGTASK (\d+) lines \(largest value "
+                     r"(\d+)\), built in ([\d.]+) s, converter peak ([\d,]+) MB; simulator vs fp32 on a zeroed and a "
+                     r"carried cache: ([\d.]+) dB >= 30 \(gate simulator_vs_fp32_step\); contract b4.contract.json",
+                     summary)
+    assert m, summary
+    assert int(m[1].replace(",", "")) == engine.stat().st_size and float(m[4]) > 0
+    assert int(m[5].replace(",", "")) > 50 and float(m[6]) >= 30
+    assert main(["qwen3", "vocoder", "--onnx", str(step), "--out", str(engine), "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)  # the row alone: no summary line, no description
+    assert (row["engine"], row["gate"], row["threshold"], row["passed"]) == (
+        str(engine), "simulator_vs_fp32_step", 30.0, True)
+    assert row["engine_bytes"] == engine.stat().st_size and row["measured"] >= 30 and row["status"] == "ok"
+    assert {"dtype", "regtask", "regtask_max_value", "build_s", "converter_peak_mb", "contract", "log"} <= set(row)
+
+
+def test_json_without_a_stage_2_is_refused(capsys):
+    code, err = run(["qwen3", "vocoder", "--skip-rknn", "--json"], capsys)
+    assert code == 2 and "--json prints stage 2's row, and --skip-rknn builds no engine" in err
+
+
+def test_every_gate_has_a_name_of_its_own():
+    """A gate's name is what a results row records; two thresholds under one name could not be told apart."""
+    import rkstudy
+    from rkstudy.gates import Gate
+
+    gates = {}
+    for m in pkgutil.walk_packages(rkstudy.__path__, "rkstudy."):
+        if m.name.endswith("__main__") or m.name == "rkstudy._engine_child":
+            continue
+        for value in vars(importlib.import_module(m.name)).values():
+            if isinstance(value, Gate):
+                gates.setdefault(id(value), value)
+    names = [g.name for g in gates.values()]
+    assert len(names) >= 14 and len(set(names)) == len(names), sorted(names)
+
+
+def test_stage_one_output_goes_through_one_atomic_save(tmp_path, dynamic_model):
+    from rkstudy.contract import Contract, Digest, Tensor
+    from rkstudy.produced import Produced
+
+    c = Contract(family="probe", stage="test", inputs=(Tensor("x", (1, 4, 93)),), outputs=(Tensor("y", (1, 4, 93)),),
+                 source=Digest(file="dyn.onnx", sha256="0" * 64), producer="a test")
+    held = Produced(contract=c, model=dynamic_model)
+    first = held.save(tmp_path / "a.onnx")
+    assert onnx.load(str(first)).graph.node[0].op_type == "Conv"
+    on_disk = Produced(contract=c, path=first)
+    assert on_disk.save() == first and on_disk.save(first) == first
+    copy = on_disk.save(tmp_path / "b.onnx")
+    assert copy.read_bytes() == first.read_bytes()
+    assert not list(tmp_path.glob(".*.part"))  # no temporary file left behind
+    with pytest.raises(ValueError, match="needs its graph"):
+        Produced(contract=c)

@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from rkstudy import gates, graph
-from rkstudy.engine import convert
+from rkstudy.engine import ALIVE_GATE, convert
 from rkstudy.families.piper.voice import DecoderModel
 from rkstudy.families.piper_decoder import study
 from rkstudy.families.piper_decoder.producer import produce_for_voice
@@ -97,6 +97,6 @@ def test_g_is_in_the_contract_and_reaches_the_walk_and_the_reference(model):
 def test_the_conversion_stage_feeds_g(model, tmp_path):
     produced = produce_for_voice(model, emit=16, context=8)
     path = produced.save(tmp_path / "spk_decoder.onnx")
-    done = convert(path, "rk3588", tmp_path / "spk.rknn", gate=study.ENGINE_ALIVE_GATE)
+    done = convert(path, "rk3588", tmp_path / "spk.rknn", gate=ALIVE_GATE)
     assert done.simulated.worst_snr_db > 30 and done.contract.target == "rk3588"
     assert done.contract.tensor("g").role == "constant"

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ... import atomic, graph
+from ... import atomic, gates, graph
 from ...cache import digest, entry
 from ...contract import METADATA_KEY, Contract, Digest, Tensor, from_metadata
 from ...produced import Produced
@@ -31,6 +31,7 @@ from . import standin
 FAMILY = "flow_estimator"
 PRODUCER_VERSION = 1  # bump when the producer changes what it writes (keys the cache)
 PRODUCER = "rkstudy cosyvoice3 estimator --frames S --skip-rknn --output estimator_sS.onnx"
+SIM_GATE = gates.Gate("simulator_vs_fp32_estimator", 30.0)  # a floor: the stand-in measured 46-59 dB here
 
 
 def producer_command(frames: int, cfg: standin.DiTConfig, seed: int) -> str:
@@ -137,3 +138,8 @@ def feeds(contract: Contract, seed: int = 1, valid: float = 0.9) -> dict[str, np
                   spk_dim=spks.shape[1])
     frames = x.shape[2]
     return standin.random_inputs(frames, cfg, seed=seed, valid=max(1, int(frames * valid)))
+
+
+def probe(contract: Contract) -> list[dict[str, np.ndarray]]:
+    """Stage 2's probe: one feed of estimator-like inputs (`feeds`), 90% of the frames real."""
+    return [feeds(contract)]

@@ -20,7 +20,6 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from ... import gates
 from ...board.dmesg import InitRefused
 from ...board.memory import MIB, SINGLE_MAPPING_CEILING, LazyLadder, SeedsModel, check_set, smallest_rung
 from ...build import build_engine
@@ -29,7 +28,6 @@ from ...engine import simulator_vs_fp32
 from ...results import HOST
 from . import producer
 
-SIM_GATE = gates.Gate("simulator_vs_fp32", 30.0)  # a floor: the stand-in measured 46-59 dB here
 QUICK = {"depth": 2, "sizes": {"sdpa": (64,)}, "simulate": (64,), "depth_probe": ()}
 # The seeds' lengths and past them (their refused 900/1100/2000, then 3000 for the fit), fused and
 # unfused attention; the converter stays under ~4 GB at depth 2 up to S=3000. depth_probe: the
@@ -198,11 +196,11 @@ def build_row(frames: int, *, depth: int, attn_form: str = "sdpa", simulate: boo
                  "cpu_ops": " ".join(sorted({op for op, where in ops if where == "CPU"}
                                             - {"InputOperator", "OutputOperator"}))}]
         if simulate and report.ok:
-            sim = simulator_vs_fp32(product.path, target, [producer.feeds(product.contract)], gate=SIM_GATE)
+            sim = simulator_vs_fp32(product.path, target, [producer.feeds(product.contract)], gate=producer.SIM_GATE)
             r = sim.rows[0]
             rows.append({"S": frames, "depth": depth, "attn": rows[0]["attn"], "valid_frames": int(frames * 0.9),
                          "snr_db": r["snr_db"], "max_diff": r["out0_max_diff"], "nonfinite": r["out0_nonfinite"],
-                         "sim_run_s": round(sim.seconds[0], 2), **SIM_GATE.row(r["snr_db"]),
+                         "sim_run_s": round(sim.seconds[0], 2), **producer.SIM_GATE.row(r["snr_db"]),
                          "where": r["where"], "target": r["target"]})
     return rows, product.contract
 

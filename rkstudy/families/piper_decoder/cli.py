@@ -7,38 +7,36 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ...cliutil import add_stage_args, command_line, positive, refuse_mixed, text_to_speak
+from ...cliutil import add_stage_args, command_line, positive, refuse_mixed, stage2, text_to_speak
 from . import DEFAULT_CONTEXT, DEFAULT_EMIT
 
 
-def convert_decoder(onnx_path: Path, target: str, out: Path | None, remake: str) -> int:
+def _describe(onnx_path: Path, c) -> str:
+    w = c.window
+    return (f"{onnx_path.name}: {c.family}, window {w.frames} = {w.emit} + 2x{w.context}, hop {c.params['hop']}, "
+            f"{c.params['channels']} channels, dec_mask={c.params['dec_mask']}"
+            f"{', speaker ' + str(c.params['speaker_dims']) if c.params.get('speaker_dims') else ''}")
+
+
+def convert_decoder(onnx_path: Path, target: str, out: Path | None, remake: str, as_json: bool = False) -> int:
     """Stage 2 for a windowed decoder (Piper, Inflect): compile, gate the simulator against fp32 on a
-    white-noise window (engine alive: 15 dB; the fp16 noise floor sits at 22-36 dB), write the
-    compiled contract beside the engine."""
-    from ...engine import convert
-    from ...families.piper_decoder.study import ENGINE_ALIVE_GATE
+    white-noise window (rkstudy.engine.ALIVE_GATE), write the compiled contract beside the engine."""
     from .producer import read_contract
 
     c = read_contract(onnx_path, remake)
     if c.state:  # a stateful step (rkstudy piper decoder --stateful): its own probe carries a state
         from ..piper_decoder_stateful.cli import convert_step
 
-        return convert_step(onnx_path, target, out, c)
-    w = c.window
-    print(f"{onnx_path.name}: {c.family}, window {w.frames} = {w.emit} + 2x{w.context}, hop {c.params['hop']}, "
-          f"{c.params['channels']} channels, dec_mask={c.params['dec_mask']}"
-          f"{', speaker ' + str(c.params['speaker_dims']) if c.params.get('speaker_dims') else ''}")
-    done = convert(onnx_path, target, out, gate=ENGINE_ALIVE_GATE, remake=remake)
-    from ...cliutil import print_converted
-
-    return print_converted(done, ENGINE_ALIVE_GATE, "a white-noise window")
+        return convert_step(onnx_path, target, out, c.producer, as_json)
+    return stage2(onnx_path, target, out, describe=lambda contract: _describe(onnx_path, contract), remake=remake,
+                  probed_on="a white-noise window", as_json=as_json)
 
 
 def _decoder(args) -> int:
     if args.onnx:
         from .producer import PRODUCER
 
-        return convert_decoder(args.onnx, args.target, args.out, PRODUCER)
+        return convert_decoder(args.onnx, args.target, args.out, PRODUCER, args.json)
     if args.stateful:
         from ..piper_decoder_stateful.cli import produce as produce_step
 
@@ -59,7 +57,8 @@ def _decoder(args) -> int:
           f"(gate {row['threshold']} dB)")
     output = produced.save(args.output or Path(f"decoder_z_w{produced.contract.window.frames}.onnx"))
     print(f"wrote {output}")
-    return 0 if args.skip_rknn else convert_decoder(output, args.target, args.out, produced.contract.producer)
+    return 0 if args.skip_rknn else convert_decoder(output, args.target, args.out, produced.contract.producer,
+                                                    args.json)
 
 
 def _latents(args) -> int:

@@ -25,7 +25,6 @@ from .sidecar import DecoderSidecar
 SWEEP = ((45, 5), (45, 16), (45, 24))      # paroli's 55, a middle 77, the seeds' 93
 TAIL_FRAMES = (30, 47)                     # the seeds' short latents
 INTERIOR_GATE = gates.Gate("interior_window_snr_fp32", 40.0)
-ENGINE_ALIVE_GATE = gates.Gate("engine_vs_fp32_white_noise", 15.0)  # fp16 noise floor sits at 22-36 dB
 SELF_CHECK_TEXT = "Call me at 555 0142, extension 7."
 
 

@@ -35,6 +35,8 @@ FAMILY = "piper_encoder"
 REWRITE_VERSION = 2  # bump when the producer changes what it writes (keys the cache)
 PAD_SAFE_GATE = gates.Gate("padded_vs_exact_fp32", 100.0)  # seeds: 117-130 dB
 REWRITE_GATE = gates.Gate("rewritten_vs_raw_fp32", 100.0)  # seeds: 121-131 dB
+# stage 2 and the study's fidelity rows: the board measured 40-48 dB, the simulator 55-61 dB
+SIM_GATE = gates.Gate("simulator_vs_fp32_tokens", 30.0)
 
 
 DEFAULT_RELSHIFT = relshift.GATHER
@@ -133,6 +135,19 @@ def refuse_what_cannot_fit(frames: int, mode: str = DEFAULT_RELSHIFT) -> None:
     raise UsageError(f"--frames {frames}: stage 1 of the {mode} rewrite needs about {need / 1e9:,.0f} GB at that "
                      f"width and this machine has {available / 1e9:.1f} GB available; the widest that fits is "
                      f"--frames {widest}")
+
+
+def probe(contract: Contract) -> list[dict]:
+    """Stage 2's probe: valid token ids (white noise is no input for an embedding), seeded random ids
+    from the voice's vocabulary (read from the contract), one full-width feed and one padded to two
+    thirds of the width."""
+    rng = np.random.default_rng(0)
+    width, vocab = contract.params["width"], contract.params["n_vocab"]
+    feeds = []
+    for n in (width, max(2, 2 * width // 3)):
+        ids = [1] + rng.integers(3, vocab, size=n - 2).tolist() + [2]  # BOS ... EOS
+        feeds.append(pad_ids(ids, width))
+    return feeds
 
 
 def _vocab(model: onnx.ModelProto) -> int:

@@ -21,12 +21,11 @@ from ...graph.relshift import BANDED, GATHER
 from ...results import HOST, read_table
 from ...runtime import OrtRunner, SimulatorRunner
 from ..piper import voice as piper
-from .producer import EncoderSlice, both, counts_for, produce
+from .producer import SIM_GATE, EncoderSlice, both, counts_for, produce
 from .seam import encoder_slice, find_encoder_seam
 from .sidecar import FALLBACK, Ladder, LadderEngine, route
 from .tokens import chunk_ids, pad_ids, real_tokens
 
-SIM_GATE = gates.Gate("simulator_vs_fp32", 30.0)  # seeds' board: 40-48 dB; simulator 55-61 dB
 QUICK_WIDTHS = (32, 64)
 FULL_WIDTHS = (64, 96, 128, 192)
 # Built for the growth fit only (no simulator run). The converter's peak RSS grows with the
