@@ -21,7 +21,8 @@ from .contract import Contract
 @dataclass(kw_only=True)
 class Produced:
     """The graph as `model` (in memory) or at `path` (already on disk, usually in the cache), its
-    contract and, where the family counts it, its census. At least one of `model` and `path` is given."""
+    contract and, where the family counts it, its census. A study may describe a graph it never made
+    (neither given); such a Produced has nothing to save."""
 
     contract: Contract
     model: object | None = None  # onnx.ModelProto
@@ -29,8 +30,6 @@ class Produced:
     census: object | None = None  # what the family counted in the graph (graph.Census, or a dict)
 
     def __post_init__(self):
-        if self.model is None and self.path is None:
-            raise ValueError("a Produced needs its graph: give model or path")
         if self.path is not None:
             self.path = Path(self.path)
 
@@ -51,6 +50,8 @@ class Produced:
         """Write the graph to `output` (always rewritten) and return its path; without `output`, the
         graph's own file (a graph held in memory goes to the cache, keyed by its bytes). Either way
         through a temporary file and a rename."""
+        if self.model is None and self.path is None:
+            raise ValueError(f"{self.contract.family}: this Produced holds no graph to save (give model or path)")
         if output is None:
             if self.path is not None:
                 return self.path

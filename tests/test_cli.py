@@ -225,5 +225,6 @@ def test_stage_one_output_goes_through_one_atomic_save(tmp_path, dynamic_model):
     copy = on_disk.save(tmp_path / "b.onnx")
     assert copy.read_bytes() == first.read_bytes()
     assert not list(tmp_path.glob(".*.part"))  # no temporary file left behind
-    with pytest.raises(ValueError, match="needs its graph"):
-        Produced(contract=c)
+    with pytest.raises(ValueError, match="holds no graph to save"):
+        Produced(contract=c).save(tmp_path / "c.onnx")
+    assert not (tmp_path / "c.onnx").exists()
