@@ -10,7 +10,7 @@ MODELS_STAMP := $(VENV)/.rkstudy-models
 TOOLKIT_PIN = $$($(PY) -c 'import tomllib; print(tomllib.load(open("pyproject.toml","rb"))["tool"]["rkstudy"]["toolkit"])')
 NO_DEPS = $$($(PY) -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml","rb"))["tool"]["rkstudy"]["models-no-deps"]))')
 
-.PHONY: venv models toolkit toolkit-venv test check-results reproduce bench doctor lab lint format board-env clean
+.PHONY: venv models toolkit toolkit-venv test test-fast check-results reproduce bench doctor lab lint format board-env clean
 
 $(ENV_STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -62,6 +62,11 @@ doctor: venv
 # The second toolkit's environment too: notebook 08 and the interpreter-choice tests build with it.
 test: models toolkit-venv
 	$(PY) -m pytest tests
+
+# Everything that starts no toolkit child, runs no notebook and starts no JupyterLab (a few minutes);
+# tests/conftest.py fails any test that builds an engine without the `simulator` mark.
+test-fast: models
+	$(PY) -m pytest -m "not simulator and not notebooks and not lab" tests
 
 # Every committed table stamped by a clean ancestor commit whose producing code is HEAD's, with a
 # where/target and units that fit its numbers (`make test` runs it once the tables are re-made).

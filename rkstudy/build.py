@@ -47,6 +47,9 @@ from .toolkit import log as toolkit_log
 
 REGTASK_LIMIT = 100_000  # past this, the overflow is the ~800k-line regime that ruins an engine
 BUILD_TIMEOUT_S = 3 * 3600  # generous: the widest encoder builds here took ~25 min on 2 cores
+# Set (to a reason) in a process that must start no toolkit child, nor may any process it starts: the
+# fast test tier sets it for every test not marked `simulator` (tests/conftest.py).
+NO_CHILD_ENV = "RKSTUDY_NO_TOOLKIT_CHILD"
 TAIL_LINES = 30
 
 
@@ -233,6 +236,8 @@ class EngineProcess:
         if toolkit is None:
             require_toolkit()
         self.child_toolkit: str | None = None  # what the child says it imported (its first message)
+        if os.environ.get(NO_CHILD_ENV):
+            raise UsageError(f"this run starts no toolkit child: {os.environ[NO_CHILD_ENV]}")
         self.onnx = Path(onnx_path).resolve()
         if not self.onnx.is_file():
             raise FileNotFoundError(f"no ONNX model at {self.onnx}")
@@ -474,7 +479,7 @@ def build_engine(onnx_path, target: str, shapes: Mapping[str, Sequence[int]] | N
               (shapes if shapes is not None else graph.input_shapes(onnx_path)).items()}
     env = toolkit_env(toolkit)
     key = cache.digest(onnx_path, target, shapes, optimization_level, env.version,
-                       *([quantize.key(list(shapes))] if quantize else []))  # fp16 keys stay as they were
+                       *([quantize.key(list(shapes))] if quantize else []))  # an fp16 key has no calibration term
     out = Path(out) if out else default_engine_path(onnx_path, target, key)
     record = out.with_suffix(".json")
     if reuse and out.exists() and record.exists():

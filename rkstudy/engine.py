@@ -21,7 +21,9 @@ from .contract import Contract, from_metadata
 from .runtime import OrtRunner, SimulatorRunner
 from .toolkit.log import parse_accuracy_analysis
 
-ALIVE_GATE = gates.Gate("simulator_vs_fp32_probe", 15.0)  # the fp16 noise floor sits at 22-36 dB on real decoders
+# Stage 2 of a decoder probed with white noise: the engine is alive (the fp16 noise floor sits at 22-36 dB on
+# real decoders, a broken engine far below)
+ALIVE_GATE = gates.Gate("simulator_vs_fp32_white_noise", 15.0)
 
 
 @dataclass

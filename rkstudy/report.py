@@ -7,7 +7,6 @@ Board side: standard library only.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from . import atomic, claims, gates, results
@@ -143,9 +142,8 @@ def generate(root: Path = RESULTS) -> str:
             if executed and executed.is_file():
                 line += f" · executed, with outputs: [`results/notebooks/{notebook}`](notebooks/{notebook})"
             parts.append(line + "\n")
-        headlines = folder / "headlines.json"
-        if headlines.is_file():
-            h = json.loads(headlines.read_text(encoding="utf-8"))
+        if (folder / "headlines.json").is_file():
+            h = results.read_headlines(study, root)
             parts.append(f"\nHeadlines (commit {h['commit']}, {h['date']}):\n\n"
                          "| headline | ours | unit | the reference documents' figure | comparable |\n"
                          "|---|---|---|---|---|\n")

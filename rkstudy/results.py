@@ -239,6 +239,8 @@ def record_headlines(study: str, headlines: Mapping[str, Mapping], *, root: Path
 
 
 def read_headlines(study: str, root: Path) -> dict:
+    """What record_headlines wrote for `study` under `root`: study, version, commit, date and the
+    headlines (name -> value, unit, the reference figure's name)."""
     path = Path(root) / study / "headlines.json"
     if not path.is_file():
         raise FileNotFoundError(f"no headlines at {path}; run the study's notebook first")

@@ -1,7 +1,39 @@
+import os
+
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+
+from rkstudy import build
+
+# The fast tier (`make test-fast`, `-m "not simulator ..."`) stays fast only if every test that starts a
+# toolkit child says so. A test without the `simulator` mark that reaches EngineProcess fails, cold cache
+# or warm, fixtures included, instead of silently making the fast tier slow: in this process through the
+# patched constructor, in a command it runs as a subprocess through build.NO_CHILD_ENV.
+_engine_allowed = {"now": True}
+_start_engine = build.EngineProcess.__init__
+UNMARKED = "a test not marked @pytest.mark.simulator may not start a toolkit child (rkstudy.build.EngineProcess)"
+BUILDERS = ("simulator", "notebooks")  # a quick-mode notebook builds engines in its kernel
+
+
+def _guarded_start(self, *args, **kwargs):
+    if not _engine_allowed["now"] and build.toolkit_available():  # without a toolkit it only says so
+        pytest.fail(UNMARKED, pytrace=False)
+    _start_engine(self, *args, **kwargs)
+
+
+build.EngineProcess.__init__ = _guarded_start
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    # set before fixtures run, so a module-scoped fixture that builds an engine is caught too
+    _engine_allowed["now"] = any(item.get_closest_marker(m) for m in BUILDERS)
+    if _engine_allowed["now"]:
+        os.environ.pop(build.NO_CHILD_ENV, None)
+    else:
+        os.environ[build.NO_CHILD_ENV] = UNMARKED
 
 
 def make_model(nodes, inputs, outputs, inits=()):

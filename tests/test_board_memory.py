@@ -28,7 +28,7 @@ def test_seed_costs_are_the_seeds_figures():
     assert (BUDGET.mib, BUDGET.ceiling_bytes) == (3900, 2**32) and "seeds 000_6e5d138aacebdbda.txt" in BUDGET.source
 
 
-def test_the_table_is_the_one_in_the_issue():
+def test_the_sets_table_is_the_reference_documents_table():
     got = {"+".join(n): (t, a) for n, t, a in SEEDS.sets}
     assert got == {"S110+S200+S250": (3341, True), "S110+S110+S110+S110": (3144, True),
                    "S200+S200+S200": (3387, True), "S250+S250+S110": (3638, True),

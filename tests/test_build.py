@@ -12,6 +12,8 @@ from rkstudy import build, graph
 from rkstudy.errors import InputError, UsageError
 from rkstudy.families.toolchain import probes as toolchain
 
+pytestmark = pytest.mark.simulator
+
 
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory):

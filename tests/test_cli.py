@@ -1,6 +1,9 @@
 """The command line: one parametrized table of argv -> exit code -> message, and the happy paths."""
 
+import importlib
 import json
+import pkgutil
+import re
 
 import onnx
 import pytest
@@ -28,6 +31,8 @@ def files(tmp_path_factory):
     (d / "truncated.onnx").write_bytes(data[: len(data) // 2])
     (d / "corrupt.onnx").write_bytes(b"\x08\x07this is not an onnx model at all\xff\xfe" * 40)
     onnx.save(long_axis_probe(32768), str(d / "long.onnx"))  # overflows the 13-bit field on rk3588
+    (d / "blank.txt").write_text(" \n\t\n", encoding="utf-8")
+    (d / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
     return d
 
 
@@ -68,6 +73,14 @@ ERRORS = [
      "`rkstudy board run` runs on an RKNPU2 board (RK3588, RK3576, RK3566/RK3568, RK3562)"),
     (["piper", "decoder", "--voice-onnx", "{d}/none.onnx", "--skip-rknn"], 2, "no voice ONNX at"),
     (["nosuch"], 2, "invalid choice: 'nosuch'"),
+    (["piper", "latents", "--text", "", "-o", "{d}/said.npz"], 2, "--text is empty; give the text to speak"),
+    (["piper", "latents", "--text", " \n ", "-o", "{d}/said.npz"], 2, "--text is empty; give the text to speak"),
+    (["piper", "latents", "--text-file", "{d}/blank.txt", "-o", "{d}/said.npz"], 2, "blank.txt holds no text"),
+    (["piper", "latents", "--text-file", "{d}/none.txt", "-o", "{d}/said.npz"], 2, "no text file at"),
+    (["piper", "latents", "--text-file", "{d}/latin1.txt", "-o", "{d}/said.npz"], 2, "latin1.txt is not UTF-8 text"),
+    (["kokoro", "inputs", "--text", "", "-o", "{d}/said.npz"], 2, "--text is empty; give the text to speak"),
+    (["kokoro", "inputs", "--text-file", "{d}/blank.txt", "-o", "{d}/said.npz"], 2, "blank.txt holds no text"),
+    (["piper", "encoder", "--frames", "100000", "--skip-rknn"], 2, "GB available; the widest that fits is --frames"),
 ]
 
 
@@ -78,6 +91,24 @@ def test_error_table(files, capsys, argv, code, fragment):
     assert got == code
     assert fragment in err
     assert err.count("\n") == 1 and "Traceback" not in err  # one line, no traceback
+    assert not (files / "said.npz").exists()  # refused input writes nothing
+
+
+def test_an_encoder_width_that_cannot_fit_is_refused_naming_the_widest_that_does(capsys, monkeypatch):
+    from rkstudy.families.piper_encoder import producer
+
+    monkeypatch.setattr(producer, "available_memory", lambda: 8e9)
+    widest = int(((8e9 - producer.STAGE1_BASE_BYTES) / producer.STAGE1_BYTES_PER_N2["gather"]) ** 0.5)
+    assert widest == 1292  # 0.65 GB + 4.4 kB * N^2 <= 8 GB
+    producer.refuse_what_cannot_fit(widest)  # the width it names is admitted
+    code, err = run(["piper", "encoder", "--frames", str(widest + 1), "--skip-rknn"], capsys)
+    assert code == 2 and err.count("\n") == 1
+    assert "needs about 8 GB at that width and this machine has 8.0 GB available; the widest that fits is " \
+           "--frames 1292" in err
+    banded = producer.stage1_peak_bytes(4096, "banded")
+    assert banded == pytest.approx(0.65e9 + 800 * 4096**2)  # 14 GB: far less than gather, still too much
+    with pytest.raises(UsageError, match="the widest that fits is --frames 3031"):
+        producer.refuse_what_cannot_fit(4096, "banded")
 
 
 def test_a_missing_toolkit_names_make_toolkit(files, capsys, monkeypatch):
@@ -86,6 +117,7 @@ def test_a_missing_toolkit_names_make_toolkit(files, capsys, monkeypatch):
     assert code == 2 and "run `make toolkit`" in err and err.count("\n") == 1
 
 
+@pytest.mark.simulator
 def test_a_failed_gate_or_build_exits_1(files, capsys):
     code, err = run(["build", str(files / "long.onnx"), "--regtask-limit", "1", "--rebuild",
                      "--out", str(files / "long.rknn")], capsys)
@@ -103,6 +135,7 @@ def test_version(capsys):
     assert exc.value.code == 0 and capsys.readouterr().out.startswith("rkstudy 0.")
 
 
+@pytest.mark.simulator
 def test_fold_then_build_from_the_command_line(dynamic_model, tmp_path, capsys):
     src, folded, engine = tmp_path / "dyn.onnx", tmp_path / "folded.onnx", tmp_path / "e.rknn"
     onnx.save(dynamic_model, str(src))
@@ -112,7 +145,91 @@ def test_fold_then_build_from_the_command_line(dynamic_model, tmp_path, capsys):
     assert main(["build", str(folded), "--target", "rk3566", "--out", str(engine)]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["status"] == "ok" and report["target"] == "rk3566" and engine.exists()
-    assert report["converter_peak_mb"] > 50  # the toolkit child's own peak, from wait4
+    assert report["converter_peak_mb"] > 50  # the toolkit child's own peak (its VmHWM), not the caller's
     assert main(["census", str(folded)]) == 0
     census = json.loads(capsys.readouterr().out)
     assert census["Shape"] == 0 and census["longest_axis"] == 93
+
+
+STAGE2_ROW = {"status": "ok", "target": "rk3566", "dtype": "fp16", "regtask": 18, "regtask_max_value": 8309,
+              "engine_mb": 12.345, "build_s": 41.2, "converter_peak_mb": 2150.4, "engine": "/e/dec.rknn",
+              "engine_bytes": 12_345_678, "contract": "/e/dec.contract.json", "gate": "simulator_vs_fp32_white_noise",
+              "measured": 31.26, "threshold": 15.0, "unit": "dB", "passed": True, "probed_on": "a white-noise window",
+              "board_risk": "at risk: 18 REGTASK lines, largest field value 8,309 (field limit 8,191): the simulator "
+                            "does not model the overflow"}
+
+
+def test_stage2_says_what_it_built_in_one_line():
+    from rkstudy.cliutil import summary_line
+
+    assert summary_line(STAGE2_ROW) == (
+        "/e/dec.rknn: rk3566 fp16, 12,345,678 bytes, REGTASK 18 lines (largest value 8309), built in 41.2 s, "
+        "converter peak 2,150 MB; simulator vs fp32 on a white-noise window: 31.3 dB >= 15 "
+        "(gate simulator_vs_fp32_white_noise); board risk: at risk: 18 REGTASK lines, largest field value 8,309 "
+        "(field limit 8,191): the simulator does not model the overflow; contract dec.contract.json")
+
+
+@pytest.mark.simulator
+def test_stage2_prints_the_summary_line_and_json_gives_the_row(tmp_path, capsys):
+    step, engine = tmp_path / "b4.onnx", tmp_path / "b4.rknn"
+    assert main(["qwen3", "vocoder", "--codes-length", "4", "--widths", "tiny", "--skip-rknn",
+                 "--output", str(step)]) == 0
+    capsys.readouterr()
+    assert main(["qwen3", "vocoder", "--onnx", str(step), "--out", str(engine)]) == 0
+    described, summary = capsys.readouterr().out.splitlines()
+    assert described.startswith("b4.onnx: qwen3_vocoder, step of 4 tokens")
+    m = re.fullmatch(re.escape(str(engine)) + r": rk3588 fp16, ([\d,]+) bytes, REGTASK (\d+) lines \(largest value "
+                     r"(\d+)\), built in ([\d.]+) s, converter peak ([\d,]+) MB; simulator vs fp32 on a zeroed and a "
+                     r"carried cache: ([\d.]+) dB >= 30 \(gate simulator_vs_fp32_step\); "
+                     r"board risk: (clean|at risk: .+); contract b4.contract.json",
+                     summary)
+    assert m, summary
+    assert int(m[1].replace(",", "")) == engine.stat().st_size and float(m[4]) > 0
+    assert int(m[5].replace(",", "")) > 50 and float(m[6]) >= 30
+    assert main(["qwen3", "vocoder", "--onnx", str(step), "--out", str(engine), "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)  # the row alone: no summary line, no description
+    assert (row["engine"], row["gate"], row["threshold"], row["passed"]) == (
+        str(engine), "simulator_vs_fp32_step", 30.0, True)
+    assert row["engine_bytes"] == engine.stat().st_size and row["measured"] >= 30 and row["status"] == "ok"
+    assert {"dtype", "regtask", "regtask_max_value", "build_s", "converter_peak_mb", "contract", "log",
+            "board_risk"} <= set(row)
+
+
+def test_json_without_a_stage_2_is_refused(capsys):
+    code, err = run(["qwen3", "vocoder", "--skip-rknn", "--json"], capsys)
+    assert code == 2 and "--json prints stage 2's row, and --skip-rknn builds no engine" in err
+
+
+def test_every_gate_has_a_name_of_its_own():
+    """A gate's name is what a results row records; two thresholds under one name could not be told apart."""
+    import rkstudy
+    from rkstudy.gates import Gate
+
+    gates = {}
+    for m in pkgutil.walk_packages(rkstudy.__path__, "rkstudy."):
+        if m.name.endswith("__main__") or m.name == "rkstudy._engine_child":
+            continue
+        for value in vars(importlib.import_module(m.name)).values():
+            if isinstance(value, Gate):
+                gates.setdefault(id(value), value)
+    names = [g.name for g in gates.values()]
+    assert len(names) >= 14 and len(set(names)) == len(names), sorted(names)
+
+
+def test_stage_one_output_goes_through_one_atomic_save(tmp_path, dynamic_model):
+    from rkstudy.contract import Contract, Digest, Tensor
+    from rkstudy.produced import Produced
+
+    c = Contract(family="probe", stage="test", inputs=(Tensor("x", (1, 4, 93)),), outputs=(Tensor("y", (1, 4, 93)),),
+                 source=Digest(file="dyn.onnx", sha256="0" * 64), producer="a test")
+    held = Produced(contract=c, model=dynamic_model)
+    first = held.save(tmp_path / "a.onnx")
+    assert onnx.load(str(first)).graph.node[0].op_type == "Conv"
+    on_disk = Produced(contract=c, path=first)
+    assert on_disk.save() == first and on_disk.save(first) == first
+    copy = on_disk.save(tmp_path / "b.onnx")
+    assert copy.read_bytes() == first.read_bytes()
+    assert not list(tmp_path.glob(".*.part"))  # no temporary file left behind
+    with pytest.raises(ValueError, match="holds no graph to save"):
+        Produced(contract=c).save(tmp_path / "c.onnx")
+    assert not (tmp_path / "c.onnx").exists()

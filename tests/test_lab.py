@@ -13,6 +13,8 @@ import pytest
 
 from rkstudy.paths import NOTEBOOKS
 
+pytestmark = pytest.mark.lab
+
 TOKEN = "rkstudy-test"
 
 

@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from rkstudy import gates, graph
-from rkstudy.engine import convert
+from rkstudy.engine import ALIVE_GATE, convert
 from rkstudy.families.piper.voice import DecoderModel
 from rkstudy.families.piper_decoder import study
 from rkstudy.families.piper_decoder.producer import produce_for_voice
@@ -94,10 +94,11 @@ def test_g_is_in_the_contract_and_reaches_the_walk_and_the_reference(model):
         side.decode(z, progress=False)
 
 
+@pytest.mark.simulator
 def test_the_conversion_stage_feeds_g(model, tmp_path):
     produced = produce_for_voice(model, emit=16, context=8)
     path = produced.save(tmp_path / "spk_decoder.onnx")
-    done = convert(path, "rk3588", tmp_path / "spk.rknn", gate=study.ENGINE_ALIVE_GATE)
+    done = convert(path, "rk3588", tmp_path / "spk.rknn", gate=ALIVE_GATE)
     assert done.simulated.worst_snr_db > 30 and done.contract.target == "rk3588"
     assert done.contract.tensor("g").role == "constant"
 
@@ -107,6 +108,6 @@ def test_the_conversion_stage_feeds_g(model, tmp_path):
                     reason="no 2.3.2 environment: make toolkit-venv TOOLKIT=2.3.2 (make test makes it)")
 def test_the_conversion_stage_records_the_toolkit_that_built_the_engine(model, tmp_path):
     path = produce_for_voice(model, emit=16, context=8).save(tmp_path / "spk_decoder.onnx")
-    done = convert(path, "rk3588", tmp_path / "spk-2.3.2.rknn", gate=study.ENGINE_ALIVE_GATE, toolkit="2.3.2")
+    done = convert(path, "rk3588", tmp_path / "spk-2.3.2.rknn", gate=ALIVE_GATE, toolkit="2.3.2")
     assert done.contract.toolkit == done.simulated.report.toolkit_version == "rknn-toolkit2 2.3.2"
     assert '"toolkit": "rknn-toolkit2 2.3.2"' in (tmp_path / "spk-2.3.2.contract.json").read_text()

@@ -10,6 +10,7 @@ import math
 
 import pytest
 
+from rkstudy import results
 from rkstudy.paths import NOTEBOOKS, QUICK_RESULTS, REPO
 
 pytestmark = pytest.mark.notebooks
@@ -178,7 +179,7 @@ def executed():
 def test_notebook_headlines(study, executed):
     notebook, expected = EXPECT[study]
     executed(notebook)
-    recorded = json.loads((QUICK_RESULTS / study / "headlines.json").read_text())["headlines"]
+    recorded = results.read_headlines(study, QUICK_RESULTS)["headlines"]
     for name, (low, high) in expected.items():
         value = float(recorded[name]["value"])
         assert low <= value <= high, f"{study}: {name} = {value}, expected in [{low}, {high}]"

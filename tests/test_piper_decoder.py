@@ -138,6 +138,7 @@ def test_sidecar_refuses_a_mismatched_engine(produced):
         read_contract(onnx.ModelProto())
 
 
+@pytest.mark.simulator
 def test_simulator_walk_matches_fp32(voice, latent, produced):
     with SimulatorRunner(produced.save(), "rk3588") as sim:
         assert sim.shapes["z"] == (1, 192, 93)
@@ -148,6 +149,7 @@ def test_simulator_walk_matches_fp32(voice, latent, produced):
     assert gates.best_lag(ref, test) == 0 and gates.nonfinite_count(test) == 0
 
 
+@pytest.mark.simulator
 def test_two_stage_command_line(tmp_path, capsys):
     out = tmp_path / "decoder_z.onnx"
     assert main(["piper", "decoder", "--skip-rknn", "--output", str(out), "--dec-mask"]) == 0

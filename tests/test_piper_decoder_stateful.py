@@ -43,7 +43,7 @@ def test_the_delay_map_and_the_cache_of_the_voice(steps):
 
 
 def test_exactness_gate_float64_step_equals_float64_full_decode(voice, steps, short):
-    """The issue's gate, >= 120 dB over every sample, with both decodes in float64 (the method alone);
+    """The exactness gate, >= 120 dB over every sample, with both decodes in float64 (the method alone);
     fp32 beside it: onnxruntime sums a conv of <= 64 outputs in another order, so the fp32 step is not
     bit-identical to the fp32 full decode where either runs such a conv (measured on "short", 49 frames:
     97.3 dB at E=16, bit-identical at E=45, 101.1 dB at E=93; the fp32 full decode is 102.5 dB from float64)."""

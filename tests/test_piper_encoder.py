@@ -72,6 +72,7 @@ def test_rewrite_matches_the_raw_slice(voice, product):
     assert row["vs_folded_max_diff"] < 1e-4
 
 
+@pytest.mark.simulator
 def test_simulator_fidelity(voice, product, sim):
     raw = OrtRunner(product.raw)
     for n in (17, W):
@@ -83,6 +84,7 @@ def test_simulator_fidelity(voice, product, sim):
     assert sim.report.engine_bytes == 0  # no engine file asked for: the simulator child keeps it
 
 
+@pytest.mark.simulator
 def test_durations_are_seeded_and_the_ladder_routes(voice, product, sim):
     engine = sidecar.LadderEngine(sim, product.contract)
     assert (engine.width, engine.channels) == (W, (384, 192))
@@ -123,6 +125,7 @@ def test_route_and_chunks(voice):
     assert len(chunks) == 10 and all(ids[0] == 1 and ids[-1] == 2 for _, ids in chunks)
 
 
+@pytest.mark.simulator
 def test_cli_produces_and_converts(tmp_path, capsys):
     out = tmp_path / "enc_n32.onnx"
     out.write_bytes(b"an old file that must not survive")
@@ -168,7 +171,7 @@ def _size(mode, frames, engine_bytes, peak_gb, peak_from="dedicated build child"
             "carried_from": "", "status": "ok", "where": "host", "target": "rk3588"}
 
 
-def test_relshift_growth_prefers_the_dedicated_build_and_scores_the_targets():
+def test_relshift_growth_prefers_the_dedicated_build_and_scores_the_size_goals():
     sizes = [_size("banded", 128, 16_000_000, 0.9, "simulator child (build + inference)"),
              _size("banded", 128, 16_000_000, 0.5), _size("banded", 320, 21_000_000, 3.5),
              _size("banded", 512, 401_000_000, 1.0), _size("gather", 128, 137_000_000, 1.9)]

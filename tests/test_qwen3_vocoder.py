@@ -163,6 +163,7 @@ def rkstudy(*argv, check=True):
     return proc
 
 
+@pytest.mark.simulator
 def test_board_run_through_the_replay_double_equals_the_fp32_sidecar(tmp_path):
     """Both stages through the command line (stage 2 builds in the simulator and gates it), then
     `rkstudy board run qwen3_vocoder` offline and streaming: the audio equals the fp32 sidecar's exactly.

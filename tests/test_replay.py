@@ -40,6 +40,7 @@ def work(tmp_path_factory):
     return d
 
 
+@pytest.mark.simulator
 def test_board_run_piper_decoder_equals_the_fp32_walk(work):
     proc = rkstudy("board", "run", "piper_decoder", "--engine", work / "decoder.rknn", "--latents",
                    work / "latents.npz", "--outputs", work / "out.npz", "--audio", work / "out.wav",
@@ -73,6 +74,7 @@ def step_engine(work):
     return work / "decoder_step.rknn"
 
 
+@pytest.mark.simulator
 def test_board_run_piper_decoder_stateful_equals_the_fp32_step_walk(work, step_engine):
     from rkstudy.families.piper_decoder_stateful.sidecar import StatefulDecoderSidecar
 
@@ -96,6 +98,7 @@ def test_board_run_piper_decoder_stateful_equals_the_fp32_step_walk(work, step_e
     assert "`rkstudy piper decoder --stateful --emit 45" in other.stderr
 
 
+@pytest.mark.simulator
 def test_board_run_from_text_synthesizes_the_latent_on_the_board(work):
     from rkstudy.families.piper.voice import default_voice_paths
 
@@ -112,6 +115,7 @@ def test_board_run_from_text_synthesizes_the_latent_on_the_board(work):
     assert other.returncode == 2 and "is not the model this engine was made from" in other.stderr
 
 
+@pytest.mark.simulator
 @pytest.mark.parametrize("board", ["rk3566", "rk3576"])
 def test_an_engine_for_another_soc_is_refused_before_a_child_starts(work, board):
     proc = rkstudy("board", "run", "piper_decoder", "--engine", work / "decoder.rknn", "--latents",
@@ -121,6 +125,7 @@ def test_an_engine_for_another_soc_is_refused_before_a_child_starts(work, board)
     assert not (work / f"results-{board}").exists()
 
 
+@pytest.mark.simulator
 def test_board_run_refuses_latents_of_another_voice(work, tmp_path):
     lat = latent_files.load(work / "latents.npz")
     from rkstudy.families.piper.voice import Latent
@@ -133,6 +138,7 @@ def test_board_run_refuses_latents_of_another_voice(work, tmp_path):
     assert proc.returncode == 2 and "make inputs from en_US-joe-medium.onnx" in proc.stderr
 
 
+@pytest.mark.simulator
 def test_board_run_piper_encoder_ladder_equals_fp32(work, voice):
     from rkstudy.families.piper_encoder.seam import encoder_slice
 

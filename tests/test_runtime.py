@@ -16,6 +16,7 @@ def probe(tmp_path_factory):
     return path
 
 
+@pytest.mark.simulator
 @pytest.mark.parametrize("target", ["rk3588", "rk3566"])
 def test_simulator_matches_fp32(probe, target):
     x = graph.random_inputs(probe, seed=3)
@@ -29,6 +30,7 @@ def test_simulator_matches_fp32(probe, target):
     np.testing.assert_array_equal(out, again)
 
 
+@pytest.mark.simulator
 def test_simulator_refuses_a_wrong_shape_and_keeps_serving(probe):
     with SimulatorRunner(probe, "rk3588") as sim:
         with pytest.raises(ValueError, match=r"built for \(1, 16, 1, 32\)"):
@@ -38,6 +40,7 @@ def test_simulator_refuses_a_wrong_shape_and_keeps_serving(probe):
         assert sim.run({"x": np.zeros((1, 16, 1, 32), np.float32)})[0].shape == (1, 1, 1, 128)
 
 
+@pytest.mark.simulator
 def test_a_failed_build_raises_unless_its_report_is_kept(tmp_path):
     model = toolchain.vocoder_probe()
     model.opset_import[0].version = 20  # the toolkit refuses the opset at load_onnx
@@ -51,6 +54,7 @@ def test_a_failed_build_raises_unless_its_report_is_kept(tmp_path):
     kept.close()  # the child is already gone: closing again is harmless
 
 
+@pytest.mark.simulator
 def test_walk_the_simulator_over_a_long_latent(probe):
     # The probe is a 32-frame "decoder" with hop 4; walk it with 16 emitted + 8 context each side.
     # Its receptive field exceeds 8 frames, so the walk is close to, not equal to, one long decode.

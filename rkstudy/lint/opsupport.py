@@ -121,7 +121,7 @@ def _weights(shape, seed=0):
 
 
 def probes() -> list[Probe]:
-    """Every operator (variant) the table covers: what TTS exports carry, and the ops the issue named."""
+    """Every operator (variant) the table covers: what TTS exports carry, and the ops the rules RK302-RK304 name."""
     unary = ["Abs", "Acos", "Asin", "Asinh", "Atan", "Atanh", "Ceil", "Cos", "Cosh", "Elu", "Erf", "Exp",
              "Floor", "HardSigmoid", "HardSwish", "LeakyRelu", "Log", "Neg", "Reciprocal", "Relu",
              "Round", "Selu", "Sigmoid", "Sign", "Sin", "Sinh", "Softplus", "Softsign", "Sqrt", "Tan", "Tanh",

@@ -20,7 +20,7 @@ from rkstudy.runtime import OrtRunner
 
 HERE = Path(__file__).resolve().parent
 OUT = REPO / "build" / "relshift_candidates"  # folded/rewritten ONNX, references, one JSON row per build
-EXACT_DB = 120.0  # the brief's fp32 gate: >= 120 dB and max |diff| <= 1e-5 against the raw slice
+EXACT_DB = 120.0  # the exactness gate in fp32: >= 120 dB and max |diff| <= 1e-5 against the raw slice
 EXACT_MAX_DIFF = 1e-5
 
 

@@ -7,28 +7,27 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ...cliutil import add_stage_args, positive, refuse_mixed
+from ...cliutil import add_stage_args, positive, refuse_mixed, stage2
 from ...errors import UsageError
 
 
-def convert_estimator(onnx_path: Path, target: str, out: Path | None) -> int:
+def convert_estimator(onnx_path: Path, target: str, out: Path | None, as_json: bool = False) -> int:
     """Stage 2: compile, gate the simulator against fp32 on estimator-like inputs (90% of the frames
     real), write the compiled contract beside the engine."""
-    from ...cliutil import print_converted
-    from ...engine import convert
-    from .producer import PRODUCER, feeds
-    from .study import SIM_GATE
+    from .producer import PRODUCER, SIM_GATE, probe
 
-    done = convert(onnx_path, target, out, probe=lambda c: [feeds(c)], gate=SIM_GATE, remake=PRODUCER)
-    p = done.contract.params
-    print(f"{onnx_path.name}: flow_estimator stand-in, S={p['frames']}, depth {p['depth']}, "
-          f"{p['attn_form']}/{p['attn_bias']} attention, {p['parameters']} parameters ({p['weights']})")
-    return print_converted(done, SIM_GATE, "estimator inputs")
+    def describe(c) -> str:
+        p = c.params
+        return (f"{onnx_path.name}: flow_estimator stand-in, S={p['frames']}, depth {p['depth']}, "
+                f"{p['attn_form']}/{p['attn_bias']} attention, {p['parameters']} parameters ({p['weights']})")
+
+    return stage2(onnx_path, target, out, describe=describe, remake=PRODUCER, probe=probe, gate=SIM_GATE,
+                  probed_on="estimator inputs", as_json=as_json)
 
 
 def _cmd(args) -> int:
     if args.onnx:
-        return convert_estimator(args.onnx, args.target, args.out)
+        return convert_estimator(args.onnx, args.target, args.out, args.json)
     if args.frames is None:
         raise UsageError("give --frames S (the compiled frame count) to produce an estimator graph, or "
                          "--onnx EST.onnx to convert one")
@@ -42,7 +41,7 @@ def _cmd(args) -> int:
           f"{c.params['weights']}; {nodes}{product.folded_nodes} nodes after the fold")
     print("inputs: " + ", ".join(f"{t.name} {list(t.shape)} {t.role}" for t in c.inputs))
     print(f"wrote {product.path}")
-    return 0 if args.skip_rknn else convert_estimator(product.path, args.target, args.out)
+    return 0 if args.skip_rknn else convert_estimator(product.path, args.target, args.out, args.json)
 
 
 def add_cli(group_sub) -> None:

@@ -22,14 +22,16 @@ from pathlib import Path
 
 import numpy as np
 
-from ... import atomic, graph
+from ... import atomic, gates, graph
 from ...cache import digest, entry
 from ...contract import METADATA_KEY, Contract, Digest, Tensor, from_metadata
+from ...produced import Produced
 from . import standin
 
 FAMILY = "flow_estimator"
 PRODUCER_VERSION = 1  # bump when the producer changes what it writes (keys the cache)
 PRODUCER = "rkstudy cosyvoice3 estimator --frames S --skip-rknn --output estimator_sS.onnx"
+SIM_GATE = gates.Gate("simulator_vs_fp32_estimator", 30.0)  # a floor: the stand-in measured 46-59 dB here
 
 
 def producer_command(frames: int, cfg: standin.DiTConfig, seed: int) -> str:
@@ -69,15 +71,13 @@ def estimator_contract(*, frames: int, cfg: standin.DiTConfig, seed: int, source
                 "weights": "seeded random: a stand-in, its outputs are not speech"})
 
 
-@dataclass
-class Product:
-    """One produced S: the folded graph on disk (contract in its metadata), the contract, the node
-    counts before and after the fold, and the export and fold seconds (raw_nodes and seconds are
-    None for a graph taken from the cache)."""
+@dataclass(kw_only=True)
+class EstimatorGraph(Produced):
+    """One produced S: the folded graph on disk (contract in its metadata), the node counts before
+    and after the fold, and the export and fold seconds (raw_nodes and seconds are None for a graph
+    taken from the cache)."""
 
     frames: int
-    path: Path
-    contract: Contract
     raw_nodes: int | None
     folded_nodes: int
     seconds: float | None
@@ -91,7 +91,7 @@ class Product:
 
 
 def produce(frames: int, *, depth: int = 2, seed: int = 0, attn_form: str = "sdpa", attn_bias: str = "key",
-            output: Path | str | None = None) -> Product:
+            output: Path | str | None = None) -> EstimatorGraph:
     """Build the stand-in, export at `frames`, fold at the pinned shapes, write the contract into the
     graph, save it to `output` (default: the cache, keyed by everything that made it)."""
     import onnxslim
@@ -108,7 +108,8 @@ def produce(frames: int, *, depth: int = 2, seed: int = 0, attn_form: str = "sdp
                               onnxslim.__version__), ".onnx")
         if output.exists():
             nodes = graph.census(output, with_axis=False).nodes
-            return Product(frames, output, read_contract(output), None, nodes, None)
+            return EstimatorGraph(frames=frames, path=output, contract=read_contract(output), raw_nodes=None,
+                                  folded_nodes=nodes, seconds=None)
     t0 = time.monotonic()
     model = standin.build(cfg, seed=seed)
     with tempfile.TemporaryDirectory(prefix="rkstudy-dit-") as tmp:
@@ -118,7 +119,8 @@ def produce(frames: int, *, depth: int = 2, seed: int = 0, attn_form: str = "sdp
     contract = estimator_contract(frames=frames, cfg=cfg, seed=seed, source=source_digest(model, cfg, seed),
                                   producer=producer_command(frames, cfg, seed))
     atomic.save_onnx(graph.with_metadata(folded, **{METADATA_KEY: contract.to_json()}), output)
-    return Product(frames, Path(output), contract, raw_nodes, len(folded.graph.node), time.monotonic() - t0)
+    return EstimatorGraph(frames=frames, path=output, contract=contract, raw_nodes=raw_nodes,
+                          folded_nodes=len(folded.graph.node), seconds=time.monotonic() - t0)
 
 
 def read_contract(model) -> Contract:
@@ -136,3 +138,8 @@ def feeds(contract: Contract, seed: int = 1, valid: float = 0.9) -> dict[str, np
                   spk_dim=spks.shape[1])
     frames = x.shape[2]
     return standin.random_inputs(frames, cfg, seed=seed, valid=max(1, int(frames * valid)))
+
+
+def probe(contract: Contract) -> list[dict[str, np.ndarray]]:
+    """Stage 2's probe: one feed of estimator-like inputs (`feeds`), 90% of the frames real."""
+    return [feeds(contract)]

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from ... import fits, gates
+from ... import fits
 from ...board.dmesg import InitRefused
 from ...board.memory import MIB, SINGLE_MAPPING_CEILING, LazyLadder, check_set, smallest_rung
 from ...build import build_engine
@@ -28,7 +28,6 @@ from ...toolkit.log import layer_table, memory_plan, op_targets
 from . import producer
 from .reference_memory import ReferenceMemoryModel
 
-SIM_GATE = gates.Gate("simulator_vs_fp32", 30.0)  # a floor: the stand-in measured 46-59 dB here
 QUICK = {"depth": 2, "sizes": {"sdpa": (64,)}, "simulate": (64,), "depth_probe": ()}
 # The seeds' lengths and past them (their refused 900/1100/2000, then 3000 for the fit), fused and
 # unfused attention; the converter stays under ~4 GB at depth 2 up to S=3000. depth_probe: the
@@ -166,11 +165,11 @@ def build_row(frames: int, *, depth: int, attn_form: str = "sdpa", simulate: boo
                  "fused_sdpa": ops[("exSDPAttention", "NPU")],
                  "cpu_ops": " ".join(sorted({op for op, where in ops if where == "CPU"}))}]
         if simulate and report.ok:
-            sim = simulator_vs_fp32(product.path, target, [producer.feeds(product.contract)], gate=SIM_GATE)
+            sim = simulator_vs_fp32(product.path, target, [producer.feeds(product.contract)], gate=producer.SIM_GATE)
             r = sim.rows[0]
             rows.append({"S": frames, "depth": depth, "attn": rows[0]["attn"], "valid_frames": int(frames * 0.9),
                          "snr_db": r["snr_db"], "max_diff": r["out0_max_diff"], "nonfinite": r["out0_nonfinite"],
-                         "sim_run_s": round(sim.seconds[0], 2), **SIM_GATE.row(r["snr_db"]),
+                         "sim_run_s": round(sim.seconds[0], 2), **producer.SIM_GATE.row(r["snr_db"]),
                          "where": r["where"], "target": r["target"]})
     return rows, product.contract
 

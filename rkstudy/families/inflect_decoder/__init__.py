@@ -8,6 +8,10 @@ through the Piper decoder sidecar.
 
 from .. import Family, register
 
+# One place for the window both the board-safe cli.py and the host carve.py read: 192 emitted frames
+# with 32 of context each side (the 256-frame window).
+EMIT, CONTEXT = 192, 32
+
 FAMILY = register(Family(
     name="inflect_decoder", title="Inflect v2 decode.onnx contract, carved from the Piper voice (256-frame window)",
     notebook="01_piper_decoder.ipynb", command=("inflect", "decoder"),

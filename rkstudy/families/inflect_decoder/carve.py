@@ -24,8 +24,8 @@ from ...errors import EngineMismatch
 from ...graph.index import Index
 from ..piper.voice import DecoderModel, DecoderSeam, Voice, ids_feed, seed_random_nodes
 from ..piper_decoder.producer import decoder_graph
+from . import CONTEXT, EMIT  # noqa: F401 (notebook 01, lint and the tests read carve.EMIT and carve.CONTEXT)
 
-EMIT, CONTEXT = 192, 32
 HEAD_INPUTS = ("m_p", "logs_p", "zp_noise", "noise_scale", "y_mask")
 PRODUCER = "rkstudy inflect decoder --decode-onnx decode.onnx --skip-rknn --output decoder_z.onnx"
 

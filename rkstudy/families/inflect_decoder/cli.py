@@ -9,8 +9,7 @@ from pathlib import Path
 
 from ...cliutil import add_stage_args, command_line, positive, refuse_mixed
 from ...errors import UsageError
-
-EMIT, CONTEXT = 192, 32  # carve.py holds the same defaults
+from . import CONTEXT, EMIT
 
 
 def _cmd(args) -> int:
@@ -28,7 +27,7 @@ def _cmd(args) -> int:
     if args.onnx:
         from .carve import PRODUCER
 
-        return convert_decoder(args.onnx, args.target, args.out, PRODUCER)
+        return convert_decoder(args.onnx, args.target, args.out, PRODUCER, args.json)
     if not args.decode_onnx:
         raise UsageError("give --decode-onnx D (stage 1), --onnx SLICE (stage 2) or --carve [--voice-onnx V]")
     import numpy as np
@@ -49,9 +48,10 @@ def _cmd(args) -> int:
     gate = INTERIOR_GATE.check(row["min_window_snr_db"], context="self-check on a white-noise latent")
     print(f"self-check: worst window {gate['measured']:.1f} dB against a full-length decode.onnx decode")
     output = args.output or Path(f"inflect_decoder_z_w{produced.contract.window.frames}.onnx")
-    atomic.write_bytes(output, produced.model.SerializeToString())
+    produced.save(output)
     print(f"wrote {output}")
-    return 0 if args.skip_rknn else convert_decoder(output, args.target, args.out, produced.contract.producer)
+    return 0 if args.skip_rknn else convert_decoder(output, args.target, args.out, produced.contract.producer,
+                                                    args.json)
 
 
 def _check(p, args) -> None:

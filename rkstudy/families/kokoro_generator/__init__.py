@@ -11,6 +11,10 @@ measurements, notebook 03) · lint_graphs.py (lint study graphs) · cli.py (`rks
 
 from .. import Family, register
 
+# One place for the defaults both the board-safe cli.py and the host producer.py read: a 128-frame
+# window with 28 frames of context each side (study.py says why 28 is kept).
+DEFAULT_FRAMES, DEFAULT_CONTEXT = 128, 28
+
 FAMILY = register(Family(
     name="kokoro_generator",
     title="Kokoro-82M (iSTFTNet) generator: latent + harmonic input -> spectrogram rows, fixed-window walk",

@@ -7,28 +7,26 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ...cliutil import add_stage_args, positive, refuse_mixed
+from ...cliutil import add_stage_args, positive, refuse_mixed, stage2, text_to_speak
+from . import DEFAULT_CONTEXT, DEFAULT_FRAMES
 
-DEFAULT_FRAMES, DEFAULT_CONTEXT = 128, 28  # producer.py holds the same defaults (see study.py for why 28)
 STAGE1 = ("frames", "context", "exact_sine", "no_sin_reduce", "degree", "no_alpha_fold", "no_split_dilated",
           "no_polyphase", "raw_sums", "max_axis")
 
 
-def convert_generator(onnx_path: Path, target: str, out: Path | None) -> int:
+def convert_generator(onnx_path: Path, target: str, out: Path | None, as_json: bool = False) -> int:
     """Stage 2: compile, gate the simulator against fp32 on a real window (the probe utterance's last),
     write the compiled contract beside the engine."""
-    from ...cliutil import print_converted
-    from ...engine import convert
-    from .producer import probe, read_contract
-    from .study import SIM_GATE
+    from .producer import SIM_GATE, probe, read_contract
 
-    c = read_contract(onnx_path)
-    w, p = c.window, c.params
-    walk = f", in-graph walk of {p['inner_frames']}-frame windows" if p["max_axis"] else ""
-    print(f"{onnx_path.name}: kokoro_generator, window {w.frames} = {w.emit} + 2x{w.context}, "
-          f"rewrites {p['rewrites']}{walk}; {p['weights']}")
-    done = convert(onnx_path, target, out, probe=probe, gate=SIM_GATE, remake=c.producer)
-    return print_converted(done, SIM_GATE, "the probe window")
+    def describe(c) -> str:
+        w, p = c.window, c.params
+        walk = f", in-graph walk of {p['inner_frames']}-frame windows" if p["max_axis"] else ""
+        return (f"{onnx_path.name}: kokoro_generator, window {w.frames} = {w.emit} + 2x{w.context}, "
+                f"rewrites {p['rewrites']}{walk}; {p['weights']}")
+
+    return stage2(onnx_path, target, out, describe=describe, remake=read_contract(onnx_path).producer, probe=probe,
+                  gate=SIM_GATE, probed_on="the probe window", as_json=as_json)
 
 
 def _rewrites(args):
@@ -42,9 +40,7 @@ def _rewrites(args):
 
 def _generator(args) -> int:
     if args.onnx:
-        return convert_generator(args.onnx, args.target, args.out)
-    import shutil
-
+        return convert_generator(args.onnx, args.target, args.out, args.json)
     from .producer import graph_name, produce, self_check
 
     frames, context = args.frames or DEFAULT_FRAMES, args.context if args.context is not None else DEFAULT_CONTEXT
@@ -56,20 +52,18 @@ def _generator(args) -> int:
           "(int8-dequantized)")
     for row in self_check(produced):
         print(f"gate {row['gate']}: {row['measured']:.1f} dB (threshold {row['threshold']:g} dB)")
-    output = args.output or Path(graph_name(frames, rw, args.max_axis))
-    output.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(produced.path, output)
+    output = produced.save(args.output or Path(graph_name(frames, rw, args.max_axis)))
     print(f"wrote {output}")
-    return 0 if args.skip_rknn else convert_generator(output, args.target, args.out)
+    return 0 if args.skip_rknn else convert_generator(output, args.target, args.out, args.json)
 
 
 def _inputs(args) -> int:
+    text = text_to_speak(args)  # before the model loads: bad input is said at once
     from ...contract import Digest
     from . import frontend, inputs
     from .producer import full_feed, load_model, run_torch
     from .sidecar import frame_energy
 
-    text = args.text if args.text is not None else Path(args.text_file).read_text(encoding="utf-8")
     model = load_model()
     trunk = model.trunk() if args.gain else None
     sentences = []

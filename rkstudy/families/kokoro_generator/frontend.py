@@ -257,8 +257,3 @@ def utterance(name: str, model_path, *, text: str | None = None, voice: str = VO
 
     path = cache.cached_file("kokoro", f"utterance_{name}", key, ".npz", make)
     return Utterance.load(path)
-
-
-def real_utterances(model_path, names=None, voice: str = VOICE) -> dict[str, Utterance]:
-    """The shipped utterances (all, or `names`) through the seam model."""
-    return {name: utterance(name, model_path, voice=voice) for name in (names or utterance_names())}

@@ -542,7 +542,7 @@ def reference_trunk(gen, x, s, har):
     return gen.conv_post(F.leaky_relu(x))
 
 
-# --- masks and the CPU head -----------------------------------------------------------------
+# --- masks -----------------------------------------------------------------------------------
 
 def masks(real: int, window: int) -> tuple[np.ndarray, np.ndarray]:
     """m10 [1,1,10W] and m60 [1,1,60W+1] for `real` real latent frames in a `window`."""
@@ -554,20 +554,3 @@ def masks(real: int, window: int) -> tuple[np.ndarray, np.ndarray]:
     m60[..., : 60 * real + 1] = 1.0
     return m10, m60
 
-
-def istft_head(gen_out, head) -> np.ndarray:
-    """The CPU head in torch, as the int8 model computes it: magnitude exp(rows 0..10), phase
-    sin(rows 11..21), then the model's conv-transpose iSTFT (head.IstftHead). Returns audio [300 N] for
-    gen_out [1, 22, 60N+1]. The board side runs head.istft (numpy), tested against this one."""
-    g = torch.as_tensor(np.asarray(gen_out, np.float32))
-    bins = head.n_fft // 2 + 1
-    mag, phase = torch.exp(g[:, :bins]), torch.sin(g[:, bins:])
-    spec = torch.cat([mag * torch.cos(phase), mag * torch.sin(phase)], dim=1)
-    y = F.conv_transpose1d(spec, torch.from_numpy(head.inverse_basis), stride=head.hop)
-    wsum = torch.from_numpy(head.window_sum)
-    n = min(wsum.numel(), y.shape[-1])
-    keep = torch.nonzero(wsum[:n] > torch.finfo(torch.float32).tiny).reshape(-1)
-    y[..., keep] = y[..., keep] / wsum[keep]
-    y = y * (float(head.n_fft) / head.hop)
-    half = head.n_fft // 2
-    return y[..., half:-half].reshape(-1).numpy()

@@ -50,7 +50,6 @@ from .sidecar import GeneratorSidecar, frame_energy
 
 FP32 = {"where": "fp32", "target": "none"}
 FP16_MAX = 65504.0
-SIM_GATE = gates.Gate("simulator_vs_fp32_probe", 40.0)  # research: 61.8-65.7 dB at W = 128..512
 OVERLAP = 16              # frames two windows share in the overlap measurement (of 72 emitted)
 PROBE_REGTASK_LIMIT = 20_000
 

@@ -8,6 +8,10 @@ board.py (`rkstudy board run piper_decoder`).
 
 from .. import Family, register
 
+# One place for the defaults both the board-safe cli.py and the host producer.py read: the 93-frame
+# window (45 emitted + 24 context each side), measured in notebook 01 rather than inherited.
+DEFAULT_EMIT, DEFAULT_CONTEXT = 45, 24
+
 FAMILY = register(Family(
     name="piper_decoder", title="Piper (VITS) decoder: pre-flow latent -> audio, fixed-window walk",
     notebook="01_piper_decoder.ipynb", command=("piper", "decoder"),

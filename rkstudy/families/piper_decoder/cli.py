@@ -7,44 +7,40 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ...cliutil import add_stage_args, command_line, positive, refuse_mixed
+from ...cliutil import add_stage_args, command_line, positive, refuse_mixed, stage2, text_to_speak
+from . import DEFAULT_CONTEXT, DEFAULT_EMIT
 
-DEFAULT_EMIT, DEFAULT_CONTEXT = 45, 24  # the seeds' 93-frame window; producer.py holds the same defaults
+
+def _describe(onnx_path: Path, c) -> str:
+    w = c.window
+    return (f"{onnx_path.name}: {c.family}, window {w.frames} = {w.emit} + 2x{w.context}, hop {c.params['hop']}, "
+            f"{c.params['channels']} channels, dec_mask={c.params['dec_mask']}"
+            f"{', speaker ' + str(c.params['speaker_dims']) if c.params.get('speaker_dims') else ''}")
 
 
-def convert_decoder(onnx_path: Path, target: str, out: Path | None, remake: str) -> int:
+def convert_decoder(onnx_path: Path, target: str, out: Path | None, remake: str, as_json: bool = False) -> int:
     """Stage 2 for a windowed decoder (Piper, Inflect): compile, gate the simulator against fp32 on a
-    white-noise window (engine alive: 15 dB; the fp16 noise floor sits at 22-36 dB), write the
-    compiled contract beside the engine."""
-    from ...engine import convert
-    from ...families.piper_decoder.study import ENGINE_ALIVE_GATE
+    white-noise window (rkstudy.engine.ALIVE_GATE), write the compiled contract beside the engine."""
     from .producer import read_contract
 
     c = read_contract(onnx_path, remake)
     if c.state:  # a stateful step (rkstudy piper decoder --stateful): its own probe carries a state
         from ..piper_decoder_stateful.cli import convert_step
 
-        return convert_step(onnx_path, target, out, c)
-    w = c.window
-    print(f"{onnx_path.name}: {c.family}, window {w.frames} = {w.emit} + 2x{w.context}, hop {c.params['hop']}, "
-          f"{c.params['channels']} channels, dec_mask={c.params['dec_mask']}"
-          f"{', speaker ' + str(c.params['speaker_dims']) if c.params.get('speaker_dims') else ''}")
-    done = convert(onnx_path, target, out, gate=ENGINE_ALIVE_GATE, remake=remake)
-    from ...cliutil import print_converted
-
-    return print_converted(done, ENGINE_ALIVE_GATE, "a white-noise window")
+        return convert_step(onnx_path, target, out, c.producer, as_json)
+    return stage2(onnx_path, target, out, describe=lambda contract: _describe(onnx_path, contract), remake=remake,
+                  probed_on="a white-noise window", as_json=as_json)
 
 
 def _decoder(args) -> int:
     if args.onnx:
         from .producer import PRODUCER
 
-        return convert_decoder(args.onnx, args.target, args.out, PRODUCER)
+        return convert_decoder(args.onnx, args.target, args.out, PRODUCER, args.json)
     if args.stateful:
         from ..piper_decoder_stateful.cli import produce as produce_step
 
         return produce_step(args, command_line())
-    from ... import atomic
     from ..piper.voice import Voice
     from . import study
     from .producer import produce_for_voice
@@ -59,19 +55,19 @@ def _decoder(args) -> int:
     row = study.self_check(voice, produced, voice.latents(study.SELF_CHECK_TEXT))
     print(f"self-check: worst window {row['measured']:.1f} dB against a full-length decode "
           f"(gate {row['threshold']} dB)")
-    output = args.output or Path(f"decoder_z_w{produced.contract.window.frames}.onnx")
-    atomic.write_bytes(output, produced.model.SerializeToString())
+    output = produced.save(args.output or Path(f"decoder_z_w{produced.contract.window.frames}.onnx"))
     print(f"wrote {output}")
-    return 0 if args.skip_rknn else convert_decoder(output, args.target, args.out, produced.contract.producer)
+    return 0 if args.skip_rknn else convert_decoder(output, args.target, args.out, produced.contract.producer,
+                                                    args.json)
 
 
 def _latents(args) -> int:
+    text = text_to_speak(args)  # before the model loads: bad input is said at once
     from ..piper import latents
     from ..piper.voice import Voice
     from ..piper_decoder.producer import source_digest
 
     voice = Voice(args.voice_onnx, args.voice_config)
-    text = args.text if args.text is not None else Path(args.text_file).read_text(encoding="utf-8")
     lats = voice.latents(text, seed=args.seed, speaker=args.speaker)
     digest = source_digest(voice.onnx_path)
     path = latents.save(args.output, lats, source={"file": digest.file, "sha256": digest.sha256},

@@ -20,36 +20,29 @@ from pathlib import Path
 
 import onnx
 
-from ... import atomic, cache, graph
+from ... import graph
 from ...contract import METADATA_KEY, Contract, Digest, Tensor, Window, from_metadata
 from ...graph.decmask import mask_decoder
+from ...produced import Produced
 from ..piper.voice import DecoderModel, DecoderSeam, decoder_hop, find_decoder_seam, latent_channels
+from . import DEFAULT_CONTEXT, DEFAULT_EMIT
 
 FAMILY = "piper_decoder"
-DEFAULT_EMIT, DEFAULT_CONTEXT = 45, 24      # the seeds' 93-frame window (measured, not inherited)
 PRODUCER = "rkstudy piper decoder --voice-onnx <voice.onnx> --skip-rknn --output decoder_z.onnx"
 
 
-@dataclass
-class Produced:
-    """A produced slice: the graph (contract in its metadata), the contract, census before/after."""
+@dataclass(kw_only=True)
+class DecoderSlice(Produced):
+    """A produced slice, held in memory (contract in its metadata), with its census before and after
+    the fold."""
 
-    model: onnx.ModelProto
-    contract: Contract
     before: graph.Census
     after: graph.Census
 
-    def save(self, path=None) -> Path:
-        """Write the slice (default: the cache, keyed by its bytes) and return the path. An explicit
-        path is always rewritten; both go through a temporary file and a rename."""
-        data = self.model.SerializeToString()
-        if path is None:
-            c = self.contract
-            p = c.params
-            name = (f"{c.family}_w{c.window.frames}_e{c.window.emit}{'_decmask' if p['dec_mask'] else ''}"
-                    f"{'_resize' if p['upsampler'] == 'resize' else ''}")
-            return cache.cached_bytes("slices", name, data, ".onnx")
-        return atomic.write_bytes(path, data)
+    def cache_name(self) -> str:
+        c, p = self.contract, self.contract.params
+        return (f"{c.family}_w{c.window.frames}_e{c.window.emit}{'_decmask' if p['dec_mask'] else ''}"
+                f"{'_resize' if p['upsampler'] == 'resize' else ''}")
 
 
 def decoder_graph(model: onnx.ModelProto, seam: DecoderSeam, window: int | None = None) -> onnx.ModelProto:
@@ -106,7 +99,7 @@ def decoder_contract(*, family: str, window: int, emit: int, context: int, hop: 
 
 def produce(model: onnx.ModelProto, *, source: Digest, emit: int = DEFAULT_EMIT, context: int = DEFAULT_CONTEXT,
             dec_mask: bool = False, upsampler: str = "convtranspose", sample_rate: int = 22050,
-            family: str = FAMILY, seam: DecoderSeam | None = None, producer: str = PRODUCER) -> Produced:
+            family: str = FAMILY, seam: DecoderSeam | None = None, producer: str = PRODUCER) -> DecoderSlice:
     """Slice at the decoder seam, pin to one window, fold, optionally mask the decoder, and write
     the contract into the graph."""
     seam = seam or find_decoder_seam(model)
@@ -121,10 +114,11 @@ def produce(model: onnx.ModelProto, *, source: Digest, emit: int = DEFAULT_EMIT,
                                 channels=latent_channels(model), gin=speaker_dims(pinned),
                                 sample_rate=sample_rate, dec_mask=dec_mask, upsampler=upsampler,
                                 source=source, producer=producer, seam=seam)
-    return Produced(graph.with_metadata(folded, **{METADATA_KEY: contract.to_json()}), contract, before, after)
+    return DecoderSlice(model=graph.with_metadata(folded, **{METADATA_KEY: contract.to_json()}), contract=contract,
+                        before=before, after=after)
 
 
-def produce_for_voice(voice: DecoderModel, **kw) -> Produced:
+def produce_for_voice(voice: DecoderModel, **kw) -> DecoderSlice:
     """`produce` for anything with a model, seam, ONNX path and sample rate (a Voice, a DecodeModel);
     the contract records the command that makes the same slice."""
     kw.setdefault("family", voice.family)

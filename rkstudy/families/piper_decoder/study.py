@@ -23,13 +23,12 @@ from ...planner import PlanTarget
 from ...runtime import OrtRunner
 from ...window import Window, plan_windows, window_inputs
 from ..piper.voice import DecoderModel, DecoderSeam, Voice, find_decoder_seam
-from .producer import DEFAULT_CONTEXT, DEFAULT_EMIT, Produced, decoder_graph, produce_for_voice
+from .producer import DEFAULT_CONTEXT, DEFAULT_EMIT, DecoderSlice, decoder_graph, produce_for_voice
 from .sidecar import DecoderSidecar
 
 SWEEP = ((45, 5), (45, 16), (45, 24))      # paroli's 55, a middle 77, the seeds' 93
 TAIL_FRAMES = (30, 47)                     # the seeds' short latents
 INTERIOR_GATE = gates.Gate("interior_window_snr_fp32", 40.0)
-ENGINE_ALIVE_GATE = gates.Gate("engine_vs_fp32_white_noise", 15.0)  # fp16 noise floor sits at 22-36 dB
 SELF_CHECK_TEXT = "Call me at 555 0142, extension 7."
 
 
@@ -213,17 +212,6 @@ def build_rows(model: DecoderModel, targets, *, emit: int = DEFAULT_EMIT, contex
     return rows
 
 
-def engine_walk(model: DecoderModel, latents, runner, contract, progress: bool = True):
-    """Walk an engine over each latent; return the per-sentence PCM and the seconds each took."""
-    side = sidecar(model, runner, contract)
-    pcm, seconds = [], []
-    for lat in tqdm(latents, desc="sentences", disable=not progress, leave=False):
-        t0 = time.perf_counter()
-        pcm.append(side.decode(lat.z, lat.g, progress=False))
-        seconds.append(time.perf_counter() - t0)
-    return pcm, seconds
-
-
 def fidelity_rows(refs, tests, sample_rate: int, latents, emit: int, context: int, hop: int):
     """Utterance rows (all metrics) and per-window rows for two renders of the same latents."""
     ref, test = np.concatenate(refs), np.concatenate(tests)
@@ -350,7 +338,7 @@ def rtf_rows(paths, latents, hop: int, sample_rate: int, repeats: int, where: st
     return out
 
 
-def self_check(model: DecoderModel, produced: Produced, latents) -> dict:
+def self_check(model: DecoderModel, produced: DecoderSlice, latents) -> dict:
     """Stage 1 gate: the fp32 window walk against a full-length decode on real latents, worst
     non-padded window (a padded window is the documented tail deficit, not a stitching failure)."""
     full = FullDecoder(model.model, model.seam)

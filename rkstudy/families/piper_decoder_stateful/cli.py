@@ -9,29 +9,27 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def convert_step(onnx_path: Path, target: str, out: Path | None, contract) -> int:
+def convert_step(onnx_path: Path, target: str, out: Path | None, remake: str, as_json: bool = False) -> int:
     """Stage 2 for a stateful step: compile, gate the simulator against fp32 on a white-noise step with
-    zero state and on one with the state the fp32 graph carried (engine alive: 15 dB), write the
+    zero state and on one with the state the fp32 graph carried (rkstudy.engine.ALIVE_GATE), write the
     compiled contract beside the engine."""
-    from ...cliutil import print_converted
-    from ...engine import convert
-    from ..piper_decoder.study import ENGINE_ALIVE_GATE
+    from ...cliutil import stage2
     from .producer import state_probe
 
-    p = contract.params
-    layout = p["state_layout"]
-    print(f"{onnx_path.name}: {contract.family}, stateful step of {p['emit']} frames, lookahead "
-          f"{p['lookahead_samples']} samples ({p['lookahead_frames']:.2f} frames), state {p['state_floats']} floats "
-          f"in {len(layout)} tensors, hop {p['hop']}, {p['channels']} channels")
-    done = convert(onnx_path, target, out, probe=lambda c: state_probe(onnx_path, c), gate=ENGINE_ALIVE_GATE,
-                   remake=contract.producer)
-    return print_converted(done, ENGINE_ALIVE_GATE, "a white-noise step, zero and carried state")
+    def describe(contract) -> str:
+        p = contract.params
+        return (f"{onnx_path.name}: {contract.family}, stateful step of {p['emit']} frames, lookahead "
+                f"{p['lookahead_samples']} samples ({p['lookahead_frames']:.2f} frames), state {p['state_floats']} "
+                f"floats in {len(p['state_layout'])} tensors, hop {p['hop']}, {p['channels']} channels")
+
+    return stage2(onnx_path, target, out, describe=describe, remake=remake,
+                  probe=lambda c: state_probe(onnx_path, c), probed_on="a white-noise step, zero and carried state",
+                  as_json=as_json)
 
 
 def produce(args, producer: str) -> int:
     """Stage 1: the step, a self-check of its fp32 walk against a full-length decode, the ONNX; then
     stage 2 unless --skip-rknn."""
-    from ... import atomic
     from ..piper.voice import Voice
     from .producer import DEFAULT_EMIT, produce_step_for_voice
     from .study import self_check
@@ -45,7 +43,6 @@ def produce(args, producer: str) -> int:
     row = self_check(voice, produced)
     print(f"self-check: {row['measured']:.1f} dB against a full-length decode, every sample (gate "
           f"{row['threshold']} dB, fp32)")
-    output = args.output or Path(f"decoder_step_e{p['emit']}.onnx")
-    atomic.write_bytes(output, produced.model.SerializeToString())
+    output = produced.save(args.output or Path(f"decoder_step_e{p['emit']}.onnx"))
     print(f"wrote {output}")
-    return 0 if args.skip_rknn else convert_step(output, args.target, args.out, produced.contract)
+    return 0 if args.skip_rknn else convert_step(output, args.target, args.out, produced.contract.producer, args.json)

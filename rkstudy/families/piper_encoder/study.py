@@ -22,12 +22,11 @@ from ...graph.relshift import BANDED, GATHER
 from ...results import HOST, STAMP, carried, read_table
 from ...runtime import OrtRunner, SimulatorRunner
 from ..piper import voice as piper
-from .producer import Product, both, counts_for, produce
+from .producer import SIM_GATE, EncoderSlice, both, counts_for, produce
 from .seam import encoder_slice, find_encoder_seam
 from .sidecar import FALLBACK, Ladder, LadderEngine
 from .tokens import chunk_ids, pad_ids, real_tokens
 
-SIM_GATE = gates.Gate("simulator_vs_fp32", 30.0)  # seeds' board: 40-48 dB; simulator 55-61 dB
 QUICK_WIDTHS = (32, 64)
 FULL_WIDTHS = (64, 96, 128, 192)
 # Built for the growth fit only (no simulator run). The converter's peak RSS grows with the
@@ -35,7 +34,7 @@ FULL_WIDTHS = (64, 96, 128, 192)
 # engine) would pass the ~12 GiB a build may take on this shared 24 GiB machine.
 SIZE_ONLY_WIDTHS = (256, 320)
 SEEDS_LADDER = (128, 192)
-# The banded rewrite (relshift mode "banded") at every width the issue asks for; its converter stays
+# The banded rewrite (relshift mode "banded") at every width up to 512; its converter stays
 # near 1 GB, so 384 and 512 build and simulate here. Its ladder runs 128 and 256 (the study text's
 # 100-character chunks are 17-225 tokens: a 512 rung would take none of them) and is planned with
 # 512 on top for longer chunks (routing only).
@@ -43,8 +42,9 @@ BANDED_WIDTHS = (64, 96, 128, 192, 256, 320, 384, 512)
 QUICK_BANDED_WIDTHS = (64, 128)
 BANDED_LADDER = (128, 256)
 BANDED_PLAN = (128, 256, 512)
-# Targets of issue 9 part 1: (name, width, quantity, limit); measured <= limit is met. The converter
-# peak column is GiB (ru_maxrss / 2^20); target_rows converts it to the issue's decimal GB.
+# The encoder's size goals: (name, width, quantity, limit); measured <= limit is met. The converter
+# peak column is GiB (the build child's VmHWM / 2^30); target_rows converts it to the decimal GB the
+# limit is stated in.
 TARGETS = (("rk3588 engine at width 128", 128, "engine_mb", 30.0),
            ("rk3588 engine at width 512", 512, "engine_mb", 400.0),
            ("converter peak at width 320", 320, "converter_peak_gb", 3.0))
@@ -128,8 +128,8 @@ def simulate_width(voice: piper.Voice, frames: int, target: str = "rk3588",
     return {"fidelity": fid, "size": size_row(product, sim.report), "outputs": outputs, "product": product}
 
 
-def size_row(product: Product, report, peak_from: str = "simulator child (build + inference)") -> dict:
-    """`converter_peak_gb` is the peak RSS (GiB, ru_maxrss) of the child that built the engine; `peak_from` says
+def size_row(product: EncoderSlice, report, peak_from: str = "simulator child (build + inference)") -> dict:
+    """`converter_peak_gb` is the peak RSS (GiB, VmHWM) of the child that built the engine; `peak_from` says
     whether that child only built (a dedicated build child) or also served the simulator."""
     c = graph.census(product.rewritten, with_axis=False)
     return {"relshift": product.contract.params["relshift"], "frames": product.frames,
@@ -154,7 +154,7 @@ def carried_sizes(path, widths: Sequence[int]) -> list[dict]:
     for r in read_table(path):
         if int(r["frames"]) not in widths or r.get("relshift", GATHER) != GATHER:
             continue
-        # converter_peak_gb is ru_maxrss / 2^20 (GiB); the older column child_peak_rss_gb was decimal GB
+        # converter_peak_gb is GiB (VmHWM / 2^30), as size_row writes it; a child_peak_rss_gb column is decimal GB
         peak = (float(r["converter_peak_gb"]) if r.get("converter_peak_gb")
                 else round(float(r["child_peak_rss_gb"]) * 1e9 / 2**30, 2))
         rows.append({"relshift": GATHER, "frames": int(r["frames"]),
@@ -232,7 +232,7 @@ def relshift_growth_fit(rows: Sequence[dict], base_bytes: int) -> list[dict]:
 
 
 def target_rows(rows: Sequence[dict], mode: str = BANDED, widths: Sequence[int] = (384, 512)) -> list[dict]:
-    """Issue 9's targets against the `mode` rows: met or missed, and by how much (limit − measured,
+    """The size goals (TARGETS) against the `mode` rows: met or missed, and by how much (limit − measured,
     negative when missed); plus whether each of `widths` was built and simulated."""
     out = []
     for name, frames, key, limit in TARGETS:

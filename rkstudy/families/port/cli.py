@@ -135,22 +135,24 @@ def _plan(args) -> int:
 
 
 def _build_graph(onnx_path: Path, inputs: Path, target: str, out: Path | None) -> int:
-    from ...cliutil import print_converted
-    from ...engine import convert
-    from ..piper_decoder.study import ENGINE_ALIVE_GATE
+    from ...cliutil import stage2
     from .producer import read_contract
     from .sidecar import input_names, load_inputs
     from .study import input_probe
 
     c = read_contract(onnx_path)
     utterances = load_inputs(inputs, input_names(c))
-    what = (f"stateful step of {c.params['emit']} frames" if c.state
-            else f"window {c.window.frames} = {c.window.emit} + 2x{c.window.context}")
-    print(f"{onnx_path.name}: {c.family}, {what}, {c.params['hop']} samples per frame, from {c.source.file}")
     probe = input_probe(utterances)
-    done = convert(onnx_path, target, out, probe=lambda contract: probe(onnx_path, contract),
-                   gate=ENGINE_ALIVE_GATE, remake=c.producer)
-    return print_converted(done, ENGINE_ALIVE_GATE, f"your inputs ({len(utterances)} utterance(s), full length)")
+
+    def describe(contract) -> str:
+        what = (f"stateful step of {contract.params['emit']} frames" if contract.state
+                else f"window {contract.window.frames} = {contract.window.emit} + 2x{contract.window.context}")
+        return (f"{onnx_path.name}: {contract.family}, {what}, {contract.params['hop']} samples per frame, "
+                f"from {contract.source.file}")
+
+    return stage2(onnx_path, target, out, describe=describe, remake=c.producer,
+                  probe=lambda contract: probe(onnx_path, contract),
+                  probed_on=f"your inputs ({len(utterances)} utterance(s), full length)")
 
 
 def _build(args) -> int:

@@ -7,31 +7,29 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ...cliutil import add_stage_args, positive, refuse_mixed
+from ...cliutil import add_stage_args, positive, refuse_mixed, stage2
 
 
-def convert_step(onnx_path: Path, target: str, out: Path | None) -> int:
+def convert_step(onnx_path: Path, target: str, out: Path | None, as_json: bool = False) -> int:
     """Stage 2: read the step contract back out of the graph (restating nothing), compile, gate the
     simulator against fp32 on a zeroed-cache step and on a carried-cache step, write the compiled
     contract beside the engine."""
-    from ...cliutil import print_converted
-    from ...engine import convert
-    from .producer import contract_row, read_contract, state_probe
-    from .study import SIM_GATE
+    from .producer import SIM_GATE, contract_row, read_contract, state_probe
 
-    c = read_contract(onnx_path)
-    r = contract_row(c)
-    print(f"{onnx_path.name}: {c.family}, step of {r['codes_length']} tokens, cache {r['cache_numel']} floats, "
-          f"head dim {r['head_dim']}, KV length {r['kv_len']} ({r['num_layers']} layers x {r['num_heads']} heads), "
-          f"{c.params['exporter']} export, {c.params['widths']} widths, seeded random weights")
-    done = convert(onnx_path, target, out, probe=lambda contract: state_probe(onnx_path, contract), gate=SIM_GATE,
-                   remake=c.producer)
-    return print_converted(done, SIM_GATE, "a zeroed and a carried cache")
+    def describe(c) -> str:
+        r = contract_row(c)
+        return (f"{onnx_path.name}: {c.family}, step of {r['codes_length']} tokens, cache {r['cache_numel']} floats, "
+                f"head dim {r['head_dim']}, KV length {r['kv_len']} ({r['num_layers']} layers x {r['num_heads']} "
+                f"heads), {c.params['exporter']} export, {c.params['widths']} widths, seeded random weights")
+
+    return stage2(onnx_path, target, out, describe=describe, remake=read_contract(onnx_path).producer,
+                  probe=lambda contract: state_probe(onnx_path, contract), gate=SIM_GATE,
+                  probed_on="a zeroed and a carried cache", as_json=as_json)
 
 
 def _cmd(args) -> int:
     if args.onnx:
-        return convert_step(args.onnx, args.target, args.out)
+        return convert_step(args.onnx, args.target, args.out, args.json)
     from .producer import predict_abort, produce
     from .study import self_check
 
@@ -47,7 +45,7 @@ def _cmd(args) -> int:
     print(f"self-check: stepwise ({row['schedule']}) vs one full decode {row['measured']:.1f} dB "
           f"(gate {row['threshold']} dB, torch fp32)")
     print(f"wrote {product.path}")
-    return 0 if args.skip_rknn else convert_step(product.path, args.target, args.out)
+    return 0 if args.skip_rknn else convert_step(product.path, args.target, args.out, args.json)
 
 
 def add_cli(group_sub) -> None:

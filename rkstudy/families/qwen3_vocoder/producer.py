@@ -28,18 +28,19 @@ from pathlib import Path
 
 import numpy as np
 
-from ... import atomic, graph
+from ... import atomic, gates, graph
 from ...cache import digest, entry
 from ...contract import METADATA_KEY, Contract, Digest, Tensor, from_metadata
 from ...errors import EngineMismatch, UsageError
 from ...graph.index import Index
+from ...produced import Produced
 from . import EXPORTERS, WIDTHS
 from .sidecar import AUDIO, CACHE_IN, CACHE_OUT, CODES, FAMILY, SAMPLE_RATE, SAMPLES_PER_TOKEN
 
 PRODUCER_VERSION = 1  # bump when the producer changes what it writes (keys the cache)
 DEFAULT_CODES_LENGTH = 64
-FIRST_CODES_LENGTH = 16
 PRODUCER = "rkstudy qwen3 vocoder --codes-length 64 --skip-rknn --output qwen3_vocoder_b64.onnx"
+SIM_GATE = gates.Gate("simulator_vs_fp32_step", 30.0)  # stage 2: fp16 engine alive, cache path included
 
 
 class ExportUnavailable(UsageError):
@@ -174,14 +175,11 @@ def export_raw(step, path: Path, exporter: str) -> None:
             raise UsageError(f"--exporter {exporter!r}: choose one of {', '.join(EXPORTERS)}")
 
 
-@dataclass
-class Product:
-    """One produced step: the graph on disk (contract in its metadata), the contract, its census,
-    what the long-axis pass rewrote, and the export seconds (None for a graph from the cache)."""
+@dataclass(kw_only=True)
+class VocoderStep(Produced):
+    """One produced step, on disk (contract in its metadata), with its census (a dict), what the
+    long-axis pass rewrote, and the export seconds (None for a graph from the cache)."""
 
-    path: Path
-    contract: Contract
-    census: dict
     rewrite: dict
     seconds: float | None
 
@@ -194,7 +192,7 @@ class Product:
 
 def produce(codes_length: int = DEFAULT_CODES_LENGTH, *, widths: str = "released", seed: int = 0,
             exporter: str = "torchscript17", output: Path | str | None = None, decoder=None,
-            long_axis: bool = True) -> Product:
+            long_axis: bool = True) -> VocoderStep:
     """Re-trace the seeded decoder as a `codes_length`-token step, export it with `exporter`, make its
     long axes compile cleanly (rkstudy.graph.longaxis), census it (warning when it predicts an abort), stamp the
     contract and save to `output` (default: the cache, keyed by everything that made it)."""
@@ -215,7 +213,8 @@ def produce(codes_length: int = DEFAULT_CODES_LENGTH, *, widths: str = "released
                               onnx.__version__), ".onnx")
         if Path(output).exists():  # the contract as stored (read_contract refuses a dynamic export's)
             c = from_metadata(graph.metadata(output), where=Path(output).name, remake=command)
-            return Product(Path(output), c, hazard_census(output), c.params.get("long_axis_rewrite", {}), None)
+            return VocoderStep(path=output, contract=c, census=hazard_census(output),
+                               rewrite=c.params.get("long_axis_rewrite", {}), seconds=None)
     torch.set_num_threads(1)
     t0 = time.monotonic()
     decoder = decoder if decoder is not None else decoder_for(widths, seed)
@@ -234,7 +233,7 @@ def produce(codes_length: int = DEFAULT_CODES_LENGTH, *, widths: str = "released
     census = hazard_census(model)
     warn_if_abort(census, Path(output).name)
     atomic.save_onnx(model, output)
-    return Product(Path(output), contract, census, rewrite, time.monotonic() - t0)
+    return VocoderStep(path=output, contract=contract, census=census, rewrite=rewrite, seconds=time.monotonic() - t0)
 
 
 # --- hazard census -----------------------------------------------------------------------------------

@@ -23,7 +23,6 @@ from ...results import HOST
 from .sidecar import CACHE_IN, CODES, SAMPLES_PER_TOKEN, random_codes
 
 GATE = gates.Gate("stepwise_vs_full_decode", 40.0)   # the seeds' self-check gate
-SIM_GATE = gates.Gate("simulator_vs_fp32_step", 30.0)  # fp16 engine alive, cache path included
 FP32 = {"where": "fp32", "target": "none"}
 HOST_ROW = {"where": HOST.where, "target": HOST.target}
 CODES_SEED = 7

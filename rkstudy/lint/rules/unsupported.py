@@ -1,7 +1,7 @@
 """RK302 convtranspose-stride, RK303 clip-empty-min, RK304 op-support: operators the installed compiler
 refuses, leaves on the CPU or computes wrongly, looked up in the table rkstudy measured for it
 (rkstudy.lint.opsupport: one-op graphs built with the real compiler, the layer table read, the
-simulator run). The issue named strides outside {1, 2, 4, 8}, Clip with an empty min, Atan,
+simulator run). The hazards looked for are strides outside {1, 2, 4, 8}, Clip with an empty min, Atan,
 RandomNormalLike and CumSum; the table says what rknn-toolkit2 actually does with each.
 """
 
