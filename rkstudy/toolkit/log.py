@@ -52,12 +52,14 @@ def regtask_value(line: str) -> int | None:
 @dataclass(frozen=True)
 class Layer:
     """One row of the compiler's "Network Layer Information Table" (verbose builds only).
-    `name` is the ONNX node name after the table's `OpType:` prefix."""
+    `name` is the ONNX node name after the table's `OpType:` prefix; `dtype` is what the layer
+    computes in (INT8, FLOAT16, INT16: a hybrid engine mixes them)."""
 
     id: int
     op: str
     target: str
     name: str
+    dtype: str = ""
 
     @property
     def node(self) -> str:
@@ -72,7 +74,8 @@ def layer_table(log_text: str) -> list[Layer]:
         m = _ROW.match(line)
         if m:
             full = m["full"]
-            layers.append(Layer(int(m["id"]), m["op"], m["target"], full.split(":", 1)[1] if ":" in full else full))
+            layers.append(Layer(int(m["id"]), m["op"], m["target"], full.split(":", 1)[1] if ":" in full else full,
+                                m["dtype"]))
     return layers
 
 
