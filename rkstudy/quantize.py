@@ -119,7 +119,7 @@ def measure(stage: Stage, target: str, quantize: Calibration | None, refs: list,
     return {"stage": stage.name, "setting": setting, "dtype": report.dtype, **stage.score(refs, tests),
             "engine_bytes": report.engine_bytes, "int8_mac_share": round(share["int8_mac_share"], 4),
             "conv_macs": share["conv_macs"], "mac_coverage": round(share["coverage"], 4),
-            "fp16_layers": len(fp16), "fp16_convs": " ".join(share["fp16_convs"]),
+            "fp16_layers": len(fp16), "fp16_convs": " ".join(share["fp16_convs"]) if quantize else "",  # fp16: all
             "kept_fp16": " ".join(quantize.keep_fp16) if quantize else "",
             "calibration_samples": len(quantize.feeds) if quantize else 0, **stage.texts,
             "regtask": report.regtask, "build_s": round(report.seconds, 1), "where": sim.where, "target": target}
