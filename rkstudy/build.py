@@ -128,10 +128,13 @@ class Calibration:
 
     @property
     def label(self) -> str:
-        """The dtype column of a quantized build: 'int8 w8a8' (the bits of the weights name it), with
-        ' hybrid (12 layers fp16)' or ' auto-hybrid cos 0.99' when part of it stays float16."""
+        """The dtype column of a quantized build: 'int8 w8a8' (the bits of the weights name it), then the
+        calibration algorithm unless it is the default ('int8 w8a8 mmse'), then ' hybrid (12 layers
+        fp16)' or ' auto-hybrid cos 0.99' when part of it stays float16."""
         bits = re.match(r"w(\d+)", self.dtype)
         label = f"int{bits.group(1) if bits else '?'} {self.dtype}"
+        if self.algorithm != "normal":  # the toolkit's min/max default goes unnamed
+            label += f" {self.algorithm}"
         if self.keep_fp16:
             n = len(self.keep_fp16)
             label += f" hybrid ({n} layer{'s' if n != 1 else ''} fp16)"

@@ -139,7 +139,7 @@ def sweep(stage: Stage, target: str, *, fp16: bool = True, int8: bool = True, hy
     if fp16:
         settings.append(("fp16", None))
     if int8:
-        settings.append(("int8 w8a8", plain))
+        settings.append((plain.label, plain))
     ranking: list[dict] = []
     if hybrid_counts:
         say(f"{stage.name}: ranking layers (accuracy_analysis of the int8 build)")

@@ -162,6 +162,7 @@ def test_calibration_writes_the_dataset_the_toolkit_reads(tmp_path):
     first = [np.load(p) for p in lines[0].split()]
     assert [a.shape for a in first] == [(3,), (2,)] and first[0].sum() == 0
     assert two.label == "int8 w8a8" and build.Calibration(two.feeds, dtype="w16a16i_dfp").label.startswith("int16")
+    assert build.Calibration(two.feeds, algorithm="mmse").label == "int8 w8a8 mmse"
     with pytest.raises(UsageError, match="no array for b"):
         build.Calibration([{"a": np.ones(3)}]).write(tmp_path / "bad", ["a", "b"])
     with pytest.raises(UsageError, match="at least one calibration feed"):
