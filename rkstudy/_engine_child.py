@@ -1,7 +1,8 @@
 """Child side of rkstudy.build: runs the toolkit in its own process.
 
 `python -m rkstudy._engine_child SPEC_JSON CONTROL_FD` runs config -> load_onnx -> build (fp16, or
-quantized on the spec's calibration dataset) ->
+quantized on the spec's calibration dataset, or hybrid_quantization_step1 -> step2 when layers are to
+stay float16) ->
 (accuracy_analysis, when the spec asks for it) ->
 export_rknn, then (when the spec asks to serve) init_runtime on the simulator and answers
 inference requests until told to stop, then release. Its fds 1 and 2 belong to the parent, which
@@ -16,6 +17,7 @@ import sys
 import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection
+from pathlib import Path
 
 from rkstudy.results import toolkit_version
 
@@ -36,6 +38,26 @@ def _reason(exc: Exception) -> str:
         lines = [line.strip() for line in text.splitlines() if line.strip()]
         return lines[-1] if lines else type(exc).__name__
     return f"{type(exc).__name__}: {text}"
+
+
+def keep_in_float16(folder: Path, layers: list[str]) -> Path:
+    """Set `layers` (tensor names, as accuracy_analysis names them) to float16 in the quantization
+    config hybrid_quantization_step1 wrote under `folder`; its path. A name the config does not
+    quantize is an error naming a few it does, since the toolkit would silently ignore it."""
+    import yaml
+
+    found = sorted(folder.glob("*.quantization.cfg"))
+    if len(found) != 1:
+        raise RuntimeError(f"hybrid_quantization_step1 left {len(found)} quantization configs in {folder}, not one")
+    cfg = yaml.safe_load(found[0].read_text())
+    quantized = [name for name, p in (cfg.get("quantize_parameters") or {}).items() if p.get("dtype") != "float32"]
+    unknown = [name for name in layers if name not in quantized]
+    if unknown:
+        raise ValueError(f"no quantized layer named {', '.join(map(repr, unknown[:5]))} in the toolkit's "
+                         f"quantization config; it quantizes e.g. {', '.join(map(repr, quantized[:5]))}")
+    cfg["custom_quantize_layers"] = {**(cfg.get("custom_quantize_layers") or {}), **dict.fromkeys(layers, "float16")}
+    found[0].write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return found[0]
 
 
 def main(spec_path: str, fd: str) -> int:
@@ -60,18 +82,36 @@ def main(spec_path: str, fd: str) -> int:
         _send(conn, {"event": "start", "step": step, "toolkit": toolkit_version()})
         from rknn.api import RKNN
 
-        rknn = RKNN(verbose=spec.get("verbose", False))
-        quantize = spec.get("quantize")
+        quantize = spec.get("quantize") or {}
         settings = {k: quantize[k] for k in ("quantized_dtype", "quantized_algorithm", "quantized_method")} \
             if quantize else {}
-        run("config", lambda: rknn.config(target_platform=spec["target"], float_dtype="float16",
-                                          optimization_level=spec["optimization_level"], **settings))
+        if quantize.get("auto_hybrid_cos") is not None:
+            settings["auto_hybrid_cos_thresh"] = quantize["auto_hybrid_cos"]
+
+        def configured() -> RKNN:
+            made = RKNN(verbose=spec.get("verbose", False))
+            run("config", lambda: made.config(target_platform=spec["target"], float_dtype="float16",
+                                              optimization_level=spec["optimization_level"], **settings))
+            return made
+
+        rknn = configured()
         names = list(spec["inputs"])
         run("load_onnx", lambda: rknn.load_onnx(model=spec["onnx"], inputs=names or None,
                                                 input_size_list=[spec["inputs"][n] for n in names] or None,
                                                 outputs=spec.get("outputs")))
-        run("build", lambda: rknn.build(do_quantization=bool(quantize),
-                                        dataset=quantize["dataset"] if quantize else None))
+        if quantize.get("keep_fp16"):
+            # step 1 writes <model>.model/.data/.quantization.cfg into the working directory (this
+            # child's own); step 2 reads them back in a fresh instance, as the toolkit's own examples do
+            run("hybrid_quantization_step1", lambda: rknn.hybrid_quantization_step1(dataset=quantize["dataset"]))
+            rknn.release()
+            cfg = keep_in_float16(Path.cwd(), quantize["keep_fp16"])
+            rknn = configured()
+            run("hybrid_quantization_step2", lambda: rknn.hybrid_quantization_step2(
+                str(cfg.with_name(cfg.name.removesuffix(".quantization.cfg") + ".model")),
+                str(cfg.with_name(cfg.name.removesuffix(".quantization.cfg") + ".data")), str(cfg)))
+        else:
+            run("build", lambda: rknn.build(do_quantization=bool(quantize), dataset=quantize.get("dataset"),
+                                            auto_hybrid=quantize.get("auto_hybrid_cos") is not None))
         if spec.get("analysis"):
             run("accuracy_analysis", lambda: rknn.accuracy_analysis(inputs=spec["analysis"]["inputs"],
                                                                     output_dir=spec["analysis"]["output_dir"],

@@ -107,28 +107,51 @@ class Calibration:
     The defaults are the toolkit's own (rknn.config: quantized_dtype w8a8, i.e. 8-bit asymmetric
     weights and activations; algorithm normal, i.e. min/max; per-channel weights), so `label` names
     exactly what was built. The feeds are written as .npy files plus the dataset .txt the toolkit
-    reads (one line per sample: that sample's .npy paths in input order)."""
+    reads (one line per sample: that sample's .npy paths in input order).
+
+    Two ways to keep part of the graph in float16, because plain int8 can lose a decoder whole:
+    `keep_fp16` (tensor names, as rknn.accuracy_analysis names its layers) runs the toolkit's
+    hybrid_quantization_step1 / step2 with those layers' outputs set to float16 in its quantization
+    config; `auto_hybrid_cos` runs rknn.build(auto_hybrid=True) with that cosine threshold
+    (config's auto_hybrid_cos_thresh), letting the toolkit choose."""
 
     feeds: Sequence[Mapping[str, object]]
     dtype: str = "w8a8"
     algorithm: str = "normal"
     method: str = "channel"
+    keep_fp16: Sequence[str] = ()
+    auto_hybrid_cos: float | None = None
 
     def __post_init__(self):
         if not self.feeds:
             raise UsageError("a quantized build needs at least one calibration feed; pass Calibration([{name: array}])")
+        if self.keep_fp16 and self.auto_hybrid_cos is not None:
+            raise UsageError("keep_fp16 and auto_hybrid_cos are two ways to choose the float16 layers; pass one")
+        object.__setattr__(self, "keep_fp16", tuple(dict.fromkeys(self.keep_fp16)))
 
     @property
     def label(self) -> str:
-        """The dtype column of a quantized build: 'int8 w8a8' (the bits of the weights name it)."""
+        """The dtype column of a quantized build: 'int8 w8a8' (the bits of the weights name it), then the
+        calibration algorithm unless it is the default ('int8 w8a8 mmse'), then ' hybrid (12 layers
+        fp16)' or ' auto-hybrid cos 0.99' when part of it stays float16."""
         bits = re.match(r"w(\d+)", self.dtype)
-        return f"int{bits.group(1) if bits else '?'} {self.dtype}"
+        label = f"int{bits.group(1) if bits else '?'} {self.dtype}"
+        if self.algorithm != "normal":  # the toolkit's min/max default goes unnamed
+            label += f" {self.algorithm}"
+        if self.keep_fp16:
+            n = len(self.keep_fp16)
+            label += f" hybrid ({n} layer{'s' if n != 1 else ''} fp16)"
+        elif self.auto_hybrid_cos is not None:
+            label += f" auto-hybrid cos {self.auto_hybrid_cos:g}"
+        return label
 
     def key(self, names: Sequence[str]) -> str:
         """Digest of the settings and every calibration array (by content, in input order)."""
         arrays = [np.ascontiguousarray(feed[n]) for feed in self.feeds for n in names]
-        return cache.digest(self.dtype, self.algorithm, self.method, [(str(a.dtype), a.shape) for a in arrays],
-                            *[a.tobytes() for a in arrays])
+        hybrid = [("keep_fp16", sorted(self.keep_fp16))] if self.keep_fp16 else []
+        hybrid += [("auto_hybrid_cos", float(self.auto_hybrid_cos))] if self.auto_hybrid_cos is not None else []
+        return cache.digest(self.dtype, self.algorithm, self.method, *hybrid,  # plain int8 keys stay as they were
+                            [(str(a.dtype), a.shape) for a in arrays], *[a.tobytes() for a in arrays])
 
     def write(self, folder: Path, names: Sequence[str]) -> Path:
         """The .npy files and the dataset .txt under `folder`; the .txt's path."""
@@ -150,7 +173,8 @@ class Calibration:
 
     def spec(self, dataset: Path) -> dict:
         return {"dataset": str(dataset), "quantized_dtype": self.dtype, "quantized_algorithm": self.algorithm,
-                "quantized_method": self.method}
+                "quantized_method": self.method, "keep_fp16": list(self.keep_fp16),
+                "auto_hybrid_cos": self.auto_hybrid_cos}
 
 
 @dataclass

@@ -164,6 +164,7 @@ def test_calibration_writes_the_dataset_the_toolkit_reads(tmp_path):
     first = [np.load(p) for p in lines[0].split()]
     assert [a.shape for a in first] == [(3,), (2,)] and first[0].sum() == 0
     assert two.label == "int8 w8a8" and build.Calibration(two.feeds, dtype="w16a16i_dfp").label.startswith("int16")
+    assert build.Calibration(two.feeds, algorithm="mmse").label == "int8 w8a8 mmse"
     with pytest.raises(UsageError, match="no array for b"):
         build.Calibration([{"a": np.ones(3)}]).write(tmp_path / "bad", ["a", "b"])
     with pytest.raises(UsageError, match="at least one calibration feed"):
@@ -197,6 +198,47 @@ def test_the_simulator_serves_an_int8_engine_with_its_quantization_noise(probe):
     with SimulatorRunner(probe, "rk3588") as sim:
         fp16 = gates.snr_db(ref, sim.run(x)[0])
     assert 25 < int8 < 40 and fp16 > 55, (int8, fp16)
+
+
+@pytest.mark.simulator
+def test_a_hybrid_build_keeps_the_named_layers_in_float16(probe, tmp_path):
+    """hybrid_quantization_step1 -> config edit -> step2: the ConvTranspose whose output tensor is
+    `h2` stays FLOAT16 in the compiled layer table, the two Convs stay INT8, and the label and the
+    engine cache key name what was built."""
+    from rkstudy.toolkit.log import layer_table
+
+    hybrid = _calibration(range(4), keep_fp16=["h2"])
+    assert hybrid.label == "int8 w8a8 hybrid (1 layer fp16)"
+    report = build.build_engine(probe, "rk3588", out=tmp_path / "hy.rknn", quantize=hybrid, verbose=True)
+    assert report.ok, report.error
+    assert report.dtype == report.row()["dtype"] == "int8 w8a8 hybrid (1 layer fp16)"
+    dtypes = {layer.node: layer.dtype for layer in layer_table(open(report.log).read())}
+    assert dtypes["up"] == "FLOAT16" and dtypes["conv_pre"] == dtypes["conv_post"] == "INT8", dtypes
+    plain = _calibration(range(4))
+    assert hybrid.key(["x"]) != plain.key(["x"]) != _calibration(range(4), auto_hybrid_cos=0.99).key(["x"])
+    with pytest.raises(UsageError, match="pass one"):
+        _calibration([0], keep_fp16=["h2"], auto_hybrid_cos=0.99)
+
+
+@pytest.mark.simulator
+def test_a_hybrid_build_refuses_a_layer_the_toolkit_does_not_quantize(probe, tmp_path):
+    report = build.build_engine(probe, "rk3588", out=tmp_path / "bad.rknn",
+                                quantize=_calibration([0], keep_fp16=["nope"]))
+    assert report.status == "failed" and report.failed_step == "hybrid_quantization_step1"
+    assert "no quantized layer named 'nope'" in report.error and "'h1'" in report.error
+
+
+@pytest.mark.simulator
+def test_an_auto_hybrid_build_lets_the_toolkit_choose_float16_layers(probe, tmp_path):
+    """At cosine 0.9999 the toolkit moves the probe's tail (ConvTranspose onwards) to float16 and
+    keeps the first Conv in int8 (toolkit 2.5.0, rk3588, calibration seeds 0-3)."""
+    from rkstudy.toolkit.log import layer_table
+
+    auto = _calibration(range(4), auto_hybrid_cos=0.9999)
+    report = build.build_engine(probe, "rk3588", out=tmp_path / "auto.rknn", quantize=auto, verbose=True)
+    assert report.ok and report.dtype == "int8 w8a8 auto-hybrid cos 0.9999", report.error
+    dtypes = {layer.node: layer.dtype for layer in layer_table(open(report.log).read())}
+    assert dtypes["conv_pre"] == "INT8" and dtypes["up"] == "FLOAT16", dtypes
 
 
 def _fake_environment(root, version, marker):

@@ -349,12 +349,19 @@ def delay_table(dm: DelayMap) -> list[dict]:
 
 
 def conv_macs(model: onnx.ModelProto) -> int:
-    """Multiply-accumulates of every Conv / ConvTranspose of a graph with pinned input shapes, from
-    the shapes onnx infers: Conv = output elements x C_in/group x K; ConvTranspose = input elements
-    x C_out/group x K (every input sample meets every tap once). Why: the compute a decode path
-    spends is counted from the graph itself, not from a timing on a loaded machine."""
+    """Multiply-accumulates of every Conv / ConvTranspose of a graph with pinned input shapes
+    (conv_macs_by_node, summed). Why: the compute a decode path spends is counted from the graph
+    itself, not from a timing on a loaded machine."""
+    return sum(conv_macs_by_node(model).values())
+
+
+def conv_macs_by_node(model: onnx.ModelProto) -> dict[str, int]:
+    """{node name: multiply-accumulates} of every Conv / ConvTranspose, from the shapes onnx infers:
+    Conv = output elements x C_in/group x K; ConvTranspose = input elements x C_out/group x K (every
+    input sample meets every tap once). Per node, so a compiled engine's layer table can say which
+    share of them runs in which dtype."""
     idx = Index.inferred(model)
-    total = 0
+    macs = {}
     for n in idx.nodes:
         if n.op_type not in CONV_OPS:
             continue
@@ -363,5 +370,5 @@ def conv_macs(model: onnx.ModelProto) -> int:
         dims = idx.shapes.get(io)
         if w is None or not dims or not all(dims):
             raise InputError(f"{n.op_type} {n.name!r}: no static weights or shape; pin the inputs first")
-        total += int(np.prod(dims)) * int(w[1]) * int(np.prod(w[2:]))
-    return total
+        macs[n.name] = int(np.prod(dims)) * int(w[1]) * int(np.prod(w[2:]))
+    return macs

@@ -23,7 +23,7 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 REGTASK_VALUE = re.compile(r"value: 0x([0-9a-fA-F]+)")
 IO_OPS = ("InputOperator", "OutputOperator")  # the table's I/O rows: CPU by definition, never a layer's work
 _ROW = re.compile(r"^[DI] RKNN: \[[^\]]+\]\s+(?P<id>\d+)\s+(?P<op>\S+)\s+(?P<dtype>\S+)\s+(?P<target>CPU|NPU|GPU)\s"
-                  r".*\s(?P<full>\S+)\s*$")
+                  r"(?P<rest>.*)\s(?P<full>\S+)\s*$")
 _PLAN = re.compile(r"Total (Internal|Weight) Memory Size:\s*([0-9.]+)\s*(KB|MB|B)\b")
 _PLAN_UNIT = {"B": 1, "KB": 1024, "MB": 1024 * 1024}
 _ACCURACY_ROW = re.compile(r"^\[(?P<op>[^\]]+)\]\s+(?P<layer>\S+)\s+(?P<ec>\S+)\s*\|\s*(?P<ee>\S+)\s+"
@@ -52,12 +52,17 @@ def regtask_value(line: str) -> int | None:
 @dataclass(frozen=True)
 class Layer:
     """One row of the compiler's "Network Layer Information Table" (verbose builds only).
-    `name` is the ONNX node name after the table's `OpType:` prefix."""
+    `name` is the ONNX node name after the table's `OpType:` prefix; `dtype` is what the layer
+    computes in (INT8, FLOAT16, INT16: a hybrid engine mixes them); `inputs` and `output` are the
+    table's shape columns as printed ('(1,16,1,64),(16,16,1,7),(16)': data, weight, bias)."""
 
     id: int
     op: str
     target: str
     name: str
+    dtype: str = ""
+    inputs: str = ""
+    output: str = ""
 
     @property
     def node(self) -> str:
@@ -72,7 +77,9 @@ def layer_table(log_text: str) -> list[Layer]:
         m = _ROW.match(line)
         if m:
             full = m["full"]
-            layers.append(Layer(int(m["id"]), m["op"], m["target"], full.split(":", 1)[1] if ":" in full else full))
+            shapes = m["rest"].split()  # InputShape OutputShape Cycles RW
+            layers.append(Layer(int(m["id"]), m["op"], m["target"], full.split(":", 1)[1] if ":" in full else full,
+                                m["dtype"], *(shapes[:2] + ["", ""])[:2]))
     return layers
 
 

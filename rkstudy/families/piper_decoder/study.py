@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -349,6 +350,63 @@ def self_check(model: DecoderModel, produced: DecoderSlice, latents) -> dict:
                                      lat.frames, w.emit, w.context, model.hop) if r["kind"] != "padded"]
     worst = min((r["snr_db"] for r in rows), default=float("inf"))
     return INTERIOR_GATE.check(worst, context=f"{w.frames}-frame window, worst of {len(rows)} windows")
+
+
+# --- quantization: calibration and evaluation on real speech, held apart ---------------------------
+CALIBRATION_TEXTS = ("paragraph",)      # the voice's own latents of these texts calibrate
+EVALUATION_TEXTS = ("short", "phone")   # and these, never seen by the calibration, score
+
+
+def walked_windows(model: DecoderModel, latents, contract) -> list[dict]:
+    """Every window the walker feeds the engine over `latents`, as engine feeds ({z, y_mask[, g]}):
+    the calibration set of a quantized build is what the engine will really see, end windows and
+    padding included."""
+    window, names = contract.window, [t.name for t in contract.inputs]
+    feeds = []
+    for lat in latents:
+        for w in plan_windows(lat.frames, window.emit, window.context):
+            x, m = window_inputs(lat.z, w, window.frames)
+            feed = {"z": x[None], **({"y_mask": m[None]} if "y_mask" in names else {})}
+            if "g" in names:
+                feed["g"] = np.asarray(lat.g, np.float32).reshape(1, -1, 1)
+            feeds.append(feed)
+    return feeds
+
+
+def quantization_stage(model: DecoderModel | None = None, calibration_texts: Sequence[str] = CALIBRATION_TEXTS,
+                       evaluation_texts: Sequence[str] = EVALUATION_TEXTS, emit: int = DEFAULT_EMIT,
+                       context: int = DEFAULT_CONTEXT, evaluation_frames: int | None = None):
+    """The 93-frame window engine as rkstudy.quantize sees it: calibration windows walked from the
+    voice's latents of `calibration_texts`, evaluation latents of `evaluation_texts` (no text in
+    both), scored per window and per utterance on the sidecar's walk. `evaluation_frames` cuts each
+    evaluation latent to its first frames (one window at the window's own length: a quick run)."""
+    from ...quantize import Stage
+    from ..piper.voice import read_text
+
+    shared = sorted(set(calibration_texts) & set(evaluation_texts))
+    if shared:
+        raise ValueError(f"{', '.join(shared)} would both calibrate and score; hold the evaluation texts apart")
+    model = model or Voice()
+    produced = produce_for_voice(model, emit=emit, context=context)
+    calibration = [lat for name in calibration_texts for lat in model.latents(read_text(name))]
+    evaluation = [lat for name in evaluation_texts for lat in model.latents(read_text(name))]
+    if evaluation_frames:
+        evaluation = [replace(lat, z=lat.z[:, :evaluation_frames]) for lat in evaluation]
+
+    def walk(runner, lat):
+        return sidecar(model, runner, produced.contract).decode(lat.z, lat.g, progress=False)
+
+    def score(refs, tests):
+        utterance = gates.snr_db(np.concatenate(refs), np.concatenate(tests))
+        windows = [r["snr_db"] for lat, a, b in zip(evaluation, refs, tests)
+                   for r in per_window_rows(a, b, lat.frames, emit, context, model.hop)]
+        return {"windows": len(windows), "window_snr_db_min": float(np.min(windows)),
+                "window_snr_db_median": float(np.median(windows)), "utterance_snr_db": utterance}
+
+    return Stage(name=f"Piper decoder {produced.contract.window.frames}-frame window", onnx=produced.save(),
+                 calibration=walked_windows(model, calibration, produced.contract), evaluation=evaluation,
+                 walk=walk, score=score,
+                 texts={"calibration": ", ".join(calibration_texts), "evaluation": ", ".join(evaluation_texts)})
 
 
 # --- the window planner's view of this decoder ----------------------------------------------------

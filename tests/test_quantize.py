@@ -1,0 +1,109 @@
+"""Quantization study pieces: the int8 share of a graph's MACs from a compiled layer table, and the
+Piper decoder's calibration windows held apart from its evaluation texts."""
+
+import numpy as np
+import pytest
+
+from rkstudy import quantize
+from rkstudy.families.toolchain import probes as toolchain
+from rkstudy.toolkit.log import Layer, layer_table
+
+# the probe's convs: conv_pre 16x64 outputs x 16 x 7, up (ConvTranspose) 16x64 inputs x 16 x 8,
+# conv_post 1x256 outputs x 16 x 7
+PROBE_MACS = {"conv_pre": 114_688, "up": 131_072, "conv_post": 28_672}
+
+
+SHAPES = {"conv_pre": ("Conv", "(1,16,1,64),(16,16,1,7),(16)", "(1,16,1,64)"),
+          "up": ("ConvTranspose", "(1,16,1,64),(16,16,1,8),(16)", "(1,16,1,256)"),
+          "conv_post": ("Conv", "(1,16,1,256),(1,16,1,7),(1)", "(1,1,1,256)")}
+
+
+def _layers(**dtypes):
+    return [Layer(0, "InputOperator", "CPU", "x", "INT8", "\\", "(1,16,1,64)")] + [
+        Layer(i + 1, SHAPES[name][0], "NPU", name, dtype, *SHAPES[name][1:])
+        for i, (name, dtype) in enumerate(dtypes.items())]
+
+
+def test_the_int8_share_counts_the_macs_of_the_convs_compiled_int8():
+    model = toolchain.vocoder_probe()
+    assert {name: quantize.layer_macs(layer) for name, layer in
+            zip(SHAPES, _layers(conv_pre="INT8", up="INT8", conv_post="INT8")[1:])} == PROBE_MACS
+    share = quantize.int8_mac_share(model, _layers(conv_pre="INT8", up="FLOAT16", conv_post="INT8"))
+    assert share["conv_macs"] == sum(PROBE_MACS.values()) == 274_432 and share["coverage"] == 1.0
+    assert share["int8_macs"] == 114_688 + 28_672
+    assert share["int8_mac_share"] == pytest.approx(143_360 / 274_432)  # 0.5224
+    assert share["fp16_convs"] == ["up"]
+    # a conv the compiler tiles over halves of its input channels: each tile counts its own half
+    tiles = _layers(conv_pre="INT8", conv_post="INT8") + [
+        Layer(8, "ConvTranspose", "NPU", f"up_tile{k}", dtype, "(1,8,1,64),(8,16,1,8),(16)", "(1,16,1,256)")
+        for k, dtype in enumerate(("INT8", "FLOAT16"))]
+    tiled = quantize.int8_mac_share(model, tiles)
+    assert tiled["coverage"] == 1.0 and tiled["int8_macs"] == 114_688 + 28_672 + 65_536
+    # a table that misses a conv says so in its coverage, not in its share
+    missing = quantize.int8_mac_share(model, _layers(conv_pre="INT8", conv_post="INT8"))
+    assert missing["coverage"] == pytest.approx(143_360 / 274_432) and missing["int8_mac_share"] == 1.0
+
+
+def test_the_layer_table_keeps_each_layers_dtype():
+    log = ("D RKNN: [20:38:00.517] 3    ConvTranspose      FLOAT16  NPU    (1,16,1,64),(16,16,1,8),(16)   "
+           "(1,16,1,256)   609/2048/2048   6   ConvTranspose:up\n"
+           "D RKNN: [20:38:00.517] 4    exDataConvert      FLOAT16  NPU    (1,16,1,256)   (1,16,1,256)   "
+           "0/0/0   8   exDataConvert:h2__cvt_float16_int8\n"
+           "D RKNN: [20:38:00.517] 8    Conv               INT8     NPU    (1,16,1,256),(1,16,1,7),(1)   "
+           "(1,1,1,256)   535/1792/1792   4   Conv:conv_post\n")
+    layers = layer_table(log)
+    assert [(x.node, x.dtype) for x in layers] == [("up", "FLOAT16"), ("h2__cvt_float16_int8", "FLOAT16"),
+                                                    ("conv_post", "INT8")]
+    assert quantize.float16_layers(layers) == ["up"]  # the dtype cast is no layer's work
+
+
+@pytest.fixture(scope="module")
+def voice():
+    from rkstudy.families.piper.voice import Voice
+
+    return Voice()
+
+
+def test_calibration_windows_are_what_the_walker_feeds_and_never_the_evaluation_texts(voice):
+    from rkstudy.families.piper.voice import read_text
+    from rkstudy.families.piper_decoder.study import quantization_stage
+    from rkstudy.window import plan_windows
+
+    stage = quantization_stage(voice, calibration_texts=("phone",), evaluation_texts=("short",))
+    frames = [lat.frames for lat in voice.latents(read_text("phone"))]
+    assert len(stage.calibration) == sum(len(plan_windows(n, 45, 24)) for n in frames)
+    assert all(f["z"].shape == (1, voice.channels, 93) and f["y_mask"].shape == (1, 1, 93) for f in stage.calibration)
+    assert stage.texts == {"calibration": "phone", "evaluation": "short"}
+    cut = quantization_stage(voice, calibration_texts=("phone",), evaluation_texts=("short",), evaluation_frames=20)
+    assert [lat.frames for lat in cut.evaluation] == [20]
+    with pytest.raises(ValueError, match="short would both calibrate and score"):
+        quantization_stage(voice, calibration_texts=("short",), evaluation_texts=("short", "phone"))
+    assert np.isfinite(stage.calibration[0]["z"]).all()
+
+
+@pytest.mark.simulator
+def test_the_sweep_on_a_small_graph(tmp_path):
+    """fp16, int8, hybrid with the worst-ranked layer in fp16, and auto-hybrid at cosine 0.9999 on
+    the probe (calibration seeds 0-3, scored on seed 100): int8 loses ~30 dB to fp16 (measured 63.2
+    and 32.8 dB, toolkit 2.5.0, rk3588), and each engine's int8 MAC share is what its layer table says."""
+    import onnx
+
+    from rkstudy import gates
+
+    path = tmp_path / "probe.onnx"
+    onnx.save(toolchain.vocoder_probe(), str(path))
+    noise = [np.random.default_rng(s).standard_normal((1, 16, 1, 64)).astype(np.float32) for s in (0, 1, 2, 3, 100)]
+    stage = quantize.Stage(name="probe", onnx=path, calibration=[{"x": x} for x in noise[:4]],
+                           evaluation=[{"x": noise[4]}], walk=lambda runner, item: runner.run(item)[0],
+                           score=lambda refs, tests: {"snr_db": gates.snr_db(refs[0], tests[0])})
+    rows, ranking = quantize.sweep(stage, "rk3588", hybrid_counts=(1,), auto_thresholds=(0.9999,))
+    by = {r["setting"]: r for r in rows}
+    assert list(by) == ["fp16", "int8 w8a8", "hybrid 1", "auto-hybrid cos 0.9999"]
+    assert all(r["mac_coverage"] == 1.0 and r["conv_macs"] == 274_432 and r["where"] == "simulator" for r in rows)
+    assert by["fp16"]["int8_mac_share"] == 0.0 and by["fp16"]["snr_db"] > 55
+    assert by["int8 w8a8"]["int8_mac_share"] == 1.0 and 25 < by["int8 w8a8"]["snr_db"] < 40
+    assert by["int8 w8a8"]["engine_bytes"] < by["fp16"]["engine_bytes"]
+    assert by["hybrid 1"]["kept_fp16"] == ranking[0]["layer"] and by["hybrid 1"]["dtype"].endswith("(1 layer fp16)")
+    assert [r["rank"] for r in ranking] == list(range(1, len(ranking) + 1))
+    # the toolkit keeps only conv_pre in int8 at this threshold: 114,688 of 274,432 MACs
+    assert by["auto-hybrid cos 0.9999"]["int8_mac_share"] == pytest.approx(114_688 / 274_432, abs=1e-4)
