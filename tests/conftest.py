@@ -70,3 +70,15 @@ def voice():
     from rkstudy.families.piper.voice import Voice
 
     return Voice()
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """torch on one thread for a module: the float64 interpreter's convs run on short chunks, and on a
+    shared machine one thread is ~10x faster than torch's default pool."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

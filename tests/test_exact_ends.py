@@ -7,7 +7,6 @@ itself (the Piper --dec-mask slice) untouched, and make the unmasked Piper slice
 
 import numpy as np
 import pytest
-import torch
 
 from rkstudy import gates, graph
 from rkstudy.contract import Digest
@@ -32,13 +31,7 @@ LENGTHS = (7, 37, 64)   # one shorter than a 16-frame step; 37 a multiple of nei
 FOLD_FRAMES = 64
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """The float64 interpreter's convs are on short chunks; on a shared machine one thread is ~10x faster."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module", params=sorted(architectures.BUILDERS))

@@ -12,7 +12,6 @@ import sys
 import numpy as np
 import onnx
 import pytest
-import torch
 
 from rkstudy import gates, planner, results
 from rkstudy.families.port import producer
@@ -29,13 +28,7 @@ LENGTH = 40   # frames of the test utterance: shorter than the window (its padde
 OUTPUTS = {"vocos": ["real:1", "imag:1"]}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """The float64 interpreter's convs are on short chunks; on a shared machine one thread is ~10x faster."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
