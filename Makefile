@@ -10,7 +10,7 @@ MODELS_STAMP := $(VENV)/.rkstudy-models
 TOOLKIT_PIN = $$($(PY) -c 'import tomllib; print(tomllib.load(open("pyproject.toml","rb"))["tool"]["rkstudy"]["toolkit"])')
 NO_DEPS = $$($(PY) -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml","rb"))["tool"]["rkstudy"]["models-no-deps"]))')
 
-.PHONY: venv models toolkit toolkit-venv test test-fast check-results reproduce bench doctor lab lint format board-env clean
+.PHONY: venv models lite-wheel toolkit toolkit-venv test test-fast check-results reproduce bench doctor lab lint format board-env clean
 
 $(ENV_STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -55,12 +55,20 @@ $(MODELS_STAMP): $(ENV_STAMP)
 
 models: $(MODELS_STAMP)
 
+# The board runtime's aarch64 wheel, read (never imported) by tests/test_board_double.py, which checks
+# that the replay double writes what the real rknn-toolkit-lite2 writes.
+LITE_WHEELS := $${RKSTUDY_CACHE:-build/cache}/wheels
+LITE_PIN = $$($(PY) -c 'import tomllib; b = tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["board"]; print(next(d.split(";")[0].strip() for d in b if d.startswith("rknn-toolkit-lite2")))')
+lite-wheel: venv
+	pin="$(LITE_PIN)"; ls $(LITE_WHEELS)/rknn_toolkit_lite2-$${pin#*==}-*.whl >/dev/null 2>&1 || $(PY) -m pip download \
+	  --quiet --no-deps --only-binary=:all: --platform manylinux_2_17_aarch64 --python-version 3.11 "$$pin" -d $(LITE_WHEELS)
+
 doctor: venv
 	$(PY) -m rkstudy doctor
 
 # Unit tests, then every notebook in quick mode (papermill; each test checks the numbers its notebook recorded).
 # The second toolkit's environment too: notebook 08 and the interpreter-choice tests build with it.
-test: models toolkit-venv
+test: models toolkit-venv lite-wheel
 	$(PY) -m pytest tests
 
 # Everything that starts no toolkit child, runs no notebook and starts no JupyterLab (a few minutes);
