@@ -152,8 +152,8 @@ EXPECT = {
         "toolchain probe, rk3588, 2.3.2: REGTASK lines": (0, 0),
         "toolchain probe, rk3588, 2.5.0: engine": (20_000, 60_000),  # measured 31,785 bytes
         "toolchain probe, rk3588, 2.3.2: engine": (20_000, 60_000),  # measured 31,977 bytes
-        # quantization, quick: the phone text's first 93 frames, calibrated on the paragraph's 49 windows;
-        # measured 2026-12-01: fp16 45.1 dB, int8 1.4 dB, hybrid 2 (two flow layers) 1.7 dB at 99.94 % int8 MACs
+        # quantization, quick: the phone text's first 93 frames, calibrated on the short text's window;
+        # measured 2026-12-01: fp16 45.1 dB, int8 -2.0 dB, hybrid 2 (two flow layers) -2.0 dB at 100 % int8 MACs
         "quantization, Piper decoder window rk3588, fp16: simulator vs fp32, worst window": (35, math.inf),
         "quantization, Piper decoder window rk3588, int8 w8a8: simulator vs fp32, worst window": (-5, 15),
         "quantization, Piper decoder window rk3588, hybrid 2: simulator vs fp32, worst window": (-5, 15),
