@@ -97,6 +97,8 @@ def stamp(row: Mapping, by=None) -> dict:
 
     `where`/`target` come from `by` (a Runner, a BuildReport or an Origin such as HOST) or, when
     `by` is None, from the row itself: measurement functions copy them from the runner they used.
+    `toolkit_version` is the BuildReport's own, or a row's `built_with` (a measurement of a build made
+    with another toolkit environment says so), else this environment's.
     A row whose `carried_from` names an earlier table was measured by an earlier run: it keeps that
     run's stamp (see carried()), so the number stays attributed to the code that made it.
     """
@@ -111,8 +113,12 @@ def stamp(row: Mapping, by=None) -> dict:
     else:
         where = by.where if by is not None else row.get("where")
         target = (getattr(by, "target", "none") if by is not None else row.get("target")) or "none"
+        # the toolkit that made the number: a build's own (a second toolkit environment builds in a child
+        # of another interpreter), else this environment's
+        toolkit = getattr(by, "toolkit_version", None) or row.get("built_with") or toolkit_version()
         for key in STAMP:
             row.pop(key, None)
+        row.pop("built_with", None)
         kept = None
     if where not in WHERE:
         raise ValueError(f"where={where!r}: must be one of {', '.join(WHERE)} (pass the runner, "
@@ -122,7 +128,7 @@ def stamp(row: Mapping, by=None) -> dict:
                          "(use 'none' for an fp32 or host row that no SoC produced)")
     if kept is not None:
         return {**row, **kept}
-    return {**row, "rkstudy_version": __version__, "commit": commit(), "toolkit_version": toolkit_version(),
+    return {**row, "rkstudy_version": __version__, "commit": commit(), "toolkit_version": toolkit,
             "target": target, "where": where, "date": _dt.date.today().isoformat()}
 
 

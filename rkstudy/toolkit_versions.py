@@ -111,7 +111,8 @@ def version_row(engine: Engine, target: str, version: str) -> dict:
     return {"engine": engine.name, "toolkit": report.toolkit_version.removeprefix("rknn-toolkit2 "),
             **{k: row[k] for k in ("status", "target", "dtype", "regtask", "regtask_max_value")},
             "engine_bytes": report.engine_bytes, "simulator_snr_db": round(snr, 2), "nonfinite": nonfinite,
-            **{k: row[k] for k in ("build_s", "converter_peak_mb", "failed_step", "error")}, "where": "simulator"}
+            **{k: row[k] for k in ("build_s", "converter_peak_mb", "failed_step", "error")}, "where": "simulator",
+            "built_with": report.toolkit_version}
 
 
 def compare(engines: Sequence[Engine], versions: Sequence[str],

@@ -149,3 +149,12 @@ def test_seed_numbers_read_ranges_without_retyping():
     assert results.seed_numbers("piper_encoder", "latent frames drift n128 chunks (fp16 engine vs fp32)") == [7, 8, -6]
     assert results.seed_numbers("piper_encoder", "latent frames drift n384 chunks (fp16 engine vs fp32)") == [-21, -23]
     assert results.seed_numbers("piper_encoder", "SNR vs fp32 n128 (stats / cond)") == [45.5, 48.6, 40.1, 44.8]
+
+
+def test_a_row_keeps_the_toolkit_that_built_it():
+    """A build in a second toolkit environment runs in another interpreter: its row says that toolkit,
+    not the one of the process that stamps it."""
+    built = results.stamp({"snr_db": 40.0, "where": "simulator", "target": "rk3588",
+                           "built_with": "rknn-toolkit2 2.3.2"})
+    assert built["toolkit_version"] == "rknn-toolkit2 2.3.2" and "built_with" not in built
+    assert results.stamp({"snr_db": 40.0}, results.HOST)["toolkit_version"] == results.toolkit_version()
