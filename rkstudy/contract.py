@@ -202,6 +202,20 @@ class Contract:
                                  f"engine was made from ({self.source.file}, sha256 {self.source.sha256[:12]}); "
                                  f"make one from it with `{self.remake}`")
 
+    def check_runner(self, runner) -> None:
+        """`runner` takes this contract's inputs, in its order, at its static shapes (a runner that
+        says no input names or shapes, or a dynamic dimension, is taken at its word). Every walker
+        checks this before its first step, so a wrong engine fails here, not inside a reshape."""
+        fix = f"; make a matching one with `{self.remake}`"
+        names = list(getattr(runner, "input_names", self.input_names))
+        if names != self.input_names:
+            raise EngineMismatch(f"the engine takes inputs {names} but its contract lists {self.input_names}" + fix)
+        shapes = getattr(runner, "shapes", None) or {}
+        for t in self.inputs:
+            got = shapes.get(t.name)
+            if got is not None and all(isinstance(d, int) for d in got) and tuple(got) != t.shape:
+                raise EngineMismatch(f"the engine's {t.name} is {tuple(got)} but its contract says {t.shape}" + fix)
+
     def check_family(self, family: str, remake: str | None = None) -> None:
         if self.family != family:
             raise EngineMismatch(f"this is a {self.family} engine, not a {family} one; make a {family} "

@@ -217,3 +217,29 @@ def test_an_rk3588_engine_is_refused_on_the_recorded_rk3576_board(engine, monkey
 def test_the_register_field_is_recorded_for_every_target():
     assert set(contract.REGISTER_FIELD_BITS) == set(contract.TARGETS)
     assert contract.REGISTER_FIELD_BITS["rk3576"] == 14
+
+
+class FakeRunner:
+    """A runner as the walkers see it: input names and (possibly dynamic) shapes."""
+
+    def __init__(self, input_names, shapes=None):
+        self.input_names, self.shapes = input_names, shapes
+
+
+def test_check_runner_takes_a_matching_runner_and_one_that_says_nothing():
+    c = decoder()
+    c.check_runner(FakeRunner(["z", "y_mask"], {"z": (1, 192, 93), "y_mask": (1, 1, 93)}))
+    c.check_runner(FakeRunner(["z", "y_mask"], {"z": ("batch", 192, 93), "y_mask": None}))  # dynamic: not checked
+    c.check_runner(object())  # no names, no shapes: taken at its word
+
+
+def test_check_runner_refuses_other_inputs_naming_the_producer():
+    with pytest.raises(EngineMismatch, match=r"the engine takes inputs \['y_mask', 'z'\] but its contract lists "
+                                             r"\['z', 'y_mask'\]; make a matching one with `rkstudy piper decoder"):
+        decoder().check_runner(FakeRunner(["y_mask", "z"]))
+
+
+def test_check_runner_refuses_another_static_shape_naming_the_producer():
+    with pytest.raises(EngineMismatch, match=r"the engine's y_mask is \(1, 1, 45\) but its contract says "
+                                             r"\(1, 1, 93\); make a matching one with `rkstudy piper decoder"):
+        decoder().check_runner(FakeRunner(["z", "y_mask"], {"z": (1, 192, 93), "y_mask": (1, 1, 45)}))
