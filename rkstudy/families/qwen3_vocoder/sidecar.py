@@ -66,13 +66,11 @@ class ContractDtypes:
 def check_engine(contract: Contract) -> None:
     """The contract is a vocoder step this sidecar can walk: family, one cache state pair, no lookahead."""
     contract.check_family(FAMILY)
-    p, fix = contract.params, f"; make a matching one with `{contract.remake}`"
+    fix = f"; make a matching one with `{contract.remake}`"
     if [t.name for t in contract.inputs] != [CODES, CACHE_IN] or contract.state != ((CACHE_IN, CACHE_OUT),):
         raise EngineMismatch(f"the {FAMILY} step takes codes and cache_in and pairs cache_out with cache_in; this "
                              f"contract has inputs {contract.input_names} and state {list(contract.state)}" + fix)
-    missing = [k for k in ("codes_length",) + SHARED if k not in p]
-    if missing:
-        raise EngineMismatch(f"the {FAMILY} contract's params have no {', '.join(missing)}" + fix)
+    contract.check_params({k: ... for k in ("codes_length",) + SHARED}, what="vocoder step")
 
 
 class VocoderSidecar:
