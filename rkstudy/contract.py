@@ -90,6 +90,17 @@ class Window:
 
 
 @dataclass(frozen=True)
+class Expect:
+    """What a model needs of one contract param: its `value` (Ellipsis: any value, but present), the
+    sentence that says a mismatch (formatted with `engine`, `model`, `key` and `what`), and what a
+    contract without the param means (`absent`: a single-speaker engine has no speaker_dims, i.e. 0)."""
+
+    value: Any
+    says: str = "the engine's {key} is {engine!r}, the {what} has {model!r}"
+    absent: Any = None
+
+
+@dataclass(frozen=True)
 class Digest:
     """A file by name and content (sha256 of its bytes)."""
 
@@ -201,6 +212,39 @@ class Contract:
             raise EngineMismatch(f"{Path(model_path).name} (sha256 {actual[:12]}) is not the model this "
                                  f"engine was made from ({self.source.file}, sha256 {self.source.sha256[:12]}); "
                                  f"make one from it with `{self.remake}`")
+
+    def check_runner(self, runner) -> None:
+        """`runner` takes this contract's inputs, in its order, at its static shapes (a runner that
+        says no input names or shapes, or a dynamic dimension, is taken at its word). Every walker
+        checks this before its first step, so a wrong engine fails here, not inside a reshape."""
+        fix = f"; make a matching one with `{self.remake}`"
+        names = list(getattr(runner, "input_names", self.input_names))
+        if names != self.input_names:
+            raise EngineMismatch(f"the engine takes inputs {names} but its contract lists {self.input_names}" + fix)
+        shapes = getattr(runner, "shapes", None) or {}
+        for t in self.inputs:
+            got = shapes.get(t.name)
+            if got is not None and all(isinstance(d, int) for d in got) and tuple(got) != t.shape:
+                raise EngineMismatch(f"the engine's {t.name} is {tuple(got)} but its contract says {t.shape}" + fix)
+
+    def check_params(self, expected: Mapping[str, Any], what: str) -> None:
+        """The engine was made for this `what` (voice, model, vocoder step): every param in `expected`
+        (a value, or an Expect that says its mismatch in the family's words) is the model's, and one
+        EngineMismatch lists every one that is not, naming the command that makes a matching engine."""
+        missing, problems = [], []
+        for key, want in expected.items():
+            want = want if isinstance(want, Expect) else Expect(want)
+            if want.value is ...:
+                if key not in self.params:
+                    missing.append(key)
+                continue
+            engine = self.params.get(key, want.absent)
+            if engine != want.value:
+                problems.append(want.says.format(engine=engine, model=want.value, key=key, what=what))
+        if missing:
+            problems.insert(0, f"the {self.family} contract's params have no {', '.join(missing)}")
+        if problems:
+            raise EngineMismatch("; ".join(problems) + f". Produce an engine for this {what} with `{self.remake}`")
 
     def check_family(self, family: str, remake: str | None = None) -> None:
         if self.family != family:

@@ -26,16 +26,7 @@ class WindowSidecar:
         if contract.window is None:
             raise EngineMismatch(f"the {contract.family} contract has no window; it is not a walked engine "
                                  f"(make one with `{contract.remake}`)")
-        names = list(getattr(runner, "input_names", contract.input_names))
-        if names != contract.input_names:
-            raise EngineMismatch(f"the engine takes inputs {names} but its contract lists "
-                                 f"{contract.input_names}; make a matching one with `{contract.remake}`")
-        shapes = getattr(runner, "shapes", None) or {}
-        for t in contract.inputs:
-            got = shapes.get(t.name)
-            if got is not None and all(isinstance(d, int) for d in got) and tuple(got) != t.shape:
-                raise EngineMismatch(f"the engine's {t.name} is {tuple(got)} but its contract says {t.shape}; "
-                                     f"make a matching one with `{contract.remake}`")
+        contract.check_runner(runner)
         self.runner, self.contract = runner, contract
 
     @property

@@ -60,14 +60,7 @@ class StatefulWalker:
                                      + fix)
         if not self.walked or not self.outputs or len({t.rate for t in self.outputs}) != 1:
             raise EngineMismatch("a stateful step needs walked inputs and walked outputs at one rate" + fix)
-        names = list(getattr(runner, "input_names", c.input_names))
-        if names != c.input_names:
-            raise EngineMismatch(f"the engine takes inputs {names} but its contract lists {c.input_names}" + fix)
-        shapes = getattr(runner, "shapes", None) or {}
-        for t in c.inputs:
-            got = shapes.get(t.name)
-            if got is not None and all(isinstance(d, int) for d in got) and tuple(got) != t.shape:
-                raise EngineMismatch(f"the engine's {t.name} is {tuple(got)} but its contract says {t.shape}" + fix)
+        c.check_runner(runner)
         self.runner, self.contract, self.dtype = runner, c, dtype
         self.set_constants(constants or {})
         self.state_in = c.role("state")

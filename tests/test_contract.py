@@ -217,3 +217,54 @@ def test_an_rk3588_engine_is_refused_on_the_recorded_rk3576_board(engine, monkey
 def test_the_register_field_is_recorded_for_every_target():
     assert set(contract.REGISTER_FIELD_BITS) == set(contract.TARGETS)
     assert contract.REGISTER_FIELD_BITS["rk3576"] == 14
+
+
+class FakeRunner:
+    """A runner as the walkers see it: input names and (possibly dynamic) shapes."""
+
+    def __init__(self, input_names, shapes=None):
+        self.input_names, self.shapes = input_names, shapes
+
+
+def test_check_runner_takes_a_matching_runner_and_one_that_says_nothing():
+    c = decoder()
+    c.check_runner(FakeRunner(["z", "y_mask"], {"z": (1, 192, 93), "y_mask": (1, 1, 93)}))
+    c.check_runner(FakeRunner(["z", "y_mask"], {"z": ("batch", 192, 93), "y_mask": None}))  # dynamic: not checked
+    c.check_runner(object())  # no names, no shapes: taken at its word
+
+
+def test_check_runner_refuses_other_inputs_naming_the_producer():
+    with pytest.raises(EngineMismatch, match=r"the engine takes inputs \['y_mask', 'z'\] but its contract lists "
+                                             r"\['z', 'y_mask'\]; make a matching one with `rkstudy piper decoder"):
+        decoder().check_runner(FakeRunner(["y_mask", "z"]))
+
+
+def test_check_runner_refuses_another_static_shape_naming_the_producer():
+    with pytest.raises(EngineMismatch, match=r"the engine's y_mask is \(1, 1, 45\) but its contract says "
+                                             r"\(1, 1, 93\); make a matching one with `rkstudy piper decoder"):
+        decoder().check_runner(FakeRunner(["z", "y_mask"], {"z": (1, 192, 93), "y_mask": (1, 1, 45)}))
+
+
+def test_check_params_passes_a_matching_model_and_reads_an_absent_param_as_its_default():
+    c = decoder(params={"hop": 256, "channels": 192})
+    c.check_params({"hop": 256, "channels": 192, "speaker_dims": contract.Expect(0, absent=0)}, what="voice")
+    c.check_params({"hop": ...}, what="voice")  # present, any value
+
+
+def test_check_params_lists_every_mismatch_in_one_refusal_naming_the_producer():
+    c = decoder(params={"hop": 256, "channels": 192})
+    with pytest.raises(EngineMismatch) as err:
+        c.check_params({"hop": 512, "channels": contract.Expect(256, "the engine takes {engine} channels, the "
+                                                                     "{what} has {model}"),
+                        "speaker_dims": contract.Expect(64, absent=0)}, what="voice")
+    assert str(err.value) == ("the engine's hop is 256, the voice has 512; the engine takes 192 channels, the voice "
+                              "has 256; the engine's speaker_dims is 0, the voice has 64. Produce an engine for this "
+                              f"voice with `{PRODUCER}`")
+
+
+def test_check_params_refuses_a_missing_param_first_and_compares_a_missing_value_as_none():
+    c = decoder(params={"hop": 256})
+    with pytest.raises(EngineMismatch) as err:
+        c.check_params({"channels": 192, "cache_numel": ..., "codes_length": ..., "hop": ...}, what="step")
+    assert str(err.value) == ("the piper_decoder contract's params have no cache_numel, codes_length; the engine's "
+                              f"channels is None, the step has 192. Produce an engine for this step with `{PRODUCER}`")

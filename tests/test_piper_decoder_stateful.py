@@ -113,3 +113,17 @@ def test_stage1_from_the_command_line(steps, tmp_path, capsys):
 def test_the_fp32_self_check_gate_holds_at_every_step_size(voice, steps):
     for e in (16, 93):
         assert study.self_check(voice, steps[e])["measured"] >= 95.0
+
+
+def test_the_stage2_probe_is_the_first_step_and_a_step_with_the_state_the_fp32_walk_carried(steps):
+    from rkstudy.families.piper_decoder_stateful.producer import state_probe
+
+    p = steps[16]
+    first, last = state_probe(p.model, p.contract, steps=3)
+    states = [t.name for t in p.contract.role("state")]
+    assert list(first) == list(last) == p.contract.input_names
+    assert first["z"].shape == last["z"].shape == (1, 192, 16) and not np.array_equal(first["z"], last["z"])
+    assert all(not first[s].any() for s in states)  # the first step starts from zero state
+    # measured: 32 frames in (two steps of 16), 3 of the 7 caches hold a past; the step lags its input by
+    # 42 frames, so the others still hold the zero start
+    assert sum(bool(last[s].any()) for s in states) == 3

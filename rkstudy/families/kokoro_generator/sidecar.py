@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...contract import Contract
+from ...contract import Contract, Expect
 from ...errors import EngineMismatch, UsageError
 from ...sidecar import WindowSidecar
 
@@ -42,16 +42,11 @@ class GeneratorSidecar:
     def __init__(self, runner, contract: Contract, *, channels: int, rows: int, samples_per_frame: int,
                  overlap: int = 0, gain: bool = False):
         p = contract.params
-        problems = []
-        if p.get("channels") != channels:
-            problems.append(f"the engine takes {p.get('channels')} latent channels, the model has {channels}")
-        if p.get("rows") != rows:
-            problems.append(f"the engine emits {p.get('rows')} spectrogram rows, the model's head takes {rows}")
-        if p.get("samples_per_frame") != samples_per_frame:
-            problems.append(f"the engine voices {p.get('samples_per_frame')} samples per latent frame, the model "
-                            f"{samples_per_frame}")
-        if problems:
-            raise EngineMismatch("; ".join(problems) + f". Produce an engine for this model with `{contract.remake}`")
+        contract.check_params({
+            "channels": Expect(channels, "the engine takes {engine} latent channels, the model has {model}"),
+            "rows": Expect(rows, "the engine emits {engine} spectrogram rows, the model's head takes {model}"),
+            "samples_per_frame": Expect(samples_per_frame, "the engine voices {engine} samples per latent frame, "
+                                                           "the model {model}")}, what="model")
         emit = contract.window.emit if contract.window else 0
         if not 0 <= overlap <= emit // 2:
             raise UsageError(f"overlap={overlap}: this engine emits {emit} frames a window, so the overlap must be "

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...contract import Contract
+from ...contract import Contract, Expect
 from ...errors import EngineMismatch
 from ...sidecar import WindowSidecar
 
@@ -16,17 +16,11 @@ from ...sidecar import WindowSidecar
 def check_voice(contract: Contract, *, channels: int, hop: int, speaker_dims: int = 0) -> None:
     """Refuse an engine made for another voice (latent channels, hop, speaker embedding), naming the
     command that produces a matching one (shared by the window and the stateful decoder sidecars)."""
-    p = contract.params
-    problems = []
-    if p.get("channels") != channels:
-        problems.append(f"the engine takes {p.get('channels')} latent channels, the voice has {channels}")
-    if p.get("hop") != hop:
-        problems.append(f"the engine voices {p.get('hop')} samples per frame, the voice {hop}")
-    if p.get("speaker_dims", 0) != speaker_dims:
-        problems.append(f"the engine takes a {p.get('speaker_dims', 0)}-wide speaker embedding, the voice "
-                        f"has {speaker_dims}")
-    if problems:
-        raise EngineMismatch("; ".join(problems) + f". Produce an engine for this voice with `{contract.remake}`")
+    contract.check_params({
+        "channels": Expect(channels, "the engine takes {engine} latent channels, the voice has {model}"),
+        "hop": Expect(hop, "the engine voices {engine} samples per frame, the voice {model}"),
+        "speaker_dims": Expect(speaker_dims, "the engine takes a {engine}-wide speaker embedding, the voice has "
+                                             "{model}", absent=0)}, what="voice")
 
 
 class DecoderSidecar:

@@ -137,22 +137,14 @@ def state_probe(onnx_path, contract: Contract, steps: int = 3, seed: int = 0) ->
     """Stage 2's probe for a stateful step: the inputs of its first step (zero state) and of step
     `steps` (the state the fp32 graph carried there) on a white-noise latent, so the simulator gate
     covers the cache path too, not only a zero state."""
-    from ...runtime import OrtRunner
+    from ...runtime import OrtRunner, Recording
     from ...stream import StatefulWalker
 
     rng = np.random.default_rng(seed)
-    runner, feeds = OrtRunner(onnx_path), []
-
-    class Recorder:
-        input_names = runner.input_names
-
-        def run(self, feed):
-            feeds.append({k: np.array(v) for k, v in feed.items()})
-            return runner.run(feed)
-
+    rec = Recording(OrtRunner(onnx_path))
     constants = {t.name: rng.standard_normal(t.shape).astype(np.float32) for t in contract.role("constant")}
-    walker = StatefulWalker(Recorder(), contract, constants)
+    walker = StatefulWalker(rec, contract, constants)
     e = contract.params["emit"]
     walker.push({t.name: rng.standard_normal(t.shape[1:-1] + (steps * e * t.rate,)).astype(np.float32)
                  for t in contract.role("walked")})
-    return [feeds[0], feeds[-1]]
+    return [rec.feeds[0], rec.feeds[-1]]

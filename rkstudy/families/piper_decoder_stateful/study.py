@@ -24,7 +24,7 @@ from ...bench import walker_overhead
 from ...build import build_engine
 from ...graph.delays import conv_macs, delay_table
 from ...results import HOST
-from ...runtime import OrtRunner, SimulatorRunner
+from ...runtime import OrtRunner, Recording, SimulatorRunner
 from ...stream import StatefulWalker
 from ..piper.voice import DecoderModel, ids_feed, seed_random_nodes
 from ..piper_decoder import study as pd
@@ -200,29 +200,16 @@ def build_rows(voice: DecoderModel, steps: dict[int, StatefulStep], targets, pro
     return rows
 
 
-class _Recorder:
-    """A runner that records every feed it passes on (the fp32 walk's exact inputs and state)."""
-
-    def __init__(self, runner):
-        self.runner, self.input_names, self.feeds = runner, runner.input_names, []
-        self.where, self.target = runner.where, runner.target
-
-    def run(self, feed):
-        self.feeds.append({k: np.array(v) for k, v in feed.items()})
-        return self.runner.run(feed)
-
-
 def simulator_per_step(voice: DecoderModel, z: np.ndarray, produced: StatefulStep, sim) -> list[dict]:
     """The simulator fed exactly the fp32 walk's inputs and state, step by step: each row is one
     step's fp16 cost alone, over the samples of that step the walker keeps (the first step's output
     is mostly the pre-start samples it drops)."""
-    ort = OrtRunner(produced.model)
-    rec = _Recorder(ort)
+    rec = Recording(OrtRunner(produced.model))
     StatefulWalker(rec, produced.contract).decode({"z": z})
     c, drop, rows = produced.contract, produced.contract.params["lookahead_samples"], []
     n_out = len(c.role("walked", outputs=True))
-    for k, feed in enumerate(rec.feeds):
-        a, b = ort.run(feed), sim.run(feed)
+    for k, (feed, a) in enumerate(zip(rec.feeds, rec.outputs)):
+        b = sim.run(feed)
         lo = min(drop, a[0].size)
         drop -= lo
         ref, test = a[0].ravel()[lo:], b[0].ravel()[lo:]

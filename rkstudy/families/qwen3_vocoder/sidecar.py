@@ -26,6 +26,7 @@ import numpy as np
 
 from ...contract import Contract
 from ...errors import EngineMismatch
+from ...runtime.wrappers import ContractDtypes
 from ...stream import StatefulWalker
 
 FAMILY = "qwen3_vocoder"
@@ -47,32 +48,14 @@ def random_codes(n_tokens: int, seed: int = 0, codebook_size: int = CODEBOOK_SIZ
     return rng.integers(0, codebook_size, size=(1, num_quantizers, n_tokens), dtype=np.int64)
 
 
-class ContractDtypes:
-    """A runner fed each input in its contract dtype: the walker hands every array over as float32,
-    and onnxruntime wants the codes as int64 (the simulator and the board cast to float32 anyway, and
-    codes < 2048 are exact in float32)."""
-
-    def __init__(self, runner, contract: Contract):
-        self.runner = runner
-        self.input_names = list(getattr(runner, "input_names", contract.input_names))
-        self.shapes = getattr(runner, "shapes", None)
-        self.where, self.target = getattr(runner, "where", "fp32"), getattr(runner, "target", "none")
-        self._dtypes = {t.name: t.dtype for t in contract.inputs}
-
-    def run(self, feed) -> list[np.ndarray]:
-        return self.runner.run({k: np.asarray(v).astype(self._dtypes.get(k, "float32")) for k, v in feed.items()})
-
-
 def check_engine(contract: Contract) -> None:
     """The contract is a vocoder step this sidecar can walk: family, one cache state pair, no lookahead."""
     contract.check_family(FAMILY)
-    p, fix = contract.params, f"; make a matching one with `{contract.remake}`"
+    fix = f"; make a matching one with `{contract.remake}`"
     if [t.name for t in contract.inputs] != [CODES, CACHE_IN] or contract.state != ((CACHE_IN, CACHE_OUT),):
         raise EngineMismatch(f"the {FAMILY} step takes codes and cache_in and pairs cache_out with cache_in; this "
                              f"contract has inputs {contract.input_names} and state {list(contract.state)}" + fix)
-    missing = [k for k in ("codes_length",) + SHARED if k not in p]
-    if missing:
-        raise EngineMismatch(f"the {FAMILY} contract's params have no {', '.join(missing)}" + fix)
+    contract.check_params({k: ... for k in ("codes_length",) + SHARED}, what="vocoder step")
 
 
 class VocoderSidecar:
