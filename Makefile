@@ -4,6 +4,7 @@
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
+JOBS   ?= 2
 BOARD_VENV ?= .venv-board
 ENV_STAMP    := $(VENV)/.rkstudy-env
 MODELS_STAMP := $(VENV)/.rkstudy-models
@@ -85,9 +86,10 @@ check-results: venv
 # results/, the executed notebooks are kept under results/notebooks/, the index is regenerated and
 # the tables it replaced are diffed (results/benchmarks/reproduce_diff.md). `STUDY=kokoro_generator`
 # (or a list of study names or notebook stems) runs those only; a plain run continues from the
-# first step not finished at this commit. Refuses a tree with uncommitted code.
+# first step not finished at this commit. JOBS steps run at once (longest first, as memory allows:
+# most steps keep one core busy). Refuses a tree with uncommitted code.
 reproduce: models toolkit-venv
-	$(PY) -m rkstudy reproduce $(if $(STUDY),--study $(STUDY))
+	$(PY) -m rkstudy reproduce --jobs $(JOBS) $(if $(STUDY),--study $(STUDY))
 
 # Benchmarks: the walker's per-window overhead, and the wall time of the whole test suite.
 bench: venv

@@ -506,14 +506,15 @@ def build_engine(onnx_path, target: str, shapes: Mapping[str, Sequence[int]] | N
                        *([quantize.key(list(shapes))] if quantize else []))  # an fp16 key has no calibration term
     out = Path(out) if out else default_engine_path(onnx_path, target, key)
     record = out.with_suffix(".json")
-    if reuse and out.exists() and record.exists():
-        saved = json.loads(record.read_text())
-        if saved.get("key") == key:
-            return BuildReport(**saved["report"])
-    proc = EngineProcess(onnx_path, target, shapes, out, optimization_level=optimization_level,
-                         regtask_limit=regtask_limit, verbose=verbose, timeout=timeout, quantize=quantize,
-                         toolkit=toolkit)
-    report = proc.wait_built()
-    if report.ok:
-        atomic.write_text(record, json.dumps({"key": key, "report": asdict(report)}, indent=1))
-    return report
+    with cache.locked(out):  # two studies running side by side that ask for one engine build it once
+        if reuse and out.exists() and record.exists():
+            saved = json.loads(record.read_text())
+            if saved.get("key") == key:
+                return BuildReport(**saved["report"])
+        proc = EngineProcess(onnx_path, target, shapes, out, optimization_level=optimization_level,
+                             regtask_limit=regtask_limit, verbose=verbose, timeout=timeout, quantize=quantize,
+                             toolkit=toolkit)
+        report = proc.wait_built()
+        if report.ok:
+            atomic.write_text(record, json.dumps({"key": key, "report": asdict(report)}, indent=1))
+        return report

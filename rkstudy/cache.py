@@ -7,9 +7,11 @@ Board side: standard library only.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from . import atomic
@@ -58,11 +60,29 @@ def cached_bytes(kind: str, name: str, data: bytes, suffix: str) -> Path:
     return path
 
 
+@contextlib.contextmanager
+def locked(path: Path | str) -> Iterator[None]:
+    """Hold an exclusive lock on `<path>.lock` (created beside it): the second of two processes that
+    would make the same entry waits for the first, then finds the entry made. The kernel drops the
+    lock when its holder dies, so a killed maker blocks nobody."""
+    lock = Path(str(path) + ".lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 def cached_file(kind: str, name: str, key: str, suffix: str, make: Callable[[Path], None]) -> Path:
-    """The entry for `key`, made by `make(tmp_path)` when it is missing. `make` writes a temporary
-    file that is renamed into place only when it returns, so a killed maker leaves no entry."""
+    """The entry for `key`, made by `make(tmp_path)` when it is missing (once, when two processes ask
+    at the same time). `make` writes a temporary file that is renamed into place only when it
+    returns, so a killed maker leaves no entry."""
     path = entry(kind, name, key, suffix)
     if not path.exists():
-        with atomic.replacing(path) as tmp:
-            make(tmp)
+        with locked(path):
+            if not path.exists():
+                with atomic.replacing(path) as tmp:
+                    make(tmp)
     return path

@@ -154,7 +154,7 @@ def _cmd_results_index(args) -> int:
 def _cmd_reproduce(args) -> int:
     from . import reproduce
 
-    return reproduce.main(args.study, restart=args.restart, listing=args.listing)
+    return reproduce.main(args.study, restart=args.restart, listing=args.listing, jobs=args.jobs)
 
 
 def _cmd_results_diff(args) -> int:
@@ -295,6 +295,8 @@ def _add_core(sub) -> None:
                     help="study names or notebook stems, such as kokoro_generator or 01b_piper_decoder_stateful "
                     "(default: every step not yet finished at this commit)")
     rp.add_argument("--restart", action="store_true", help="run every step again, even those finished at this commit")
+    rp.add_argument("--jobs", type=positive, default=1,
+                    help="steps run at once, longest first, as memory allows (default 1; `make reproduce` uses 2)")
     rp.add_argument("--list", action="store_true", dest="listing",
                     help="list the steps, which are finished at this commit and their expected minutes; run nothing")
     rp.set_defaults(func=_cmd_reproduce)

@@ -11,8 +11,17 @@ results/benchmarks/reproduce_diff.md.
 * Resumable: a plain run skips the steps already finished at this commit (build/reproduce/state.json,
   keyed by the commit). A step counts as finished only when its notebook ran to the end and every
   study it makes has tables written by this run and stamped with this commit.
+* Parallel where memory allows: `--jobs 2` runs two steps at once, longest expected first. Most of a
+  study's time is one busy core (a compiler or simulator child, or onnxruntime on small windows), so
+  two at a time on two cores nearly halve the wall time. A second step starts only when the peaks
+  last recorded for it and for the running ones (each step's largest process, default 8 GiB when
+  none is recorded) fit in three quarters of the machine's memory. With more than one job, each
+  step's output goes to build/reproduce/logs/<step>.log instead of the terminal.
 * Recorded: results/benchmarks/reproduce.csv has one row per step (a step not run at this commit
-  keeps the row of the run that timed it, marked carried) and the total of this commit's steps.
+  keeps the row of the run that timed it, marked carried), with its wall minutes (under contention
+  when steps ran side by side) and the peak of its largest process, and a total row: the wall time
+  of this commit's invocations up to the last step each finished, summed (a resumed run adds its
+  own; the time of a step that failed or was interrupted is not a reproduce's and is left out).
 * Checked: once every step is finished at this commit, `rkstudy results check` runs on the tree and
   its problems make the run fail (exit 1).
 
@@ -25,6 +34,8 @@ from __future__ import annotations
 import datetime as _dt
 import io
 import json
+import math
+import os
 import re
 import shutil
 import subprocess
@@ -32,6 +43,7 @@ import sys
 import tarfile
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,9 +54,14 @@ TABLE = "reproduce"
 STATE = Path("build") / "reproduce" / "state.json"
 COMMITTED = Path("build") / "reproduce" / "committed"
 DIFF = Path("results") / "benchmarks" / "reproduce_diff.md"
+LOGS = Path("build") / "reproduce" / "logs"
 WALKER = "walker"
+UNKNOWN_PEAK_GB = 8.0   # a step with no recorded peak is assumed this large when deciding what runs beside it
+MEMORY_SHARE = 0.75     # of the machine's memory, for the recorded peaks of the steps running at once
 
-Runner = Callable[[list[str], Path], int]
+# runner(command, cwd, log) -> (exit code, peak RSS of the command's largest process in GiB or None);
+# `log` is where its output goes (None: the terminal)
+Runner = Callable[[list[str], Path, "Path | None"], "tuple[int, float | None]"]
 
 
 @dataclass(frozen=True)
@@ -105,17 +122,27 @@ def require_clean(repo: Path) -> str:
 
 
 def read_state(repo: Path, head: str) -> dict:
-    """{step: {"minutes", "finished"}} finished at `head`; empty for another commit's state."""
+    """{step: {"minutes", "peak_gb", "finished"}} finished at `head`; empty for another commit's state."""
+    return _state(repo, head).get("steps", {})
+
+
+def read_walls(repo: Path, head: str) -> list[float]:
+    """The wall minutes of each earlier invocation at `head` (a resumed run adds its own)."""
+    return _state(repo, head).get("wall_minutes", [])
+
+
+def _state(repo: Path, head: str) -> dict:
     path = Path(repo) / STATE
     if path.is_file():
         state = json.loads(path.read_text(encoding="utf-8"))
         if state.get("commit") == head:
-            return state["steps"]
+            return state
     return {}
 
 
-def write_state(repo: Path, head: str, done: dict) -> None:
-    atomic.write_text(Path(repo) / STATE, json.dumps({"commit": head, "steps": done}, indent=1) + "\n")
+def write_state(repo: Path, head: str, done: dict, walls: Sequence[float] = ()) -> None:
+    atomic.write_text(Path(repo) / STATE, json.dumps({"commit": head, "steps": done, "wall_minutes": list(walls)},
+                                                     indent=1) + "\n")
 
 
 def last_recorded(repo: Path) -> dict[str, dict]:
@@ -151,6 +178,20 @@ def written(repo: Path, step: Step, short: str, before: dict[Path, int]) -> list
     return problems
 
 
+def prior_peaks(recorded: dict[str, dict]) -> dict[str, float]:
+    """{step: GiB} the largest process of each step reached in the last recorded run."""
+    return {name: float(row["peak_gb"]) for name, row in recorded.items() if row.get("peak_gb")}
+
+
+def available_gb() -> float:
+    """The machine's memory in GiB (MemTotal), which the steps running at once share."""
+    with open("/proc/meminfo", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) / 2**20
+    raise Failed("no MemTotal in /proc/meminfo: cannot tell how many steps fit in memory; run with --jobs 1")
+
+
 def prior_minutes(repo: Path, all_steps: list[Step], recorded: dict[str, dict]) -> dict[str, tuple[float, str]]:
     """{step: (minutes, where that figure comes from)} from the last recorded run: the reproduce
     table, else papermill's own duration in the executed notebook under results/notebooks/."""
@@ -176,24 +217,28 @@ def expected(step: Step, prior: dict[str, tuple[float, str]]) -> str:
 
 
 def record(repo: Path, all_steps: list[Step], done: dict, recorded: dict[str, dict],
-           prior: dict[str, tuple[float, str]]) -> Path:
-    """results/benchmarks/reproduce.csv: this commit's minutes per step (beside the last recorded
-    figure), the last recorded row for a step not run at this commit (carried, with its stamp), and
-    the total of this commit's steps."""
+           prior: dict[str, tuple[float, str]], walls: Sequence[float], jobs: int = 1) -> Path:
+    """results/benchmarks/reproduce.csv: this commit's minutes and peak per step (beside the last
+    recorded figure), the last recorded row for a step not run at this commit (carried, with its
+    stamp), and the total: the wall time of this commit's invocations (`walls`, the running one
+    included), which is what a user waits; with steps side by side it is less than their sum."""
     rows = []
     for step in all_steps:
         before = recorded.get(step.name)
         base = {"step": step.name, "studies": " ".join(step.studies),
                 "expected_minutes": prior[step.name][0] if step.name in prior else ""}
         if step.name in done:
-            rows.append({**base, "minutes": done[step.name]["minutes"], results.CARRIED: ""})
+            rows.append({**base, "minutes": done[step.name]["minutes"], "peak_gb": done[step.name].get("peak_gb", ""),
+                         results.CARRIED: ""})
         elif before is not None and before.get("minutes"):
             carried = results.carried(before, f"results/benchmarks/{TABLE}.csv")
             rows.append({**base, "expected_minutes": before.get("expected_minutes", ""), "minutes": before["minutes"],
-                         **carried})
-    total = round(sum(float(done[s.name]["minutes"]) for s in all_steps if s.name in done), 2)
-    rows.append({"step": "total", "studies": f"{sum(s.name in done for s in all_steps)} of {len(all_steps)} steps "
-                 "at this commit", "expected_minutes": "", "minutes": total, results.CARRIED: ""})
+                         "peak_gb": before.get("peak_gb", ""), **carried})
+    count = sum(s.name in done for s in all_steps)
+    summed = round(sum(float(done[s.name]["minutes"]) for s in all_steps if s.name in done), 2)
+    rows.append({"step": "total", "studies": f"{count} of {len(all_steps)} steps at this commit, up to {jobs} at once; "
+                 f"{summed} min summed over steps", "expected_minutes": "", "minutes": round(sum(walls), 2),
+                 "peak_gb": "", results.CARRIED: ""})
     return bench.record(rows, TABLE, title="Benchmark: `make reproduce`, minutes per step at one commit",
                         root=Path(repo) / "results")
 
@@ -213,17 +258,48 @@ def committed_results(repo: Path) -> Path | None:
     return target / "results"
 
 
-def run_command(command: list[str], cwd: Path) -> int:
-    return subprocess.run(command, cwd=cwd).returncode
+def run_command(command: list[str], cwd: Path, log: Path | None = None) -> tuple[int, float | None]:
+    """Run `command`, its output to `log` (or the terminal); its exit code and the peak RSS in GiB of
+    its largest process: the kernel's maximum over the child and every descendant it waited for
+    (papermill's kernel, the compiler and simulator children)."""
+    if log is not None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w", encoding="utf-8") if log is not None else open(os.devnull) as out:
+        proc = subprocess.Popen(command, cwd=cwd, stdout=out if log is not None else None,
+                                stderr=subprocess.STDOUT if log is not None else None)
+        _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return proc.returncode, round(usage.ru_maxrss * 1024 / 2**30, 2)  # ru_maxrss is in KiB on Linux
+
+
+
+def order(todo: list[Step], prior: dict[str, tuple[float, str]], jobs: int) -> list[Step]:
+    """Run order: as listed with one job; longest expected first with more (a long step started last
+    would leave a core idle at the end), steps with no recorded time first of all."""
+    if jobs == 1:
+        return todo
+    return sorted(todo, key=lambda s: -prior[s.name][0] if s.name in prior else -math.inf)
+
+
+def fits(step: Step, running: Sequence[Step], peaks: dict[str, float], memory_gb: float) -> bool:
+    """Whether `step` may start beside `running`: their recorded peaks fit in MEMORY_SHARE of memory."""
+    if not running:
+        return True
+    need = sum(peaks.get(s.name, UNKNOWN_PEAK_GB) for s in [*running, step])
+    return need <= MEMORY_SHARE * memory_gb
 
 
 def reproduce(repo: Path, names: Sequence[str] = (), *, restart: bool = False, runner: Runner = run_command,
-              listing: bool = False, clock: Callable[[], float] = time.monotonic) -> int:
+              listing: bool = False, clock: Callable[[], float] = time.monotonic, jobs: int = 1,
+              memory_gb: float | None = None) -> int:
     repo = Path(repo)
+    if jobs < 1:
+        raise UsageError(f"--jobs {jobs}: give at least 1")
     all_steps = steps(repo)
     chosen = select(all_steps, names) if names else all_steps
     recorded = last_recorded(repo)
     prior = prior_minutes(repo, all_steps, recorded)
+    peaks = prior_peaks(recorded)
     if listing:
         head = git(repo, "rev-parse", "HEAD").strip()
         done = read_state(repo, head)
@@ -235,36 +311,69 @@ def reproduce(repo: Path, names: Sequence[str] = (), *, restart: bool = False, r
     head = require_clean(repo)
     short = head[:12]
     done = {} if restart else read_state(repo, head)
-    todo = [s for s in chosen if names or s.name not in done]
+    walls = [] if restart else read_walls(repo, head)
+    todo = order([s for s in chosen if names or s.name not in done], prior, jobs)
     for step in chosen:
         if step not in todo:
             print(f"reproduce: {step.label()} finished at {short} in {done[step.name]['minutes']} min; skipped "
                   "(--restart runs it again)")
     (repo / "results" / "notebooks").mkdir(parents=True, exist_ok=True)
     known = [prior[s.name][0] for s in todo if s.name in prior]
-    print(f"reproduce: {len(todo)} steps to run at {short}"
-          + (f", {sum(known):.0f} min as last recorded for {len(known)} of them" if known else ""), flush=True)
+    print(f"reproduce: {len(todo)} steps to run at {short}, up to {jobs} at once"
+          + (f"; {sum(known):.0f} min as last recorded for {len(known)} of them, one after another" if known else ""),
+          flush=True)
+    memory = memory_gb if memory_gb is not None else (available_gb() if jobs > 1 else 0.0)
     began = clock()
-    for i, step in enumerate(todo, 1):
-        print(f"reproduce [{i}/{len(todo)}] {step.label()}: running, {expected(step, prior)}", flush=True)
+    walls.append(0.0)
+    numbers = {s.name: i for i, s in enumerate(todo, 1)}
+    pending, running, failures = list(todo), {}, []
+
+    def start(pool: ThreadPoolExecutor, step: Step) -> None:
+        i = numbers[step.name]
+        log = repo / LOGS / f"{step.name}.log" if jobs > 1 else None
+        print(f"reproduce [{i}/{len(todo)}] {step.label()}: running, {expected(step, prior)}"
+              + (f"; output in {log.relative_to(repo)}" if log else ""), flush=True)
         done.pop(step.name, None)
-        write_state(repo, head, done)
+        write_state(repo, head, done, walls)
         before, t0 = tables(repo, step), clock()
-        code = runner(list(step.command), repo)
+        running[pool.submit(runner, list(step.command), repo, log)] = (step, before, t0)
+
+    def finish(future: Future) -> None:
+        step, before, t0 = running.pop(future)
+        i = numbers[step.name]
+        code, peak = future.result()
         minutes = round((clock() - t0) / 60, 2)
         if code != 0:
-            raise Failed(f"{step.label()} stopped after {minutes} min (exit {code}); fix it and run "
-                         f"`make reproduce` again to continue from it")
+            failures.append(f"{step.label()} stopped after {minutes} min (exit {code}); fix it and run "
+                            f"`make reproduce` again to continue from it")
+            return
         missing = written(repo, step, short, before)
         if missing:
-            raise Failed(f"{step.label()} ran to the end but {'; '.join(missing)}; it does not count as finished")
+            failures.append(f"{step.label()} ran to the end but {'; '.join(missing)}; it does not count as finished")
+            return
         now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-        done[step.name] = {"minutes": minutes, "finished": now}
-        write_state(repo, head, done)
-        print(f"reproduce [{i}/{len(todo)}] {step.label()}: finished in {minutes} min -> "
-              f"{record(repo, all_steps, done, recorded, prior).relative_to(repo)}", flush=True)
+        walls[-1] = round((clock() - began) / 60, 2)  # up to the last step it finished: a failed one's time is spent
+        done[step.name] = {"minutes": minutes, "peak_gb": peak if peak is not None else "", "finished": now}
+        write_state(repo, head, done, walls)
+        print(f"reproduce [{i}/{len(todo)}] {step.label()}: finished in {minutes} min"
+              + (f", peak {peak} GiB" if peak is not None else "")
+              + f" -> {record(repo, all_steps, done, recorded, prior, walls, jobs).relative_to(repo)}", flush=True)
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        while pending or running:
+            # a failed step stops new starts; the ones running are let finish and are recorded
+            while pending and not failures and len(running) < jobs and fits(
+                    pending[0], [s for s, _, _ in running.values()], peaks, memory):
+                start(pool, pending.pop(0))
+            if not running:
+                break
+            for future in wait(list(running), return_when=FIRST_COMPLETED).done:
+                finish(future)
+    write_state(repo, head, done, walls)
+    if failures:
+        raise Failed("; ".join(failures))
     if todo:
-        if runner([sys.executable, "-m", "rkstudy", "results", "index"], repo) != 0:
+        if runner([sys.executable, "-m", "rkstudy", "results", "index"], repo, None)[0] != 0:
             raise Failed("`rkstudy results index` failed after the studies ran; run it alone to see why")
         committed = committed_results(repo)
         if committed is not None:
@@ -274,10 +383,11 @@ def reproduce(repo: Path, names: Sequence[str] = (), *, restart: bool = False, r
                                           labels=(f"the tables committed at {short}", "this run's"))
             atomic.write_text(repo / DIFF, text)
             print(f"reproduce: {text.splitlines()[2]} -> {DIFF}")
-    total = sum(float(d["minutes"]) for d in done.values())
+    summed = sum(float(d["minutes"]) for d in done.values())
     left = [s.name for s in all_steps if s.name not in done]
     print(f"reproduce: {len(todo)} steps in {(clock() - began) / 60:.1f} min this time; {len(done)} of "
-          f"{len(all_steps)} finished at {short} ({total:.1f} min)" + (f"; not yet: {', '.join(left)}" if left else ""))
+          f"{len(all_steps)} finished at {short} ({sum(walls):.1f} min of wall time, {summed:.1f} summed over steps)"
+          + (f"; not yet: {', '.join(left)}" if left else ""))
     if left:
         return 0
     # every study was made at this commit: now the committed tree must pass `rkstudy results check`
@@ -288,7 +398,7 @@ def reproduce(repo: Path, names: Sequence[str] = (), *, restart: bool = False, r
     return 1 if problems else 0
 
 
-def main(names: Sequence[str], restart: bool = False, listing: bool = False) -> int:
+def main(names: Sequence[str], restart: bool = False, listing: bool = False, jobs: int = 1) -> int:
     from .paths import REPO
 
-    return reproduce(REPO, names, restart=restart, listing=listing)
+    return reproduce(REPO, names, restart=restart, listing=listing, jobs=jobs)

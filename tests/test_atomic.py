@@ -74,3 +74,27 @@ def test_an_explicit_output_is_always_rewritten(tmp_path):
     before = time.time()
     atomic.write_bytes(final, b"the new slice")
     assert final.read_bytes() == b"the new slice" and final.stat().st_mtime >= before - 1
+
+
+# Two makers of one entry started together: the second waits on the entry's lock and finds it made.
+MAKER = """
+import sys, time
+from pathlib import Path
+from rkstudy import cache
+log = Path(sys.argv[1])
+def make(tmp):
+    with open(log, "a") as fh:
+        fh.write("made\\n")
+    time.sleep(0.5)
+    tmp.write_bytes(b"whole")
+print(cache.cached_file("test", "entry", "k2", ".bin", make).read_bytes().decode(), flush=True)
+"""
+
+
+def test_two_processes_asking_for_one_entry_make_it_once(tmp_path):
+    env = {**os.environ, "RKSTUDY_CACHE": str(tmp_path)}
+    log = tmp_path / "makes.log"
+    procs = [subprocess.Popen([sys.executable, "-c", MAKER, str(log)], stdout=subprocess.PIPE, text=True, env=env)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=60)[0].strip() for p in procs]
+    assert outs == ["whole", "whole"] and log.read_text() == "made\n"

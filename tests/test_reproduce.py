@@ -4,6 +4,8 @@ notebook runner that writes what a notebook would: no real notebook runs here.""
 import json
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
@@ -59,14 +61,18 @@ class FakeRunner:
 
     def __init__(self, repo, fail=(), silent=(), regtask=10):
         self.repo, self.fail, self.silent, self.regtask = repo, set(fail), set(silent), regtask
-        self.commands, self.now = [], 0.0
+        self.commands, self.logs, self.now = [], [], 0.0
 
     def clock(self):
         return self.now
 
-    def __call__(self, command, cwd):
+    def __call__(self, command, cwd, log=None):
         assert cwd == self.repo
         self.commands.append(command)
+        self.logs.append(log)
+        return self.step(command), 1.5
+
+    def step(self, command):
         if command[1:3] == ["-m", "papermill"]:
             stem = command[-2].split("/")[-1].removesuffix(".ipynb")
             assert command[-4:-2] == ["QUICK", "False"] and command[-1] == f"results/notebooks/{stem}.ipynb"
@@ -76,6 +82,9 @@ class FakeRunner:
             assert command[-2:] == ["results", "index"]
             (self.repo / "results" / "README.md").write_text("index\n")
             return 0
+        return self.advance(stem)
+
+    def advance(self, stem):
         self.now += MINUTES[stem] * 60
         if stem in self.fail:
             return 1
@@ -108,11 +117,14 @@ def test_a_full_run_times_each_step_and_ends_with_the_index_and_the_diff(repo, c
     assert {k: (r["minutes"], r["carried_from"], r["commit"]) for k, r in rows.items()} == {
         "00_alpha": ("2", "", head(repo)), "01_beta": ("5", "", head(repo)), "walker": ("0.5", "", head(repo)),
         "total": ("7.5", "", head(repo))}
-    assert rows["total"]["studies"] == "3 of 3 steps at this commit" and rows["00_alpha"]["where"] == "host"
+    assert rows["total"]["studies"] == "3 of 3 steps at this commit, up to 1 at once; 7.5 min summed over steps"
+    assert rows["00_alpha"]["where"] == "host" and rows["00_alpha"]["peak_gb"] == "1.5"
+    assert runner.logs == [None] * 4  # one job: the output goes to the terminal
     out = capsys.readouterr().out
     assert "reproduce [1/3] 00_alpha (alpha): running, no earlier run recorded" in out
-    assert "reproduce [2/3] 01_beta (beta): finished in 5.0 min -> results/benchmarks/reproduce.csv" in out
-    assert f"3 of 3 finished at {head(repo)} (7.5 min)" in out
+    assert ("reproduce [2/3] 01_beta (beta): finished in 5.0 min, peak 1.5 GiB -> results/benchmarks/reproduce.csv"
+            in out)
+    assert f"3 of 3 finished at {head(repo)} (7.5 min of wall time, 7.5 summed over steps)" in out
     assert out.splitlines()[-1].startswith("results check: 4 tables, 7 rows in 3 studies: every row is stamped")
     state = json.loads((repo / "build" / "reproduce" / "state.json").read_text())
     assert state["commit"] == git(repo, "rev-parse", "HEAD") and sorted(state["steps"]) == ["00_alpha", "01_beta",
@@ -129,7 +141,7 @@ def test_an_interrupted_run_continues_from_the_first_step_not_finished(repo, cap
                                      "`make reproduce` again to continue from it"):
         run(repo, runner)
     assert ran(runner) == ["00_alpha.ipynb", "01_beta.ipynb"]
-    assert table(repo)["total"]["studies"] == "1 of 3 steps at this commit"
+    assert table(repo)["total"]["studies"].startswith("1 of 3 steps at this commit")
     again = FakeRunner(repo)
     assert run(repo, again) == 0
     assert ran(again) == ["01_beta.ipynb", "bench walker", "results index"]
@@ -150,8 +162,8 @@ def test_a_step_counts_as_finished_only_when_it_wrote_its_tables_at_this_commit(
     assert reproduce.read_state(repo, git(repo, "rev-parse", "HEAD")) == {}
 
     class OtherCommit(FakeRunner):
-        def __call__(self, command, cwd):
-            code = super().__call__(command, cwd)
+        def __call__(self, command, cwd, log=None):
+            code = super().__call__(command, cwd, log)
             results.write_table("alpha", "other", [row("0123456789ab", frames=1)], root=self.repo / "results")
             return code
 
@@ -161,10 +173,10 @@ def test_a_step_counts_as_finished_only_when_it_wrote_its_tables_at_this_commit(
 
 def test_a_finished_run_fails_when_its_tables_do_not_pass_the_check(repo, capsys):
     class Unstamped(FakeRunner):
-        def __call__(self, command, cwd):
+        def __call__(self, command, cwd, log=None):
             if command[-2:] == ["bench", "walker"]:
                 (self.repo / "results" / "beta" / "bare.csv").write_text("frames\n1\n")
-            return super().__call__(command, cwd)
+            return super().__call__(command, cwd, log)
 
     assert run(repo, Unstamped(repo)) == 1
     out = capsys.readouterr().out.splitlines()
@@ -187,7 +199,7 @@ def test_a_new_commit_starts_over_and_a_selection_runs_only_what_it_names(repo, 
         head(repo), "", "5")
     # the steps not run at this commit keep the row (and stamp) of the run that timed them, marked carried
     assert (rows["00_alpha"]["commit"], rows["00_alpha"]["carried_from"]) == (first, "results/benchmarks/reproduce.csv")
-    assert rows["total"]["minutes"] == "5" and rows["total"]["studies"] == "1 of 3 steps at this commit"
+    assert rows["total"]["minutes"] == "5" and rows["total"]["studies"].startswith("1 of 3 steps at this commit")
     assert f"running, expected 5 min (as run at {first})" in capsys.readouterr().out
     both = FakeRunner(repo)
     run(repo, both, "00_alpha,walker")
@@ -236,7 +248,54 @@ def test_the_command_line_and_the_makefile_call_it():
     args = parser().parse_args(["reproduce", "--study", "kokoro_generator", "06_lint", "--restart"])
     assert args.study == ["kokoro_generator", "06_lint"] and args.restart and not args.listing
     makefile = (Path(__file__).resolve().parent.parent / "Makefile").read_text()
-    assert "\t$(PY) -m rkstudy reproduce $(if $(STUDY),--study $(STUDY))\n" in makefile
+    assert "\t$(PY) -m rkstudy reproduce --jobs $(JOBS) $(if $(STUDY),--study $(STUDY))\n" in makefile
+    assert parser().parse_args(["reproduce", "--jobs", "2"]).jobs == 2
+
+
+class SideBySide(FakeRunner):
+    """Each notebook waits (up to 5 s) until the other one has started: it finishes only if both
+    really run at once. The fake clock is the real one."""
+
+    def __init__(self, repo):
+        super().__init__(repo)
+        self.started = {stem: threading.Event() for stem in STUDIES}
+
+    def clock(self):
+        return time.monotonic()
+
+    def advance(self, stem):
+        if stem in self.started:
+            self.started[stem].set()
+            other = next(s for s in STUDIES if s != stem)
+            if not self.started[other].wait(5):
+                return 3
+        return super().advance(stem)
+
+
+def test_two_jobs_run_the_longest_first_side_by_side_with_their_output_in_logs(repo, capsys):
+    nb = repo / "results" / "notebooks" / "01_beta.ipynb"
+    nb.parent.mkdir(parents=True)
+    nb.write_text(json.dumps({"cells": [], "metadata": {"papermill": {"duration": 1234.5}}}))
+    runner = SideBySide(repo)
+    assert reproduce.reproduce(repo, (), runner=runner, clock=runner.clock, jobs=2, memory_gb=24) == 0
+    # walker and alpha have no recorded time, so they go first; beta (21 min last time) next
+    assert ran(runner)[:3] == ["00_alpha.ipynb", "bench walker", "01_beta.ipynb"]
+    assert runner.logs[:3] == [repo / "build" / "reproduce" / "logs" / f"{s}.log" for s in ("00_alpha", "walker",
+                                                                                            "01_beta")]
+    rows = table(repo)
+    assert rows["total"]["studies"].startswith("3 of 3 steps at this commit, up to 2 at once")
+    assert float(rows["total"]["minutes"]) < 0.5  # the wall time of this run, not the fake minutes
+    assert "output in build/reproduce/logs/01_beta.log" in capsys.readouterr().out
+
+
+def test_a_second_job_waits_when_the_recorded_peaks_do_not_fit_in_memory(repo):
+    # no peak recorded: 8 GiB each, 16 GiB > 0.75 x 12 GiB, so one at a time; the side-by-side
+    # notebooks would then wait for each other in vain and exit 3
+    runner = SideBySide(repo)
+    with pytest.raises(Failed, match=r"00_alpha \(alpha\) stopped after .* min \(exit 3\)"):
+        reproduce.reproduce(repo, ("alpha", "beta"), runner=runner, clock=runner.clock, jobs=2, memory_gb=12)
+    assert reproduce.fits(reproduce.Step("b", (), ()), [reproduce.Step("a", (), ())], {"a": 3.0, "b": 5.0}, 12)
+    assert not reproduce.fits(reproduce.Step("b", (), ()), [reproduce.Step("a", (), ())], {"a": 3.0}, 12)
 
 
 def test_every_notebook_defaults_to_quick_mode_and_reads_the_committed_tables_only():
