@@ -5,6 +5,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 JOBS   ?= 2
+TEST_JOBS ?= 2
 BOARD_VENV ?= .venv-board
 ENV_STAMP    := $(VENV)/.rkstudy-env
 MODELS_STAMP := $(VENV)/.rkstudy-models
@@ -67,10 +68,11 @@ lite-wheel: venv
 doctor: venv
 	$(PY) -m rkstudy doctor
 
-# Unit tests, then every notebook in quick mode (papermill; each test checks the numbers its notebook recorded).
+# Unit tests and every notebook in quick mode (papermill; each test checks the numbers its notebook recorded),
+# on TEST_JOBS workers (a notebook and the tests of one xdist group stay on one worker).
 # The second toolkit's environment too: notebook 08 and the interpreter-choice tests build with it.
 test: models toolkit-venv lite-wheel
-	$(PY) -m pytest tests
+	$(PY) -m pytest -n $(TEST_JOBS) --dist loadgroup tests
 
 # Everything that starts no toolkit child, runs no notebook and starts no JupyterLab (a few minutes);
 # tests/conftest.py fails any test that builds an engine without the `simulator` mark.

@@ -186,7 +186,9 @@ def executed():
     return ensure
 
 
-@pytest.mark.parametrize("study", list(EXPECT))
+# one xdist group per notebook: on two workers (`make test`), a notebook's studies go to the worker that
+# ran it, so no notebook runs twice, and different notebooks run side by side
+@pytest.mark.parametrize("study", [pytest.param(s, marks=pytest.mark.xdist_group(nb)) for s, (nb, _) in EXPECT.items()])
 def test_notebook_headlines(study, executed):
     notebook, expected = EXPECT[study]
     executed(notebook)
