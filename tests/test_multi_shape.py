@@ -181,3 +181,62 @@ def test_one_build_runs_at_both_shapes_in_the_simulator(tmp_path):
             np.testing.assert_allclose(y, ref, atol=0.02)
         with pytest.raises(EngineMismatch, match=r"of shapes \(1, 4, 24\) are not one of the shape sets"):
             sim.run([np.zeros((1, 4, 24), np.float32)])
+
+
+# --- the encoder ladder and the choice ---------------------------------------------------------------
+class EchoRunner:
+    """Stats and cond of the fed width, filled with it, so a test sees which width ran."""
+
+    def __init__(self):
+        self.widths = []
+
+    def run(self, feed):
+        w = feed["input"].shape[1]
+        self.widths.append(w)
+        return [np.full((1, 4, w), float(w), np.float32), np.full((1, 2, w), float(w), np.float32)]
+
+
+def encoder_engine(widths):
+    from rkstudy.families.piper_encoder.producer import encoder_contract
+    from rkstudy.families.piper_encoder.sidecar import LadderEngine
+
+    c = encoder_contract(frames=max(widths), stats=4, cond=2, n_vocab=10, source=SOURCE,
+                         producer="rkstudy piper encoder --voice-onnx v.onnx --frames 64")
+    if len(widths) > 1:
+        c = c.with_shapes([((1, w), (1,)) for w in sorted(widths, reverse=True)])
+    return LadderEngine(EchoRunner(), c)
+
+
+def test_a_multi_shape_engine_is_the_ladder_rung_of_each_of_its_widths():
+    from rkstudy.families.piper_encoder.sidecar import Ladder
+
+    multi, wide = encoder_engine((32, 64)), encoder_engine((128,))
+    ladder = Ladder([wide, multi])
+    assert ladder.widths == [32, 64, 128] and multi.widths == [32, 64]
+    for tokens, where in ((20, "n32"), (50, "n64"), (100, "n128")):
+        stats, cond, ran = ladder.run(list(range(tokens)))
+        assert ran == where and stats.shape == (1, 4, tokens) and cond.shape == (1, 2, tokens)
+    assert multi.runner.widths == [32, 64] and wide.runner.widths == [128]
+    with pytest.raises(EngineMismatch, match=r"two engines share a width in \[32, 64, 64\]"):
+        Ladder([multi, encoder_engine((64,))])
+
+
+def measured(**over):
+    """A summary row as rkstudy.multi_shape.summary makes it (the quick conv stack's numbers)."""
+    row = {"multi_status": "ok", "multi_error": "", "multi_engine_bytes": 240_805, "single_engines": 2,
+           "single_total_bytes": 406_602, "multi_worst_snr_db": 64.23, "single_worst_snr_db": 64.23}
+    return {**row, **over}
+
+
+def test_the_ladder_form_follows_the_measured_row():
+    from rkstudy import multi_shape as ms
+
+    assert ms.choose(measured()) == (ms.MULTI, "59% of the bytes of 2 engines at worst-width SNR 64.23 dB "
+                                               "(theirs 64.23 dB)")
+    assert ms.prefer_multi_shape(measured()) and not ms.prefer_multi_shape(None)
+    failed = measured(multi_status="failed", multi_error="KeyError: '/enc_p/Mul_1_output_0-rs'")
+    assert ms.choose(failed) == (ms.SINGLE, "the multi-shape build failed: KeyError: '/enc_p/Mul_1_output_0-rs'")
+    assert ms.choose(measured(multi_worst_snr_db=63.0))[0] == ms.SINGLE  # 1.23 dB lost
+    assert ms.choose(measured(multi_worst_snr_db=63.5))[0] == ms.MULTI  # 0.73 dB: within the tolerance
+    assert ms.choose(measured(multi_engine_bytes=406_602)) == (ms.SINGLE, "406602 B is not smaller than 406602 B")
+    assert ms.choose(measured(multi_worst_snr_db="")) == (ms.SINGLE, "a width has no simulator SNR to compare")
