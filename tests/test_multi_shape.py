@@ -240,3 +240,26 @@ def test_the_ladder_form_follows_the_measured_row():
     assert ms.choose(measured(multi_worst_snr_db=63.5))[0] == ms.MULTI  # 0.73 dB: within the tolerance
     assert ms.choose(measured(multi_engine_bytes=406_602)) == (ms.SINGLE, "406602 B is not smaller than 406602 B")
     assert ms.choose(measured(multi_worst_snr_db="")) == (ms.SINGLE, "a width has no simulator SNR to compare")
+
+
+@pytest.mark.simulator
+def test_convert_writes_a_contract_that_lists_the_shape_sets(tmp_path):
+    """Stage 2 with shape_sets: one engine, probed at the contract's own shapes, whose contract beside it
+    lists every set, and loads back through for_engine."""
+    from rkstudy import graph
+    from rkstudy.engine import convert
+
+    g = helper.make_graph([helper.make_node("Neg", ["x"], ["y"])], "neg",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, "T"])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, "T"])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    c = Contract(family="toolchain", stage="probe", source=SOURCE, producer="rkstudy toolchain --help",
+                 inputs=(Tensor("x", (1, 4, 32), role="padded", axis=2),),
+                 outputs=(Tensor("y", (1, 4, 32), role="padded", axis=2),))
+    onnx.save(graph.with_metadata(m, **{contracts.METADATA_KEY: c.to_json()}), str(tmp_path / "neg.onnx"))
+    done = convert(tmp_path / "neg.onnx", "rk3588", tmp_path / "neg.rknn",
+                   shape_sets=[{"x": [1, 4, 16]}, {"x": [1, 4, 32]}])
+    back = contracts.for_engine(tmp_path / "neg.rknn")
+    assert back == done.contract and back.shape_sets == [((1, 4, 32),), ((1, 4, 16),)]
+    assert back.target == "rk3588" and done.simulated.rows[0]["snr_db"] > 60
