@@ -1,7 +1,8 @@
 """The versioned stage contract: what a produced graph and its compiled engine promise, for every family.
 
-A stage is compiled for fixed shapes (RKNN has no dynamic shapes), so whoever runs the engine has to
-know how to feed it: which inputs are walked over a latent (and at what rate per latent frame),
+A stage is compiled for fixed shapes (RKNN has no dynamic shapes; a multi-shape engine, built with the
+toolkit's dynamic_input, runs at each of a listed few and the contract's `shapes` lists them), so
+whoever runs the engine has to know how to feed it: which inputs are walked over a latent (and at what rate per latent frame),
 which are padded to a fixed width, which are masks the walker makes, which are constants, and which
 feed back from an output (a stateful step's cache). The producer writes this contract into the ONNX
 metadata at stage 1; the conversion stage completes it (target, toolkit, the ONNX it compiled, the
