@@ -2,11 +2,12 @@
 
 A stage is compiled for fixed shapes (RKNN has no dynamic shapes; a multi-shape engine, built with the
 toolkit's dynamic_input, runs at each of a listed few and the contract's `shapes` lists them), so
-whoever runs the engine has to know how to feed it: which inputs are walked over a latent (and at what rate per latent frame),
-which are padded to a fixed width, which are masks the walker makes, which are constants, and which
-feed back from an output (a stateful step's cache). The producer writes this contract into the ONNX
-metadata at stage 1; the conversion stage completes it (target, toolkit, the ONNX it compiled, the
-engine's digest) and writes it beside the `.rknn`, because a board cannot read ONNX metadata.
+whoever runs the engine has to know how to feed it: which inputs are walked over a latent (and at what
+rate per latent frame), which are padded to a fixed width, which are masks the walker makes, which are
+constants, and which feed back from an output (a stateful step's cache). The producer writes this
+contract into the ONNX metadata at stage 1; the conversion stage completes it (target, toolkit, the ONNX
+it compiled, the engine's digest) and writes it beside the `.rknn`, because a board cannot read ONNX
+metadata.
 
 Everything is validated at load and every refusal is an EngineMismatch whose one sentence names the
 command that makes a matching engine: a missing or unknown field, another schema version, an engine

@@ -25,7 +25,8 @@ import numpy as np
 from . import gates
 from .cache import cache_dir, digest
 from .errors import one_line
-from .results import HOST
+from .paths import RESULTS
+from .results import HOST, read_table
 from .runtime import OrtRunner, SimulatorRunner
 from .toolkit.log import memory_plan
 
@@ -33,6 +34,7 @@ MULTI = "one multi-shape engine"
 SINGLE = "single-shape engines"
 # the multi-shape engine may lose this much worst-width SNR against the single engines and still win
 SNR_TOLERANCE_DB = 1.0
+TEXT_COLUMNS = ("graph", "widths", "multi_status", "multi_error", "choice", "why")
 
 
 @dataclass
@@ -80,19 +82,24 @@ def _build(stage: Stage, onnx: Path, widths: Sequence[int], target: str, folder:
     return row, scores
 
 
-def compare(stage: Stage, target: str = "rk3588") -> tuple[list[dict], list[dict]]:
+def compare(stage: Stage, target: str = "rk3588", singles_after_failure: bool = False
+            ) -> tuple[list[dict], list[dict]]:
     """Build rows (the multi-shape engine, then one single-shape engine per width) and SNR rows (per
-    width, both forms: a multi-shape build that failed leaves its column empty)."""
+    width, both forms). When the multi-shape build fails, its row (the toolkit's message) is the
+    comparison's outcome and the single engines, which the graph's own study builds and scores,
+    are built here only if `singles_after_failure`."""
     builds, snr = [], {}
     with tempfile.TemporaryDirectory(prefix="rkstudy-multi-shape-") as tmp:
         row, scores = _build(stage, stage.multi, sorted(stage.widths, reverse=True), target, Path(tmp))
         builds.append(row)
         snr[MULTI] = scores
         snr[SINGLE] = {}
-        for w in sorted(stage.widths):
+        for w in sorted(stage.widths) if row["status"] == "ok" or singles_after_failure else ():
             row, scores = _build(stage, stage.single(w), [w], target, Path(tmp))
             builds.append(row)
             snr[SINGLE].update(scores)
+    if not snr[MULTI] and not snr[SINGLE]:
+        return builds, []
     rows = []
     for w in sorted(stage.widths):
         m, s = snr[MULTI].get(w), snr[SINGLE].get(w)
@@ -120,7 +127,8 @@ def summary(builds: Sequence[dict], snr: Sequence[dict]) -> list[dict]:
                "single_plan_internal_total_bytes": total("plan_internal_bytes"),
                "multi_plan_weight_bytes": multi["plan_weight_bytes"],
                "single_plan_weight_total_bytes": total("plan_weight_bytes"),
-               "multi_build_s": multi["build_s"], "single_build_total_s": round(sum(b["build_s"] for b in singles), 1),
+               "multi_build_s": multi["build_s"],
+               "single_build_total_s": round(t, 1) if (t := total("build_s")) != "" else "",
                "multi_converter_peak_mb": multi["converter_peak_mb"],
                "single_converter_peak_max_mb": max((b["converter_peak_mb"] for b in singles), default=""),
                "multi_worst_snr_db": worst("multi_snr_db"), "single_worst_snr_db": worst("single_snr_db")}
@@ -150,6 +158,25 @@ def choose(row: Mapping) -> tuple[str, str]:
     return MULTI, (f"{row['multi_engine_bytes'] / row['single_total_bytes']:.0%} of the bytes of "
                    f"{row['single_engines']} engines at worst-width SNR {row['multi_worst_snr_db']} dB "
                    f"(theirs {row['single_worst_snr_db']} dB)")
+
+
+def measured(graph: str, root: Path = RESULTS) -> dict | None:
+    """The committed summary row of `graph` (results/toolkit_levers/multi_shape.csv, numbers parsed),
+    or None where that table or its row is not there."""
+    path = Path(root) / "toolkit_levers" / "multi_shape.csv"
+    if not path.is_file():
+        return None
+    row = next((r for r in read_table(path) if r["graph"] == graph), None)
+    if row is None:
+        return None
+
+    def number(text: str):
+        try:
+            return float(text) if text != "" else ""
+        except ValueError:
+            return text
+
+    return {k: (v if k in TEXT_COLUMNS else number(v)) for k, v in row.items()}
 
 
 def prefer_multi_shape(row: Mapping | None) -> bool:
@@ -194,6 +221,11 @@ def conv_stage(widths: Sequence[int], channels: int = 64, layers: int = 4) -> St
                  score=lambda w, f, outs: gates.snr_db(fp32.run(f)[0], outs[0]))
 
 
+def encoder_graph(mode: str) -> str:
+    """The encoder's row label in the tables: one per relative-shift rewrite."""
+    return f"piper encoder ({mode} rewrite)"
+
+
 def encoder_stage(voice, widths: Sequence[int], mode: str | None = None) -> Stage:
     """The Piper encoder ladder: a width-w engine is compiled from the width-w rewritten slice (its
     relative-shift chains rewritten at that width); the multi-shape engine from the widest one. Fed
@@ -211,7 +243,7 @@ def encoder_stage(voice, widths: Sequence[int], mode: str | None = None) -> Stag
         m = both(raw.run(piper.ids_feed(tokens[w])), outs, w)
         return min(m["stats_snr_db"], m["cond_snr_db"])
 
-    return Stage(graph=f"piper encoder ({mode} rewrite)", widths=tuple(widths),
+    return Stage(graph=encoder_graph(mode), widths=tuple(widths),
                  shapes=lambda w: {"input": [1, w], "input_lengths": [1]},
                  single=lambda w: produce(voice, w, mode=mode).path, multi=produce(voice, max(widths), mode=mode).path,
                  feed=lambda w: pad_ids(tokens[w], w), score=score)
@@ -221,16 +253,19 @@ def flow_stage(buckets: Sequence[int], depth: int = 2) -> Stage:
     """The flow estimator stand-in's sequence buckets: a bucket-S engine is compiled from the graph
     exported and folded at S; the multi-shape engine from the largest bucket's. Scored against that
     graph in onnxruntime on the study's estimator-like feeds (90 % of the frames real)."""
+    from functools import cache
+
     from .families.flow_estimator import producer
 
-    graphs = {s: producer.produce(s, depth=depth) for s in buckets}
+    graph_at = cache(lambda s: producer.produce(s, depth=depth))  # exported only when a build needs it
+    widest = graph_at(max(buckets)).contract
 
     def shapes(s):
-        return {t.name: list(t.shape) for t in graphs[s].contract.inputs}
+        return {t.name: [s if i == t.axis else d for i, d in enumerate(t.shape)] for t in widest.inputs}
 
     def score(s, feed, outs):
-        return gates.snr_db(OrtRunner(graphs[s].path).run(feed)[0], outs[0])
+        return gates.snr_db(OrtRunner(graph_at(s).path).run(feed)[0], outs[0])
 
     return Stage(graph=f"flow estimator stand-in (depth {depth})", widths=tuple(buckets), shapes=shapes,
-                 single=lambda s: graphs[s].path, multi=graphs[max(buckets)].path,
-                 feed=lambda s: producer.feeds(graphs[s].contract), score=score)
+                 single=lambda s: graph_at(s).path, multi=graph_at(max(buckets)).path,
+                 feed=lambda s: producer.feeds(graph_at(s).contract), score=score)

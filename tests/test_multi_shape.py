@@ -263,3 +263,20 @@ def test_convert_writes_a_contract_that_lists_the_shape_sets(tmp_path):
     back = contracts.for_engine(tmp_path / "neg.rknn")
     assert back == done.contract and back.shape_sets == [((1, 4, 32),), ((1, 4, 16),)]
     assert back.target == "rk3588" and done.simulated.rows[0]["snr_db"] > 60
+
+
+def test_the_committed_row_is_read_back_with_its_numbers(tmp_path):
+    from rkstudy import multi_shape as ms
+    from rkstudy import results
+
+    rows = [{"graph": "conv stack", "widths": "32,16", **measured(), "choice": ms.MULTI, "why": "",
+             "where": "host", "target": "rk3588"},
+            {"graph": ms.encoder_graph("gather"), "widths": "192,128", **measured(multi_status="failed"),
+             "choice": ms.SINGLE, "why": "", "where": "host", "target": "rk3588"}]
+    results.write_table("toolkit_levers", "multi_shape", [results.stamp(r) for r in rows], root=tmp_path,
+                        title="test")
+    back = ms.measured("conv stack", root=tmp_path)
+    assert back["multi_engine_bytes"] == 240_805 and back["widths"] == "32,16" and ms.prefer_multi_shape(back)
+    assert not ms.prefer_multi_shape(ms.measured(ms.encoder_graph("gather"), root=tmp_path))
+    assert ms.measured("no such graph", root=tmp_path) is None
+    assert ms.measured("conv stack", root=tmp_path / "x") is None

@@ -470,10 +470,11 @@ def run_ladder(voice: piper.Voice, widths: Sequence[int], chunks: Sequence[tuple
                choice: Mapping | None = None) -> list[dict]:
     """The sidecar end to end: simulator engines at `widths` (relshift `mode`), fp32 fallback above;
     per chunk, where it ran, stats/cond SNR against fp32 and the frame drift. The rungs are one
-    multi-shape engine when `choice` (the encoder's rkstudy.multi_shape summary row, measured)
-    says so, else one engine per width."""
+    multi-shape engine when `choice` (the encoder's rkstudy.multi_shape summary row; default: the
+    committed one for this rewrite, notebook 08's) says so, else one engine per width."""
     from ... import multi_shape as ms
 
+    choice = choice if choice is not None else ms.measured(ms.encoder_graph(mode))
     runners = []
     try:
         engines = ladder_engines(voice, widths, target, mode, multi_shape=ms.prefer_multi_shape(choice))
