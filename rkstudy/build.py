@@ -270,7 +270,8 @@ class EngineProcess:
         self.timed_out = False
         self.peak_rss_mb = 0.0
         self.target = target
-        self.shape_sets = shape_sets_for(shape_sets) if shape_sets else []
+        # in the graph's input order: the toolkit reads each dynamic_input set positionally
+        self.shape_sets = shape_sets_for(shape_sets, graph_input_names(self.onnx)) if shape_sets else []
         if self.shape_sets:  # the graph's own input shapes may be dynamic: the sets pin them
             self.shapes = dict(self.shape_sets[0])
         else:
@@ -472,6 +473,13 @@ class EngineProcess:
         self._finish()
 
 
+def graph_input_names(onnx_path: Path) -> list[str]:
+    """The graph's inputs in its own order (initializers listed as inputs left out)."""
+    g = graph.load(onnx_path, load_external_data=False).graph
+    init = {i.name for i in g.initializer}
+    return [vi.name for vi in g.input if vi.name not in init]
+
+
 def shape_sets_for(shape_sets: Sequence[Mapping[str, Sequence[int]]], names: Sequence[str] | None = None
                    ) -> list[dict[str, list[int]]]:
     """The input shape sets of a multi-shape build (config's dynamic_input: one engine that runs
@@ -530,7 +538,7 @@ def build_engine(onnx_path, target: str, shapes: Mapping[str, Sequence[int]] | N
     _check_target(target, quantize)
     onnx_path = Path(onnx_path)
     graph.load(onnx_path)  # an unreadable graph is an input error, said before a child starts
-    sets = shape_sets_for(shape_sets) if shape_sets else []
+    sets = shape_sets_for(shape_sets, graph_input_names(onnx_path)) if shape_sets else []
     shapes = dict(sets[0]) if sets else {k: [int(d) for d in v] for k, v in
                                          (shapes if shapes is not None else graph.input_shapes(onnx_path)).items()}
     env = toolkit_env(toolkit)

@@ -84,6 +84,9 @@ def test_check_runner_refuses_a_runner_at_a_shape_the_contract_does_not_list():
 
 def test_shape_sets_for_orders_largest_first_and_refuses_what_cannot_be_one_engine():
     assert shape_sets_for([{"x": [1, 4, 32]}, {"x": [1, 4, 64]}]) == [{"x": [1, 4, 64]}, {"x": [1, 4, 32]}]
+    # in the graph's input order, whatever order each set was written in: the toolkit reads them by position
+    got = shape_sets_for([{"n": [1], "x": [1, 4, 32]}, {"x": [1, 4, 64], "n": [1]}], ["x", "n"])
+    assert [list(s.items()) for s in got] == [[("x", [1, 4, 64]), ("n", [1])], [("x", [1, 4, 32]), ("n", [1])]]
     with pytest.raises(UsageError, match="two or more distinct"):
         shape_sets_for([{"x": [1, 4, 32]}, {"x": [1, 4, 32]}])
     with pytest.raises(UsageError, match="give every input a shape in every set"):
