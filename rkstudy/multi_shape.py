@@ -7,8 +7,9 @@ and RKNNLite then run it at exactly those sets and refuse any other ("The inputs
 is not in [[1, 8, 32], [1, 8, 16]]!" in the simulator; rknn_set_input_shapes fails on a board).
 
 Per graph this measures both forms on the same fp32 reference: engine bytes on disk, the compiler's
-memory plan (internal arena and weights, from the verbose build log: the toolkit's eval_memory says
-"Not support in simulator environment" off-board, and for a multi-shape engine describes MaxShape),
+memory plan (internal arena and weights, from the verbose build log, which prints one plan per shape
+set: the table keeps the largest, the MaxShape's, and each width's arena; the toolkit's eval_memory
+says "Not support in simulator environment" off-board),
 build seconds and converter peak, and simulator SNR at every width. `prefer_multi_shape` reads the
 measured summary row and is what the encoder ladder asks (rkstudy.families.piper_encoder.study).
 """
@@ -28,7 +29,7 @@ from .errors import one_line
 from .paths import RESULTS
 from .results import HOST, read_table
 from .runtime import OrtRunner, SimulatorRunner
-from .toolkit.log import memory_plan
+from .toolkit.log import memory_plans
 
 MULTI = "one multi-shape engine"
 SINGLE = "single-shape engines"
@@ -71,11 +72,12 @@ def _build(stage: Stage, onnx: Path, widths: Sequence[int], target: str, folder:
     finally:
         runner.close()  # the log is complete only once the child's reader has finished
     log = Path(report.log).read_text(errors="replace") if report.log and Path(report.log).is_file() else ""
-    plan = memory_plan(log)
+    plans = memory_plans(log)  # one per shape set, in the sets' order (largest first)
     row = {"graph": stage.graph, "engine": MULTI if many else SINGLE, "widths": ",".join(map(str, widths)),
            "status": report.status, "engine_bytes": report.engine_bytes,
-           "plan_internal_bytes": plan.internal_bytes if plan else "",
-           "plan_weight_bytes": plan.weight_bytes if plan else "",
+           "plan_internal_bytes": max(p.internal_bytes for p in plans) if plans else "",
+           "plan_weight_bytes": max(p.weight_bytes for p in plans) if plans else "",
+           "plan_internal_per_width": " ".join(f"{w}:{p.internal_bytes}" for w, p in zip(widths, plans)),
            "build_s": round(report.seconds, 1), "converter_peak_mb": round(report.peak_rss_mb, 1),
            "failed_step": report.failed_step or "", "error": one_line(report.error or "", 160),
            "built_with": report.toolkit_version, "where": HOST.where, "target": target}

@@ -283,3 +283,15 @@ def test_the_committed_row_is_read_back_with_its_numbers(tmp_path):
     assert not ms.prefer_multi_shape(ms.measured(ms.encoder_graph("gather"), root=tmp_path))
     assert ms.measured("no such graph", root=tmp_path) is None
     assert ms.measured("conv stack", root=tmp_path / "x") is None
+
+
+def test_a_multi_shape_build_log_has_one_memory_plan_per_shape_set():
+    """As rknn-toolkit2 2.5.0 printed them for the conv stack compiled for T = 256 and 64 (verbose)."""
+    from rkstudy.toolkit.log import MemoryPlan, memory_plan, memory_plans
+
+    log = ("D RKNN: [23:49:12.402] Total Internal Memory Size: 96KB\n"
+           "D RKNN: [23:49:12.402] Total Weight Memory Size: 162.125KB\n"
+           "D RKNN: [23:49:12.427] Total Internal Memory Size: 24KB\n"
+           "D RKNN: [23:49:12.427] Total Weight Memory Size: 162.125KB\n")
+    assert memory_plans(log) == [MemoryPlan(98_304, 166_016), MemoryPlan(24_576, 166_016)]
+    assert memory_plans(log)[1] == memory_plan(log)  # the single-plan reader keeps the last
