@@ -1,6 +1,7 @@
 """Child side of rkstudy.build: runs the toolkit in its own process.
 
-`python -m rkstudy._engine_child SPEC_JSON CONTROL_FD` runs config -> load_onnx -> build (fp16, or
+`python -m rkstudy._engine_child SPEC_JSON CONTROL_FD` runs config (with the spec's
+`dynamic_input` shape sets, when it has them) -> load_onnx -> build (fp16, or
 quantized on the spec's calibration dataset, or hybrid_quantization_step1 -> step2 when layers are to
 stay float16) ->
 (accuracy_analysis, when the spec asks for it) ->
@@ -87,6 +88,9 @@ def main(spec_path: str, fd: str) -> int:
             if quantize else {}
         if quantize.get("auto_hybrid_cos") is not None:
             settings["auto_hybrid_cos_thresh"] = quantize["auto_hybrid_cos"]
+        if spec.get("dynamic_input"):
+            # [[shape of each input, in order], ...]: the toolkit compiles one engine for every set
+            settings["dynamic_input"] = spec["dynamic_input"]
 
         def configured() -> RKNN:
             made = RKNN(verbose=spec.get("verbose", False))
@@ -95,7 +99,8 @@ def main(spec_path: str, fd: str) -> int:
             return made
 
         rknn = configured()
-        names = list(spec["inputs"])
+        # a multi-shape build takes its shapes from dynamic_input alone (load_onnx's sizes would pin one)
+        names = [] if spec.get("dynamic_input") else list(spec["inputs"])
         run("load_onnx", lambda: rknn.load_onnx(model=spec["onnx"], inputs=names or None,
                                                 input_size_list=[spec["inputs"][n] for n in names] or None,
                                                 outputs=spec.get("outputs")))

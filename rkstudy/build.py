@@ -199,6 +199,7 @@ class BuildReport:
     failed_step: str | None = None
     error: str | None = None
     log_tail: list[str] = field(default_factory=list)
+    shape_sets: list[dict] = field(default_factory=list)  # a multi-shape build's input sets, largest first
 
     where = "host"  # a build is a host-side measurement (rkstudy.results.stamp reads this)
 
@@ -254,7 +255,7 @@ class EngineProcess:
                  regtask_limit: int = REGTASK_LIMIT, outputs: Sequence[str] | None = None,
                  log=None, verbose: bool = False, timeout: float = BUILD_TIMEOUT_S,
                  analysis: Mapping | None = None, quantize: Calibration | None = None,
-                 toolkit: str | None = None):
+                 toolkit: str | None = None, shape_sets: Sequence[Mapping[str, Sequence[int]]] | None = None):
         _check_target(target, quantize)
         self.toolkit = toolkit_env(toolkit)
         if toolkit is None:
@@ -269,8 +270,13 @@ class EngineProcess:
         self.timed_out = False
         self.peak_rss_mb = 0.0
         self.target = target
-        self.shapes = {k: [int(d) for d in v] for k, v in
-                       (shapes if shapes is not None else graph.input_shapes(self.onnx)).items()}
+        # in the graph's input order: the toolkit reads each dynamic_input set positionally
+        self.shape_sets = shape_sets_for(shape_sets, graph_input_names(self.onnx)) if shape_sets else []
+        if self.shape_sets:  # the graph's own input shapes may be dynamic: the sets pin them
+            self.shapes = dict(self.shape_sets[0])
+        else:
+            given = shapes if shapes is not None else graph.input_shapes(self.onnx)
+            self.shapes = {k: [int(d) for d in v] for k, v in given.items()}
         self.out = Path(out).resolve() if out else None
         self.regtask_limit = regtask_limit
         self.regtask = 0
@@ -296,6 +302,7 @@ class EngineProcess:
                 "outputs": list(outputs) if outputs else None, "out": str(self._partial) if self.out else None,
                 "optimization_level": optimization_level, "serve": serve, "verbose": verbose,
                 "analysis": dict(analysis) if analysis else None,
+                "dynamic_input": [[s[n] for n in self.shapes] for s in self.shape_sets] or None,
                 "quantize": quantize.spec(quantize.write(Path(self._workdir) / "calibration", list(self.shapes)))
                 if quantize else None}
         fd, self._spec = tempfile.mkstemp(prefix="rkstudy-spec-", suffix=".json")
@@ -436,7 +443,7 @@ class EngineProcess:
                            regtask_max=self.regtask_max, dtype=self.dtype, peak_rss_mb=self.peak_rss_mb,
                            toolkit_version=self.child_toolkit or self.toolkit.version, log=str(self.log),
                            failed_step=None if ok else self.step, error=error,
-                           log_tail=list(self.tail))
+                           log_tail=list(self.tail), shape_sets=[dict(s) for s in self.shape_sets])
 
     def run(self, inputs: Sequence) -> list:
         """Simulator inference on the engine this child built (serve mode only)."""
@@ -466,6 +473,35 @@ class EngineProcess:
         self._finish()
 
 
+def graph_input_names(onnx_path: Path) -> list[str]:
+    """The graph's inputs in its own order (initializers listed as inputs left out)."""
+    g = graph.load(onnx_path, load_external_data=False).graph
+    init = {i.name for i in g.initializer}
+    return [vi.name for vi in g.input if vi.name not in init]
+
+
+def shape_sets_for(shape_sets: Sequence[Mapping[str, Sequence[int]]], names: Sequence[str] | None = None
+                   ) -> list[dict[str, list[int]]]:
+    """The input shape sets of a multi-shape build (config's dynamic_input: one engine that runs
+    at each set), checked: two or more distinct sets, each naming every input once (`names`, or the
+    first set's), each input with one rank throughout. Largest set first: the toolkit's MaxShape,
+    which its memory plan and eval_memory describe."""
+    sets = [{k: [int(d) for d in v] for k, v in s.items()} for s in shape_sets]
+    names = list(names) if names is not None else list(sets[0]) if sets else []
+    if len({json.dumps(s, sort_keys=True) for s in sets}) < 2:
+        raise UsageError(f"a multi-shape build needs two or more distinct input shape sets, got {len(sets)}; "
+                         "pass one shape mapping for a single-shape engine")
+    for s in sets:
+        if sorted(s) != sorted(names):
+            raise UsageError(f"a shape set names inputs {sorted(s)}, the graph takes {sorted(names)}; "
+                             "give every input a shape in every set")
+        ranks = [len(s[n]) != len(sets[0][n]) for n in names]
+        if any(ranks) or any(d < 1 for n in names for d in s[n]):
+            raise UsageError(f"shape set {s} does not keep each input's rank of {sets[0]} with positive sizes")
+    order = sorted(sets, key=lambda s: -sum(int(np.prod(s[n])) for n in names))
+    return [{n: s[n] for n in names} for s in order]
+
+
 def default_engine_path(onnx_path: Path, target: str, key: str) -> Path:
     """The one naming scheme for engines in the cache: derived from the stage contract in the ONNX
     metadata when there is one (family, compiled width, target), from the file name otherwise,
@@ -483,7 +519,8 @@ def default_engine_path(onnx_path: Path, target: str, key: str) -> Path:
 def build_engine(onnx_path, target: str, shapes: Mapping[str, Sequence[int]] | None = None,
                  out=None, *, optimization_level: int = 3, regtask_limit: int = REGTASK_LIMIT,
                  reuse: bool = True, verbose: bool = False, timeout: float = BUILD_TIMEOUT_S,
-                 quantize: Calibration | None = None, toolkit: str | None = None) -> BuildReport:
+                 quantize: Calibration | None = None, toolkit: str | None = None,
+                 shape_sets: Sequence[Mapping[str, Sequence[int]]] | None = None) -> BuildReport:
     """Compile `onnx_path` for `target` into `out` in a child process and return its report: dtype,
     status, engine bytes, seconds, REGTASK lines and largest field value, the converter child's peak
     RSS (BuildReport.row() is the results-row fragment every family uses).
@@ -494,16 +531,20 @@ def build_engine(onnx_path, target: str, shapes: Mapping[str, Sequence[int]] | N
     With `reuse`, an engine already built from the same ONNX bytes, target, shapes, level, toolkit
     (and calibration set and settings) is returned from its recorded report instead of being rebuilt.
     `out` defaults to the cache (default_engine_path). `toolkit` ('2.3.2') builds in that version's
-    environment (toolkit_env); None builds with the toolkit installed here.
+    environment (toolkit_env); None builds with the toolkit installed here. `shape_sets` (two or
+    more {input: shape} mappings) makes one engine that runs at each of them (config's
+    dynamic_input; see shape_sets_for); `shapes` is then ignored.
     """
     _check_target(target, quantize)
     onnx_path = Path(onnx_path)
     graph.load(onnx_path)  # an unreadable graph is an input error, said before a child starts
-    shapes = {k: [int(d) for d in v] for k, v in
-              (shapes if shapes is not None else graph.input_shapes(onnx_path)).items()}
+    sets = shape_sets_for(shape_sets, graph_input_names(onnx_path)) if shape_sets else []
+    shapes = dict(sets[0]) if sets else {k: [int(d) for d in v] for k, v in
+                                         (shapes if shapes is not None else graph.input_shapes(onnx_path)).items()}
     env = toolkit_env(toolkit)
     key = cache.digest(onnx_path, target, shapes, optimization_level, env.version,
-                       *([quantize.key(list(shapes))] if quantize else []))  # an fp16 key has no calibration term
+                       *([quantize.key(list(shapes))] if quantize else []),  # an fp16 key has no calibration term
+                       *([("shape_sets", sets)] if sets else []))  # nor a single-shape key a sets term
     out = Path(out) if out else default_engine_path(onnx_path, target, key)
     record = out.with_suffix(".json")
     with cache.locked(out):  # two studies running side by side that ask for one engine build it once
@@ -513,7 +554,7 @@ def build_engine(onnx_path, target: str, shapes: Mapping[str, Sequence[int]] | N
                 return BuildReport(**saved["report"])
         proc = EngineProcess(onnx_path, target, shapes, out, optimization_level=optimization_level,
                              regtask_limit=regtask_limit, verbose=verbose, timeout=timeout, quantize=quantize,
-                             toolkit=toolkit)
+                             toolkit=toolkit, shape_sets=sets or None)
         report = proc.wait_built()
         if report.ok:
             atomic.write_text(record, json.dumps({"key": key, "report": asdict(report)}, indent=1))

@@ -1,11 +1,13 @@
 """The versioned stage contract: what a produced graph and its compiled engine promise, for every family.
 
-A stage is compiled for fixed shapes (RKNN has no dynamic shapes), so whoever runs the engine has to
-know how to feed it: which inputs are walked over a latent (and at what rate per latent frame),
-which are padded to a fixed width, which are masks the walker makes, which are constants, and which
-feed back from an output (a stateful step's cache). The producer writes this contract into the ONNX
-metadata at stage 1; the conversion stage completes it (target, toolkit, the ONNX it compiled, the
-engine's digest) and writes it beside the `.rknn`, because a board cannot read ONNX metadata.
+A stage is compiled for fixed shapes (RKNN has no dynamic shapes; a multi-shape engine, built with the
+toolkit's dynamic_input, runs at each of a listed few and the contract's `shapes` lists them), so
+whoever runs the engine has to know how to feed it: which inputs are walked over a latent (and at what
+rate per latent frame), which are padded to a fixed width, which are masks the walker makes, which are
+constants, and which feed back from an output (a stateful step's cache). The producer writes this
+contract into the ONNX metadata at stage 1; the conversion stage completes it (target, toolkit, the ONNX
+it compiled, the engine's digest) and writes it beside the `.rknn`, because a board cannot read ONNX
+metadata.
 
 Everything is validated at load and every refusal is an EngineMismatch whose one sentence names the
 command that makes a matching engine: a missing or unknown field, another schema version, an engine
@@ -51,7 +53,9 @@ REGISTER_FIELD_BITS = {"rk3588": None, "rk3566": None, "rk3568": None, "rk3576":
 ROLES = ("walked", "padded", "mask", "length", "constant", "state")
 DTYPES = ("float32", "int64")
 FIELDS = ("schema", "family", "stage", "target", "toolkit", "inputs", "outputs", "window", "state",
-          "source", "onnx", "engine", "producer", "params")
+          "source", "onnx", "engine", "producer", "params", "shapes")
+# written only by a multi-shape engine, so every single-shape contract (and the ONNX carrying it) keeps its bytes
+OPTIONAL_FIELDS = ("shapes",)
 TENSOR_FIELDS = ("name", "shape", "dtype", "role", "axis", "rate", "extra")
 WINDOW_FIELDS = ("frames", "emit", "context", "hop")
 DIGEST_FIELDS = ("file", "sha256")
@@ -128,6 +132,9 @@ class Contract:
     onnx: Digest | None = None       # stage 2: the graph the engine was compiled from
     engine: Digest | None = None     # stage 2: the engine's own bytes
     schema: int = SCHEMA
+    # a multi-shape engine (config's dynamic_input): every input shape set it runs at, each the
+    # inputs' shapes in input order, largest first (the inputs' own shapes); () for one shape
+    shapes: tuple[tuple[tuple[int, ...], ...], ...] = ()
 
     # --- reading ------------------------------------------------------------------------
     def tensor(self, name: str) -> Tensor:
@@ -142,6 +149,15 @@ class Contract:
     @property
     def input_names(self) -> list[str]:
         return [t.name for t in self.inputs]
+
+    @property
+    def shape_sets(self) -> list[tuple[tuple[int, ...], ...]]:
+        """The input shapes the engine runs at: each set in input order (one set unless multi-shape)."""
+        return list(self.shapes) or [tuple(t.shape for t in self.inputs)]
+
+    def check_shapes(self, shapes: Sequence[Sequence[int]]) -> None:
+        """Inputs of these shapes (in input order) are one of the sets the engine was compiled for."""
+        refuse_unlisted(self.input_names, shapes, self.shape_sets)
 
     @property
     def remake(self) -> str:
@@ -163,7 +179,8 @@ class Contract:
         d["outputs"] = [asdict(t) for t in self.outputs]
         d["state"] = [{"input": i, "output": o} for i, o in self.state]
         d["params"] = dict(self.params)
-        return {k: d[k] for k in FIELDS}
+        d["shapes"] = [[list(x) for x in one] for one in self.shapes]
+        return {k: d[k] for k in FIELDS if k not in OPTIONAL_FIELDS or d[k]}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True, indent=1)
@@ -174,6 +191,14 @@ class Contract:
 
         return replace(self, target=target, toolkit=toolkit, onnx=Digest.of(onnx_path),
                        engine=Digest.of(engine_path))
+
+    def with_shapes(self, shape_sets: Sequence[Sequence[Sequence[int]]]) -> Contract:
+        """This contract for a multi-shape engine running at each of `shape_sets` (shapes in input
+        order, the inputs' own shapes first: the largest, which the toolkit compiles as MaxShape)."""
+        from dataclasses import replace
+
+        sets = _shape_sets([[list(x) for x in one] for one in shape_sets], self.inputs, self.remake)
+        return replace(self, shapes=sets)
 
     def write_beside(self, engine_path: Path | str) -> Path:
         """`<engine>.contract.json`, the file the board side reads."""
@@ -215,12 +240,21 @@ class Contract:
 
     def check_runner(self, runner) -> None:
         """`runner` takes this contract's inputs, in its order, at its static shapes (a runner that
-        says no input names or shapes, or a dynamic dimension, is taken at its word). Every walker
+        says no input names or shapes, or a dynamic dimension, is taken at its word); a multi-shape
+        runner or contract: every shape set the runner runs at is one the contract lists. Every walker
         checks this before its first step, so a wrong engine fails here, not inside a reshape."""
         fix = f"; make a matching one with `{self.remake}`"
         names = list(getattr(runner, "input_names", self.input_names))
         if names != self.input_names:
             raise EngineMismatch(f"the engine takes inputs {names} but its contract lists {self.input_names}" + fix)
+        sets = getattr(runner, "shape_sets", None) or []
+        if len(sets) > 1 or len(self.shape_sets) > 1:
+            for one in sets or [getattr(runner, "shapes", None) or {}]:
+                # {name: shape} (the simulator's) or shapes in input order (the board runner's)
+                shapes = [one.get(n) for n in self.input_names] if isinstance(one, Mapping) else list(one)
+                if all(s is not None and all(isinstance(d, int) for d in s) for s in shapes):
+                    self.check_shapes(shapes)
+            return
         shapes = getattr(runner, "shapes", None) or {}
         for t in self.inputs:
             got = shapes.get(t.name)
@@ -261,6 +295,20 @@ class Contract:
             cmd = command(self.family) or self.family.replace("_", " ", 1)
         graph = self.onnx.file if self.onnx else "slice.onnx"
         return f"rkstudy {cmd} --onnx <{graph}> --target {target or self.target or 'rk3588'}"
+
+
+def refuse_unlisted(names, shapes, shape_sets) -> None:
+    """One line when the inputs' `shapes` (in `names` order) are not one of a multi-shape engine's
+    compiled `shape_sets` ({name: shape} each, or shapes in input order): the runtime would only say
+    so inside a traceback (RKNNLite logs "Set input shape failed" and returns None)."""
+    got = tuple(tuple(int(d) for d in s) for s in shapes)
+    listed = [tuple(tuple(s[n]) for n in names) if isinstance(s, Mapping) else tuple(tuple(x) for x in s)
+              for s in shape_sets]
+    if got not in listed:
+        said = " | ".join(", ".join(str(s) for s in one) for one in listed)
+        raise EngineMismatch(f"inputs {', '.join(names)} of shapes {', '.join(map(str, got))} are not one of the "
+                             f"shape sets this engine was compiled for ({said}); pad to one of them or build "
+                             "the engine with this set too")
 
 
 def command(family: str) -> str | None:
@@ -332,6 +380,28 @@ def _tensor(d, where: str, remake: str) -> Tensor:
     return t
 
 
+def _shape_sets(d, inputs: tuple[Tensor, ...], remake: str) -> tuple[tuple[tuple[int, ...], ...], ...]:
+    """A multi-shape contract's sets: two or more, distinct, each a shape per input of that input's
+    rank, the first the inputs' own shapes."""
+    if not isinstance(d, list) or len(d) == 1:
+        raise _refuse(f"the contract's shapes are {d!r}, not a list of two or more input shape sets", remake)
+    sets = []
+    for i, one in enumerate(d):
+        if not isinstance(one, list) or len(one) != len(inputs):
+            raise _refuse(f"shape set {i} is not one shape for each of the {len(inputs)} inputs", remake)
+        shape_set = []
+        for t, shape in zip(inputs, one):
+            if not isinstance(shape, list) or len(shape) != len(t.shape):
+                raise _refuse(f"shape set {i} gives {t.name} {shape!r}, not a shape of rank {len(t.shape)}", remake)
+            shape_set.append(tuple(_int(x, f"shape set {i} ({t.name}) entry", remake, 1) for x in shape))
+        sets.append(tuple(shape_set))
+    if len(set(sets)) != len(sets):
+        raise _refuse("the contract lists one input shape set twice", remake)
+    if sets and sets[0] != tuple(t.shape for t in inputs):
+        raise _refuse(f"the contract's first shape set {sets[0]} is not its inputs' shapes", remake)
+    return tuple(sets)
+
+
 def _digest(d, where: str, remake: str) -> Digest | None:
     if d is None:
         return None
@@ -349,7 +419,7 @@ def from_dict(d: Mapping, *, remake: str = DEFAULT_REMAKE) -> Contract:
     if d.get("schema") != SCHEMA:
         raise _refuse(f"the contract has schema version {d.get('schema')!r} and this rkstudy reads {SCHEMA}",
                       remake)
-    _keys(d, FIELDS, "the contract", remake)
+    _keys(d, FIELDS, "the contract", remake, optional=OPTIONAL_FIELDS)
     for key in ("family", "stage", "producer"):
         if not isinstance(d[key], str) or not d[key]:
             raise _refuse(f"the contract's {key} is {d[key]!r}", remake)
@@ -389,11 +459,12 @@ def from_dict(d: Mapping, *, remake: str = DEFAULT_REMAKE) -> Contract:
     for key in ("target", "toolkit"):
         if d[key] is not None and not isinstance(d[key], str):
             raise _refuse(f"the contract's {key} is {d[key]!r}", remake)
+    shapes = _shape_sets(d.get("shapes", []), inputs, remake)
     return Contract(family=d["family"], stage=d["stage"], inputs=inputs, outputs=outputs,
                     source=_digest(d["source"], "the source", remake), producer=d["producer"],
                     params=dict(d["params"]), window=window, state=tuple(state), target=d["target"],
                     toolkit=d["toolkit"], onnx=_digest(d["onnx"], "the compiled graph", remake),
-                    engine=_digest(d["engine"], "the engine", remake), schema=d["schema"])
+                    engine=_digest(d["engine"], "the engine", remake), schema=d["schema"], shapes=shapes)
 
 
 def from_json(text: str, *, where: str, remake: str = DEFAULT_REMAKE) -> Contract:

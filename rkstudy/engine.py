@@ -8,7 +8,7 @@ valid input (token ids), a probe of their own.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -160,17 +160,25 @@ class Converted:
 def convert(onnx_path: Path | str, target: str, out: Path | str | None = None, *,
             probe: Callable[[Contract], list] | None = None, run: Callable | None = None,
             gate: gates.Gate = ALIVE_GATE, remake: str = "the family's stage-1 command",
-            toolkit: str | None = None) -> Converted:
+            toolkit: str | None = None, shape_sets: Sequence[Mapping[str, Sequence[int]]] | None = None) -> Converted:
     """Stage 2 for every family: read the contract back out of the graph (restating nothing), build
     the engine and, in the same child, gate the simulator against fp32 on the probe inputs, then
     write the compiled contract (target, toolkit, graph and engine digests) beside the engine.
     `toolkit` ('2.3.2', for a board whose runtime is that version) builds in that version's
-    environment (rkstudy.build.toolkit_env); the contract names the toolkit the build child imported."""
+    environment (rkstudy.build.toolkit_env); the contract names the toolkit the build child imported.
+    `shape_sets` ({input: shape} each, the contract's own shapes among them) makes one multi-shape
+    engine (rkstudy.build.shape_sets_for), probed at the contract's shapes; its contract lists the sets."""
+    from .build import shape_sets_for
+
     onnx_path = Path(onnx_path)
     contract = from_metadata(graph.metadata(onnx_path), where=onnx_path.name, remake=remake)
+    sets = shape_sets_for(shape_sets, contract.input_names) if shape_sets else []
+    if sets:
+        contract = contract.with_shapes([[s[n] for n in contract.input_names] for s in sets])
     engine = Path(out) if out else onnx_path.parent / contract.engine_name(target, sha256_file(onnx_path)[:12])
     items = (probe or probe_feeds)(contract)
-    simulated = simulator_vs_fp32(onnx_path, target, items, run=run, out=engine, toolkit=toolkit)
+    simulated = simulator_vs_fp32(onnx_path, target, items, run=run, out=engine, toolkit=toolkit,
+                                  **({"shape_sets": sets} if sets else {}))
     try:
         gate.check(simulated.worst_snr_db, context=f"{target} simulator vs fp32 on the probe")
     except gates.GateFailed:

@@ -73,6 +73,7 @@ def test_every_message_the_double_writes_is_the_real_ones(real, double):
     source, runtime = real
     for text in (double.INIT_FAILED, double.SET_CORE_MASK_FAILED, double.CORE_MASK_ONLY, double.RK3576_TWO_CORES,
                  double.UNSUPPORTED_DTYPE, double.NO_LIBRARY, double.MISSING_IN_CONTAINER, double.DOWNLOAD_LIBRARY,
+                 double.SET_INPUT_SHAPE_FAILED,
                  "!!! Please put it into /usr/lib/ directory."):
         assert text.encode() in runtime, text
     logged = re.findall(r'_log\("[EWI]", "([^"{]+)', DOUBLE.read_text())

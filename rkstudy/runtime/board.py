@@ -38,6 +38,7 @@ import numpy as np
 
 from ..board import dmesg, sysfs
 from ..board.dmesg import InitRefused, RknnError, Versions  # noqa: F401  (RknnError re-exported)
+from ..contract import refuse_unlisted
 from .base import Runner
 
 CORE_MASKS = ("0_1_2", "0", "auto")
@@ -137,7 +138,7 @@ class BoardRunner(Runner):
     """One RKNNLite context over one .rknn engine (also a rung of rkstudy.board.memory.LazyLadder:
     it raises InitRefused when the runtime or driver refuses the context)."""
 
-    def __init__(self, rknn_path, input_names: list[str], *, cores: str = "0_1_2"):
+    def __init__(self, rknn_path, input_names: list[str], *, cores: str = "0_1_2", shape_sets=None):
         present, why = board_available()
         if not present:
             raise BoardUnavailable(f"cannot run {Path(rknn_path).name} on a board: {why}")
@@ -149,6 +150,9 @@ class BoardRunner(Runner):
         self.where = "replay" if getattr(RKNNLite, "IS_TEST_DOUBLE", False) else "board"
         self.target = sysfs.soc() or "none"
         self.input_names = list(input_names)
+        # a multi-shape engine's sets (Contract.shape_sets): a shape outside them is refused in one
+        # line before librknnrt's rknn_set_input_shapes fails inside a traceback
+        self.shape_sets = [tuple(tuple(x) for x in one) for one in shape_sets or ()]
         self.engine = Path(rknn_path)
         self._lite = RKNNLite(verbose=False)
         rc = self._lite.load_rknn(str(self.engine))
@@ -184,6 +188,8 @@ class BoardRunner(Runner):
     def run(self, inputs) -> list[np.ndarray]:
         arrays = [x.astype(np.float32) if x.dtype.kind == "f" else x.astype(np.int64) if x.dtype.kind in "iu"
                   else x for x in self._ordered(inputs, keep_dtype=True)]
+        if len(self.shape_sets) > 1:
+            refuse_unlisted(self.input_names, [x.shape for x in arrays], self.shape_sets)
         fmt = ["nchw" if x.ndim == 4 else None for x in arrays]
         outs = self._lite.inference(inputs=arrays, data_format=fmt if any(fmt) else None)
         if outs is None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..contract import refuse_unlisted
 from .base import Runner
 
 
@@ -20,7 +21,9 @@ class SimulatorRunner(Runner):
     `report` is the BuildReport (REGTASK count, seconds, engine size when `out` is given).
     Raises BuildFailed if the build does not succeed, unless `keep_failed`: then the child is
     stopped and `report` says how the build failed (a REGTASK-limit kill or a timeout is a
-    measurement of a sweep, not an error), and `run` must not be called.
+    measurement of a sweep, not an error), and `run` must not be called. With `shape_sets` (a
+    build_kwargs entry: see rkstudy.build.shape_sets_for) it runs at any of those sets and refuses
+    every other shape before the toolkit sees it.
     """
 
     where = "simulator"
@@ -32,9 +35,12 @@ class SimulatorRunner(Runner):
         from ..build import EngineProcess
 
         self.target = target
-        self.shapes = dict(shapes) if shapes is not None else graph.input_shapes(Path(onnx_path))
+        if shapes is None and not build_kwargs.get("shape_sets"):
+            shapes = graph.input_shapes(Path(onnx_path))
+        self._proc = EngineProcess(onnx_path, target, shapes, out, serve=True, **build_kwargs)
+        self.shapes = self._proc.shapes  # a multi-shape build's largest set
+        self.shape_sets = self._proc.shape_sets or [self.shapes]
         self.input_names = list(self.shapes)
-        self._proc = EngineProcess(onnx_path, target, self.shapes, out, serve=True, **build_kwargs)
         self.report = self._proc.wait_built()
         if not self.report.ok:
             self._proc.close()
@@ -43,8 +49,10 @@ class SimulatorRunner(Runner):
 
     def run(self, inputs) -> list[np.ndarray]:
         arrays = self._ordered(inputs)
+        if len(self.shape_sets) > 1:
+            refuse_unlisted(self.input_names, [x.shape for x in arrays], self.shape_sets)
         for name, x in zip(self.input_names, arrays):
-            if tuple(x.shape) != tuple(self.shapes[name]):
+            if len(self.shape_sets) == 1 and tuple(x.shape) != tuple(self.shapes[name]):
                 raise ValueError(f"input {name!r} has shape {x.shape}; the engine was built for "
                                  f"{tuple(self.shapes[name])} (RKNN engines have fixed shapes)")
         return [np.asarray(o, dtype=np.float32) for o in self._proc.run(arrays)]

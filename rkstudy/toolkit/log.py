@@ -112,6 +112,20 @@ def memory_plan(log_text: str) -> MemoryPlan | None:
     return MemoryPlan(found["Internal"], found["Weight"])
 
 
+def memory_plans(log_text: str) -> list[MemoryPlan]:
+    """Every plan the log prints, in order: a multi-shape build (config's dynamic_input) prints one per
+    input shape set, in the order of its sets."""
+    plans, internal = [], None
+    for kind, value, unit in _PLAN.findall(log_text):
+        size = int(round(float(value) * _PLAN_UNIT[unit]))
+        if kind == "Internal":
+            internal = size
+        elif internal is not None:
+            plans.append(MemoryPlan(internal, size))
+            internal = None
+    return plans
+
+
 # --- the accuracy-analysis report -------------------------------------------------------------------
 def _number(text: str) -> float:
     try:

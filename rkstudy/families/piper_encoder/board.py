@@ -27,7 +27,7 @@ def ladder_job(*, contract, engine: Path, cores: str, payload: dict) -> dict:
     try:
         for path in payload["engines"]:
             c = for_engine(path, family="piper_encoder")
-            runners.append(BoardRunner(path, c.input_names, cores=cores))
+            runners.append(BoardRunner(path, c.input_names, cores=cores, shape_sets=c.shape_sets))
             engines.append(LadderEngine(runners[-1], c))
         fallback = OrtRunner(payload["fallback"]) if payload.get("fallback") else None
         ladder = Ladder(engines, fallback)

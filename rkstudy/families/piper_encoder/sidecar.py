@@ -35,12 +35,19 @@ class LadderEngine:
         return self.contract.params["width"]
 
     @property
+    def widths(self) -> list[int]:
+        """Every width this engine runs at: its one width, or a multi-shape engine's shape sets."""
+        axis = self.contract.inputs[0].axis  # the padded token ids: their frame axis is the width
+        return sorted(one[0][axis] for one in self.contract.shape_sets)
+
+    @property
     def channels(self) -> tuple[int, int]:
         return self.contract.params["stats_channels"], self.contract.params["cond_channels"]
 
 
 class Ladder:
-    """A sorted list of per-width engines, validated at init; `run(ids)` -> stats, cond, where."""
+    """A sorted list of per-width engines, validated at init; `run(ids)` -> stats, cond, where. A
+    multi-shape engine is the rung of each width it was compiled for."""
 
     def __init__(self, engines: Sequence[LadderEngine], fallback=None, *, channels: tuple[int, int] | None = None,
                  remake: str = "rkstudy piper encoder --voice-onnx <voice.onnx> --frames N"):
@@ -60,7 +67,7 @@ class Ladder:
                     f"the width-{e.width} engine emits stats {e.channels[0]} / cond {e.channels[1]} channels, "
                     f"but the voice has stats {want[0]} / cond {want[1]}: it was built for another voice; "
                     f"rebuild it with `{e.contract.remake}`")
-        widths = [e.width for e in engines]
+        widths = [w for e in engines for w in e.widths]
         if len(set(widths)) != len(widths):
             raise EngineMismatch(f"two engines share a width in {sorted(widths)}; keep one per width")
         self.engines = sorted(engines, key=lambda e: e.width)
@@ -68,7 +75,7 @@ class Ladder:
 
     @property
     def widths(self) -> list[int]:
-        return [e.width for e in self.engines]
+        return sorted(w for e in self.engines for w in e.widths)
 
     def route(self, tokens: int) -> int | None:
         """The smallest width >= tokens, or None when the chunk is above the widest."""
@@ -85,7 +92,7 @@ class Ladder:
             feed = {"input": np.array([list(ids)], np.int64), "input_lengths": np.array([n], np.int64)}
             stats, cond = self.fallback.run(feed)
             return stats, cond, FALLBACK
-        engine = next(e for e in self.engines if e.width == width)
+        engine = next(e for e in self.engines if width in e.widths)
         stats, cond = engine.runner.run(pad_ids(ids, width))
         return stats[..., :n], cond[..., :n], f"n{width}"
 

@@ -8,7 +8,7 @@ from the runner that produced them.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -443,19 +443,42 @@ def ladder_plans(voice: piper.Voice, text: str, ladders: dict[str, Sequence[int]
     return out
 
 
+def ladder_engines(voice: piper.Voice, widths: Sequence[int], target: str = "rk3588", mode: str = GATHER,
+                   multi_shape: bool = False) -> list[LadderEngine]:
+    """Simulator rungs at `widths`: one engine per width, built one after another, or (`multi_shape`)
+    one engine compiled from the widest slice for every width (config's dynamic_input), whose
+    contract lists the widths. The caller closes each engine's runner."""
+    if not multi_shape:
+        engines = []
+        try:
+            for w in sorted(widths):
+                product = produce(voice, w, mode=mode)
+                engines.append(LadderEngine(SimulatorRunner(product.path, target), product.contract))
+        except BaseException:  # a failed rung stops the rungs already serving
+            for e in engines:
+                e.runner.close()
+            raise
+        return engines
+    product = produce(voice, max(widths), mode=mode)
+    sets = [{"input": [1, w], "input_lengths": [1]} for w in sorted(widths, reverse=True)]
+    runner = SimulatorRunner(product.path, target, shape_sets=sets)
+    return [LadderEngine(runner, product.contract.with_shapes([(tuple(s["input"]), (1,)) for s in sets]))]
+
+
 def run_ladder(voice: piper.Voice, widths: Sequence[int], chunks: Sequence[tuple[str, Sequence[int]]],
-               target: str = "rk3588", seed: int = 1234, mode: str = GATHER) -> list[dict]:
-    """The sidecar end to end: simulator engines at `widths` (relshift `mode`, built one after
-    another), fp32 fallback above; per chunk, where it ran, stats/cond SNR against fp32 and the
-    frame drift."""
+               target: str = "rk3588", seed: int = 1234, mode: str = GATHER,
+               choice: Mapping | None = None) -> list[dict]:
+    """The sidecar end to end: simulator engines at `widths` (relshift `mode`), fp32 fallback above;
+    per chunk, where it ran, stats/cond SNR against fp32 and the frame drift. The rungs are one
+    multi-shape engine when `choice` (the encoder's rkstudy.multi_shape summary row; default: the
+    committed one for this rewrite, notebook 08's) says so, else one engine per width."""
+    from ... import multi_shape as ms
+
+    choice = choice if choice is not None else ms.measured(ms.encoder_graph(mode))
     runners = []
     try:
-        engines = []
-        for w in sorted(widths):
-            product = produce(voice, w, mode=mode)
-            runner = SimulatorRunner(product.path, target)
-            runners.append(runner)
-            engines.append(LadderEngine(runner, product.contract))
+        engines = ladder_engines(voice, widths, target, mode, multi_shape=ms.prefer_multi_shape(choice))
+        runners = [e.runner for e in engines]
         ladder = ladder_for(voice, engines)
         raw = OrtRunner(encoder_slice(voice.model))
         dur = Durations(voice)

@@ -14,6 +14,12 @@ extension; tests/test_board_double.py compares them with the wheel when it is pr
   library on RK3566!" after its warning box (seen running the 2.5.0 wheel under qemu-aarch64).
 * inference takes each input with the dtype it has (numpy dtype to tensor type, no cast: an int64 engine
   input must be fed int64); an unsupported dtype or any other failure logs and returns None.
+* a multi-shape engine (built with config's dynamic_input): init_runtime's check_dynamic_shape reads the
+  engine's shape sets, and set_inputs hands each feed's shapes to rknn_set_input_shapes, so a shape
+  outside the sets fails in set_inputs: "Catch exception when setting inputs." and the traceback of the
+  extension's "Set input shape failed. error code: {}", then None. The double reads the sets from the
+  contract's `shapes` (librknnrt reads them from the engine); the code it names, RKNN_ERR_INPUT_INVALID,
+  is its own choice (the wheel holds the message, not the code).
 
 Instead of an NPU: init_runtime serves the ONNX the engine was compiled from, found through the engine's
 stage contract (`<engine>.contract.json`, beside the engine or in $RKNNLITE_REPLAY_ONNX_DIR, checked by
@@ -40,6 +46,7 @@ ERROR_NAMES = {-1: "RKNN_ERR_FAIL", -2: "RKNN_ERR_TIMEOUT", -3: "RKNN_ERR_DEVICE
 NEW_ERROR_NAMES = ("RKNN_ERR_DECRYPT_FAILED", "RKNN_ERR_KEY_INVALID", "RKNN_ERR_SOC_BIND_FAILED")
 
 INIT_FAILED = "RKNN init failed. error code: {}"
+SET_INPUT_SHAPE_FAILED = "Set input shape failed. error code: {}"
 SET_CORE_MASK_FAILED = "RKNN set core mask failed. error code: {}"
 CORE_MASK_ONLY = "The core_mask is only supported by {}. Please do not set this parameter on other platforms."
 RK3576_TWO_CORES = ('The RK3576 platform has only two NPU cores. "NPU_CORE_0_1_2" is not supported and will be '
@@ -127,6 +134,7 @@ class RKNNLite:
         self.rknn_data = None
         self.rknn_runtime = None
         self._path = None
+        self._shape_sets = []
 
     def load_rknn(self, path, key_path=None):
         """success: 0, failure: -1 (a missing or unreadable file; the engine is checked at init_runtime)."""
@@ -139,12 +147,15 @@ class RKNNLite:
         return 0
 
     def _onnx(self):
-        """The ONNX the engine was compiled from, through its contract, or None (not an engine it can serve)."""
+        """The ONNX the engine was compiled from, through its contract, or None (not an engine it can serve);
+        a multi-shape engine's shape sets are kept from the same contract."""
         try:
             with open(os.path.splitext(self._path)[0] + ".contract.json", encoding="utf-8") as fh:
-                onnx_digest = json.load(fh)["onnx"]
+                contract = json.load(fh)
+            onnx_digest = contract["onnx"]
         except (OSError, ValueError, KeyError, TypeError):
             return None
+        self._shape_sets = [[tuple(x) for x in one] for one in contract.get("shapes") or []]
         folders = [os.environ["RKNNLITE_REPLAY_ONNX_DIR"]] if os.environ.get("RKNNLITE_REPLAY_ONNX_DIR") else []
         for folder in folders + [os.path.dirname(os.path.abspath(self._path))]:
             candidate = os.path.join(folder, onnx_digest["file"])
@@ -186,6 +197,8 @@ class RKNNLite:
             for i, x in enumerate(inputs):
                 if np.asarray(x).dtype.name not in INPUT_DTYPES:
                     raise Exception(UNSUPPORTED_DTYPE.format(i, np.asarray(x).dtype))
+            if self._shape_sets and [tuple(np.shape(x)) for x in inputs] not in self._shape_sets:
+                raise Exception(SET_INPUT_SHAPE_FAILED.format(ERROR_NAMES[-8]))
             feed = {i.name: np.asarray(x) for i, x in zip(session.get_inputs(), inputs)}
         except Exception:
             _log("E", "Catch exception when setting inputs.")
