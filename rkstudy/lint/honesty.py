@@ -501,4 +501,4 @@ def placement(label: str, model: onnx.ModelProto, target: str = "rk3588", feeds:
             "compiler_only": len(compiler_only), "unattributed_cpu_layers": len(unattributed),
             "lint_only_nodes": show(lint_only) or "-", "compiler_only_nodes": show(compiler_only) or "-",
             "unattributed": ", ".join(unattributed[:4]) or "-",
-            "where": "simulator" if v.built else "host", "target": target}
+            "where": "host", "target": target}  # every number here is lint's or the build log's layer table
