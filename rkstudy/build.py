@@ -269,6 +269,8 @@ class EngineProcess:
         self.timeout = timeout
         self.timed_out = False
         self.peak_rss_mb = 0.0
+        self.build_peak_rss_mb = 0.0  # the peak up to the end of the build (before a simulator starts)
+        self._simulating = False
         self.target = target
         # in the graph's input order: the toolkit reads each dynamic_input set positionally
         self.shape_sets = shape_sets_for(shape_sets, graph_input_names(self.onnx)) if shape_sets else []
@@ -368,6 +370,12 @@ class EngineProcess:
             return None
         if isinstance(msg, dict) and msg.get("peak_rss_kb"):
             self.peak_rss_mb = max(self.peak_rss_mb, msg["peak_rss_kb"] / 1024)
+            if not self._simulating:
+                self.build_peak_rss_mb = self.peak_rss_mb
+        if isinstance(msg, dict) and msg.get("event") == "start" and msg.get("step") == "init_runtime":
+            # from here on the peak is the simulator's, not the converter's: a served build reports
+            # the same converter peak as a plain one
+            self._simulating = True
         if isinstance(msg, dict) and msg.get("toolkit"):
             self.child_toolkit = msg["toolkit"]
         return msg
@@ -415,7 +423,7 @@ class EngineProcess:
             os.unlink(self._spec)
         shutil.rmtree(self._workdir, ignore_errors=True)
         if report is not None and rc == 0:
-            report.peak_rss_mb = self.peak_rss_mb
+            report.peak_rss_mb = self.build_peak_rss_mb
             return report
         if self.timed_out:
             return self._report("timeout", error=f"killed after {self.timeout:.0f} s without finishing "
@@ -440,7 +448,7 @@ class EngineProcess:
         return BuildReport(status=status, target=self.target, onnx=str(self.onnx), engine=engine,
                            engine_bytes=os.path.getsize(engine) if engine else 0,
                            seconds=time.monotonic() - self._started, regtask=self.regtask,
-                           regtask_max=self.regtask_max, dtype=self.dtype, peak_rss_mb=self.peak_rss_mb,
+                           regtask_max=self.regtask_max, dtype=self.dtype, peak_rss_mb=self.build_peak_rss_mb,
                            toolkit_version=self.child_toolkit or self.toolkit.version, log=str(self.log),
                            failed_step=None if ok else self.step, error=error,
                            log_tail=list(self.tail), shape_sets=[dict(s) for s in self.shape_sets])
@@ -505,7 +513,8 @@ def shape_sets_for(shape_sets: Sequence[Mapping[str, Sequence[int]]], names: Seq
 def default_engine_path(onnx_path: Path, target: str, key: str) -> Path:
     """The one naming scheme for engines in the cache: derived from the stage contract in the ONNX
     metadata when there is one (family, compiled width, target), from the file name otherwise,
-    and keyed by everything that made the engine."""
+    and keyed by everything that made the engine; an engine already built under that key is found
+    whatever its name."""
     from . import contract as contracts
 
     props = graph.metadata(onnx_path)
@@ -513,7 +522,49 @@ def default_engine_path(onnx_path: Path, target: str, key: str) -> Path:
         name = contracts.from_metadata(props, where=onnx_path.name, remake="its producer").engine_name(target, key)
     else:
         name = f"{onnx_path.stem}-{target}-{key}.rknn"
-    return cache.cache_dir("engines") / name
+    path = cache.cache_dir("engines") / name
+    if not path.exists():
+        # the key is over the graph's bytes: the same graph saved under another name (a lint probe of the
+        # toolchain's conv) is the same engine
+        path = next(iter(sorted(path.parent.glob(f"*-{target}-{key}.rknn"))), path)
+    return path
+
+
+def engine_key(onnx_path, target: str, shapes: Mapping[str, Sequence[int]] | None = None, *,
+               optimization_level: int = 3, quantize: Calibration | None = None,
+               toolkit: str | None = None, shape_sets: Sequence[Mapping[str, Sequence[int]]] = ()
+               ) -> tuple[str, dict[str, list[int]]]:
+    """The content key of an engine (ONNX bytes, target, shapes, level, toolkit, calibration, and the
+    shape sets of a multi-shape engine) and the shapes it was built at: one key, whoever builds it
+    (build_engine, a simulator child, lint)."""
+    onnx_path = Path(onnx_path)
+    shapes = {k: [int(d) for d in v] for k, v in
+              (shapes if shapes is not None else graph.input_shapes(onnx_path)).items()}
+    env = toolkit_env(toolkit)
+    key = cache.digest(onnx_path, target, shapes, optimization_level, env.version,
+                       # an fp16 key has no calibration term, nor a single-shape key a sets term
+                       *([quantize.key(list(shapes))] if quantize else []),
+                       *([("shape_sets", list(shape_sets))] if shape_sets else []))
+    return key, shapes
+
+
+def cached_report(out: Path, key: str, *, verbose: bool = False) -> BuildReport | None:
+    """The recorded report of the engine at `out` when it was built under `key` (and, for a `verbose`
+    request, by a verbose build: only its log has the layer table and the memory plan)."""
+    record = Path(out).with_suffix(".json")
+    if not (Path(out).exists() and record.exists()):
+        return None
+    saved = json.loads(record.read_text())
+    if saved.get("key") != key or (verbose and not saved.get("verbose")):
+        return None
+    return BuildReport(**saved["report"])
+
+
+def record_report(out: Path, key: str, report: BuildReport, *, verbose: bool = False) -> None:
+    """Record a successful build beside its engine, so the next request for `key` reads it back."""
+    if report.ok:
+        atomic.write_text(Path(out).with_suffix(".json"),
+                          json.dumps({"key": key, "verbose": verbose, "report": asdict(report)}, indent=1))
 
 
 def build_engine(onnx_path, target: str, shapes: Mapping[str, Sequence[int]] | None = None,
@@ -529,7 +580,8 @@ def build_engine(onnx_path, target: str, shapes: Mapping[str, Sequence[int]] | N
     toolkit's settings the Calibration names (default w8a8: int8), calibrated on its feeds.
 
     With `reuse`, an engine already built from the same ONNX bytes, target, shapes, level, toolkit
-    (and calibration set and settings) is returned from its recorded report instead of being rebuilt.
+    (and calibration set and settings) is returned from its recorded report instead of being rebuilt
+    (for a `verbose` request, only a verbose build's record serves: its log is what the caller reads).
     `out` defaults to the cache (default_engine_path). `toolkit` ('2.3.2') builds in that version's
     environment (toolkit_env); None builds with the toolkit installed here. `shape_sets` (two or
     more {input: shape} mappings) makes one engine that runs at each of them (config's
@@ -539,23 +591,16 @@ def build_engine(onnx_path, target: str, shapes: Mapping[str, Sequence[int]] | N
     onnx_path = Path(onnx_path)
     graph.load(onnx_path)  # an unreadable graph is an input error, said before a child starts
     sets = shape_sets_for(shape_sets, graph_input_names(onnx_path)) if shape_sets else []
-    shapes = dict(sets[0]) if sets else {k: [int(d) for d in v] for k, v in
-                                         (shapes if shapes is not None else graph.input_shapes(onnx_path)).items()}
-    env = toolkit_env(toolkit)
-    key = cache.digest(onnx_path, target, shapes, optimization_level, env.version,
-                       *([quantize.key(list(shapes))] if quantize else []),  # an fp16 key has no calibration term
-                       *([("shape_sets", sets)] if sets else []))  # nor a single-shape key a sets term
+    key, shapes = engine_key(onnx_path, target, dict(sets[0]) if sets else shapes,
+                             optimization_level=optimization_level, quantize=quantize, toolkit=toolkit,
+                             shape_sets=sets)
     out = Path(out) if out else default_engine_path(onnx_path, target, key)
-    record = out.with_suffix(".json")
     with cache.locked(out):  # two studies running side by side that ask for one engine build it once
-        if reuse and out.exists() and record.exists():
-            saved = json.loads(record.read_text())
-            if saved.get("key") == key:
-                return BuildReport(**saved["report"])
+        if reuse and (saved := cached_report(out, key, verbose=verbose)) is not None:
+            return saved
         proc = EngineProcess(onnx_path, target, shapes, out, optimization_level=optimization_level,
                              regtask_limit=regtask_limit, verbose=verbose, timeout=timeout, quantize=quantize,
                              toolkit=toolkit, shape_sets=sets or None)
         report = proc.wait_built()
-        if report.ok:
-            atomic.write_text(record, json.dumps({"key": key, "report": asdict(report)}, indent=1))
+        record_report(out, key, report, verbose=verbose)
         return report

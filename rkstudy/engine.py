@@ -55,7 +55,8 @@ def compare_outputs(ref: Sequence[np.ndarray], test: Sequence[np.ndarray], names
 
 def simulator_vs_fp32(onnx_path: Path | str, target: str, items: Iterable, *,
                       run: Callable | None = None, compare: Callable | None = None, out=None,
-                      gate: gates.Gate | None = None, keep: bool = False, **build_kwargs) -> Simulated:
+                      gate: gates.Gate | None = None, keep: bool = False, cache: bool = False,
+                      **build_kwargs) -> Simulated:
     """Build `onnx_path` for `target` in a simulator child and run every item through the simulator
     and through onnxruntime fp32 on the same graph.
 
@@ -64,11 +65,21 @@ def simulator_vs_fp32(onnx_path: Path | str, target: str, items: Iterable, *,
     pair (default: compare_outputs). Each row carries where/target from the simulator; with
     `gate`, the worst row's `snr_db` is checked (GateFailed names both numbers). `build_kwargs` go to
     the build (rkstudy.build.EngineProcess: shapes, verbose for the layer table, regtask_limit, ...).
+
+    With `cache` (plain items only, no `run`): the build is the engine cache's own (rkstudy.build.
+    engine_key; the engine, its log and its report land where build_engine reads them), and the
+    simulator outputs are kept by the engine key and the items' bytes, so the same graph, target and
+    inputs are built and simulated once, whoever asks (only the onnxruntime side runs again).
     """
     import time
 
-    run = run or (lambda runner, item: runner.run(item))
     compare = compare or (lambda ref, test, item: compare_outputs(ref, test))
+    if cache:
+        if run is not None:
+            raise ValueError("cache=True takes plain items (a walk through `run` is not cached)")
+        return _simulated_once(Path(onnx_path), target, list(items), compare=compare, out=out, gate=gate,
+                               keep=keep, **build_kwargs)
+    run = run or (lambda runner, item: runner.run(item))
     ref_runner = OrtRunner(onnx_path)
     result = Simulated(rows=[], report=None)
     with SimulatorRunner(onnx_path, target, out=out, **build_kwargs) as sim:
@@ -82,6 +93,70 @@ def simulator_vs_fp32(onnx_path: Path | str, target: str, items: Iterable, *,
             if keep:
                 result.fp32.append(ref)
                 result.simulator.append(test)
+    if gate is not None:
+        gate.check(result.worst_snr_db, context=f"{target} simulator vs fp32, worst of {len(result.rows)}")
+    return result
+
+
+CACHED_BUILD_KWARGS = ("shapes", "verbose", "optimization_level", "toolkit", "regtask_limit", "timeout")
+
+
+def _simulated_once(onnx_path: Path, target: str, items: list, *, compare: Callable, out, gate, keep: bool,
+                    **build_kwargs) -> Simulated:
+    """simulator_vs_fp32 through the engine cache: the recorded simulator outputs of the same engine key and
+    input bytes when there are some, else one simulator child whose build is recorded as the engine's."""
+    import json
+    import time
+    from dataclasses import asdict
+
+    from . import atomic
+    from .build import BuildReport, cached_report, default_engine_path, engine_key, record_report
+    from .cache import cache_dir, digest
+
+    unknown = sorted(set(build_kwargs) - set(CACHED_BUILD_KWARGS))
+    if unknown:
+        raise ValueError(f"cache=True does not key {', '.join(unknown)}; build without the cache")
+    verbose = bool(build_kwargs.get("verbose"))
+    key, shapes = engine_key(onnx_path, target, build_kwargs.get("shapes"),
+                             optimization_level=build_kwargs.get("optimization_level", 3),
+                             toolkit=build_kwargs.get("toolkit"))
+    ref_runner = OrtRunner(onnx_path)
+    names = list(shapes)
+    ordered = [[np.ascontiguousarray(x, np.float32) for x in
+                ([item[n] for n in names] if isinstance(item, Mapping) else item)] for item in items]
+    outputs_key = digest(key, [[(a.shape, a.tobytes()) for a in arrays] for arrays in ordered])
+    record = cache_dir("simulator") / f"{onnx_path.stem}-{target}-{outputs_key}.npz"
+    record = next(iter(sorted(record.parent.glob(f"*-{target}-{outputs_key}.npz"))), record)  # whatever its name
+    engine = Path(out) if out else default_engine_path(onnx_path, target, key)
+    report = cached_report(engine, key, verbose=verbose)
+    saved = None
+    if report is not None and record.exists() and record.with_suffix(".json").exists():
+        meta = json.loads(record.with_suffix(".json").read_text())
+        if meta.get("key") == key and (meta.get("verbose") or not verbose):
+            with np.load(record) as npz:
+                saved = [[npz[f"{i}_{j}"] for j in range(n)] for i, n in enumerate(meta["outputs"])]
+            report, seconds = BuildReport(**meta["report"]), meta["seconds"]
+    if saved is None:
+        saved, seconds = [], []
+        with SimulatorRunner(onnx_path, target, out=engine, **build_kwargs) as sim:
+            report = sim.report
+            for arrays in ordered:
+                t0 = time.perf_counter()
+                saved.append(sim.run(arrays))
+                seconds.append(time.perf_counter() - t0)
+        record_report(engine, key, report, verbose=verbose)
+        with atomic.replacing(record) as tmp, open(tmp, "wb") as fh:
+            np.savez(fh, **{f"{i}_{j}": o for i, outs in enumerate(saved) for j, o in enumerate(outs)})
+        atomic.write_text(record.with_suffix(".json"), json.dumps(
+            {"key": key, "verbose": verbose, "outputs": [len(o) for o in saved], "seconds": seconds,
+             "report": asdict(report)}))
+    result = Simulated(rows=[], report=report, seconds=list(seconds))
+    for item, test in zip(items, saved):
+        ref = ref_runner.run(item)  # the item as given: onnxruntime keeps integer inputs integer
+        result.rows.append({**compare(ref, test, item), "where": SimulatorRunner.where, "target": target})
+        if keep:
+            result.fp32.append(ref)
+            result.simulator.append(test)
     if gate is not None:
         gate.check(result.worst_snr_db, context=f"{target} simulator vs fp32, worst of {len(result.rows)}")
     return result

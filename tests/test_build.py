@@ -44,6 +44,29 @@ def test_reuse_returns_the_recorded_build(probe, tmp_path):
     assert rebuilt.ok and out.stat().st_mtime_ns != mtime  # a different level is a different engine
 
 
+def test_one_build_per_content_key_whoever_asks(tmp_path, monkeypatch):
+    # a simulator run through the cache builds once; a build, a second simulator run on the same input and
+    # the same graph saved under another name (as the lint study saves it) read that build back
+    from rkstudy import engine
+    from rkstudy.lint import compiler
+
+    monkeypatch.setenv("RKSTUDY_CACHE", str(tmp_path / "cache"))
+    path = toolchain.save_probe(toolchain.vocoder_probe(), "vocoder_probe_t64")
+    x = np.random.default_rng(1).standard_normal((1, 16, 1, 64)).astype(np.float32)
+    first = engine.simulator_vs_fp32(path, "rk3588", [{"x": x}], cache=True, verbose=True)
+    assert first.report.ok and first.rows[0]["where"] == "simulator" and first.rows[0]["snr_db"] > 40
+    children = []
+    monkeypatch.setattr(build.EngineProcess, "__init__", lambda *a, **k: children.append(a) or 1 / 0)
+    assert build.build_engine(path, "rk3588") == first.report
+    again = engine.simulator_vs_fp32(path, "rk3588", [[x]], cache=True)
+    assert again.rows[0]["snr_db"] == first.rows[0]["snr_db"] and again.report == first.report
+    verdict = compiler.ask(toolchain.vocoder_probe(), "rk3588", {"x": x}, name="renamed")
+    assert verdict.built and verdict.snr_db == first.rows[0]["snr_db"] and verdict.layers
+    assert children == []
+    with pytest.raises(ZeroDivisionError):  # another input is another simulator run
+        engine.simulator_vs_fp32(path, "rk3588", [{"x": 2 * x}], cache=True)
+
+
 def test_regtask_lines_are_counted_with_their_magnitude(tmp_path):
     path = tmp_path / "long.onnx"
     onnx.save(toolchain.long_axis_probe(32768), str(path))

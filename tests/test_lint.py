@@ -328,6 +328,16 @@ def test_the_committed_table_covers_every_probe_on_both_targets():
         assert {r["support"] for r in table["targets"][target].values()} <= {"npu", "cpu", "fails", "inaccurate"}
 
 
+def test_an_op_row_is_the_simulators_only_when_the_simulator_ran():
+    # the committed table records a failed build with a non-finite count of 0: no simulator ran on it
+    table = opsupport.load()["targets"]
+    rows = {r["key"]: r for r in opsupport.table_rows(table, ["rk3588"])}
+    failed, built = rows["RandomNormalLike"], rows["Tanh"]
+    assert (failed["status"], failed["where"], failed["simulator_nonfinite"]) == ("failed", "host", None)
+    assert (built["where"], built["target"]) == ("simulator", "rk3588") and built["simulator_snr_db"] > 30
+    assert len(rows) == len(table["rk3588"])
+
+
 def test_input_checks_are_usage_errors():
     m = honesty.dynamic_conv(pinned=False)
     with pytest.raises(UsageError, match="no graph input named z; inputs are x"):

@@ -121,24 +121,28 @@ def ask(model, target: str, feeds: Mapping[str, np.ndarray] | None = None, *,
 
 
 def _ask(path: Path, target: str, feeds, shapes) -> Verdict:
-    from ..build import BuildFailed
+    """One verbose build through the shared engine cache (with `feeds`, in a simulator child whose outputs
+    the cache keeps too), so a graph another study already built at the same key is not built again."""
+    from ..build import BuildFailed, build_engine
     from ..engine import simulator_vs_fp32
 
     kwargs = {"verbose": True, **({"shapes": dict(shapes)} if shapes is not None else {})}
     snr = None
     nonfinite = 0
-    try:
-        sim = simulator_vs_fp32(path, target, [dict(feeds)] if feeds else [], keep=True, **kwargs)
-        report = sim.report
-        if sim.rows:
+    if not feeds:
+        report = build_engine(path, target, **kwargs)
+    else:
+        try:
+            sim = simulator_vs_fp32(path, target, [dict(feeds)], keep=True, cache=True, **kwargs)
+            report = sim.report
             snr = sim.rows[0]["snr_db"]
             fp32_bad = sum(int(np.sum(~np.isfinite(np.asarray(o, np.float64)))) for o in sim.fp32[0])
             sim_bad = sum(int(np.sum(~np.isfinite(np.asarray(o, np.float64)))) for o in sim.simulator[0])
             nonfinite = max(0, sim_bad - fp32_bad)
-    except BuildFailed as exc:
-        if exc.report is None:
-            raise
-        report = exc.report
+        except BuildFailed as exc:
+            if exc.report is None:
+                raise
+            report = exc.report
     log = Path(report.log).read_text(encoding="utf-8", errors="replace") if report.log else ""
     return Verdict(target=target, status=report.status, failed_step=report.failed_step,
                    error="" if report.ok else _error_line(report), regtask=report.regtask,

@@ -253,7 +253,7 @@ def probe_row(p: Probe, target: str, seed: int = 0) -> dict:
     return {"key": p.key, "support": classify(v, model), "status": v.status, "failed_step": v.failed_step or "",
             "error": v.error, "layers": layers,
             "simulator_snr_db": None if v.snr_db is None else round(float(v.snr_db), 2),
-            "simulator_nonfinite": v.nonfinite}
+            "simulator_nonfinite": None if v.snr_db is None else v.nonfinite}  # no simulator ran: no count
 
 
 def probe_all(targets: Iterable[str], keys: Iterable[str] | None = None, progress: bool = True) -> dict:
@@ -266,6 +266,20 @@ def probe_all(targets: Iterable[str], keys: Iterable[str] | None = None, progres
     for t, p in tqdm(jobs, desc="op probes", disable=not progress):
         table[t][p.key] = probe_row(p, t)
     return table
+
+
+def table_rows(table: dict, targets: Iterable[str]) -> list[dict]:
+    """The op_support results rows of a probed table: a row is the simulator's when the simulator ran on
+    its probe, the host's (the build alone) when the build failed; a failed build has no simulator count."""
+    rows = []
+    for t in targets:
+        for k, row in table[t].items():
+            simulated = row["simulator_snr_db"] is not None
+            rows.append({"key": k, **{c: row[c] for c in ("support", "status", "failed_step", "error", "layers")},
+                         "simulator_snr_db": row["simulator_snr_db"] if simulated else None,
+                         "simulator_nonfinite": row["simulator_nonfinite"] if simulated else None,
+                         "where": "simulator" if simulated else "host", "target": t})
+    return rows
 
 
 def save(table: dict, path: Path = TABLE) -> Path:

@@ -78,6 +78,21 @@ def side_by_side(rows: list[dict]) -> list[dict]:
     return out
 
 
+def one_per_verdict(linted) -> list[tuple[FamilyGraph, Report]]:
+    """The first graph of each (family, stage, exit code): what the command is checked on in full mode.
+    The command runs the API's own lint (tests/test_lint.py holds them equal on the rules' graphs), so a
+    second graph with the same family, stage and verdict repeats a check already made (the long-axis
+    lengths, the encoder widths); every family's raw and rewritten graphs, with their pins and samples,
+    and every exit code each of them gives, are still run."""
+    seen, out = set(), []
+    for fg, report in linted:
+        key = (fg.family, fg.stage, report.exit_code)
+        if key not in seen:
+            seen.add(key)
+            out.append((fg, report))
+    return out
+
+
 def cli_exit_codes(linted, workdir) -> list[dict]:
     """`rkstudy lint` run as a command on each graph (saved under `workdir`), and on inputs it must refuse:
     a corrupt file, an unknown input name, a shape that does not parse. The exit code and the first line."""
