@@ -29,6 +29,7 @@ planner opaque latents and says how one is walked, perturbed and imitated by whi
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +41,9 @@ from .results import HOST
 from .window import interior_windows
 
 RF_LEVEL_DB = -120.0
+# A toolkit build is one child whose main thread does all the work (its other threads stay idle), so
+# two builds side by side take the time of one on the two cores this project runs on.
+BUILD_WORKERS = 2
 
 
 @dataclass
@@ -218,9 +222,10 @@ def predict_widest(builds: Mapping[int, Any], budget: tuple[int, int], target: s
 def largest_clean_window(engine: Callable[[int], object], target: str, budget: tuple[int, int], lo: int, hi: int,
                          build=None, known: Mapping[int, Any] | None = None) -> WindowSearch:
     """The longest window in [lo, hi] within `budget`, predicted from the builds so far and confirmed
-    by building the predicted window and the next one up (predict_widest). `known` maps windows to
-    the reports of builds made elsewhere (used as measured, never rebuilt). Where the fit has nothing
-    to go on the search steps up from the widest clean window by 1, 2, 4, ... frames. Once the fit has
+    by building the predicted window and the next one up (predict_widest), the two side by side.
+    `known` maps windows to the reports of builds made elsewhere (used as measured, never rebuilt).
+    Where the fit has nothing to go on the search steps up from the widest clean window by 1, 2, 4, ...
+    frames. Once the fit has
     missed twice in a row on one side (a staircase of field values: flat, then a jump) the search stops
     asking it and steps up or bisects, so the worst case is a few builds more than bisection, never a
     scan. Every build and prediction is a row (`source` built, known or predicted), so a board user can
@@ -231,6 +236,8 @@ def largest_clean_window(engine: Callable[[int], object], target: str, budget: t
     builds, rows, known = {}, [], dict(known or {})
 
     def row(w, source, report=None, at=None, fitted=()):
+        # source: built (by this search, through the build cache), known (made before the search: the
+        # budget's build or another cell's) or predicted (the fit's lines and value; no engine)
         rows.append({"target": target, "window": w, "source": source,
                      "regtask": report.regtask if report else None,
                      "regtask_max_value": report.regtask_max if report else None,
@@ -242,38 +249,48 @@ def largest_clean_window(engine: Callable[[int], object], target: str, budget: t
                      "budget_lines": budget[0], "budget_value": budget[1],
                      "within_budget": within(report, budget) if report else True, "where": HOST.where})
 
-    def clean(w: int) -> bool:
-        if w not in builds:
-            builds[w] = known[w] if w in known else build(engine(w))
-            row(w, "known" if w in known else "built", builds[w])
-        return within(builds[w], budget)
+    def measure(windows: Sequence[int]) -> None:
+        """Build the windows not measured yet, BUILD_WORKERS at a time (produced one at a time here:
+        a producer is not safe to run twice at once)."""
+        todo = [w for w in sorted(set(windows)) if w not in builds]
+        for w in (w for w in todo if w in known):
+            builds[w] = known[w]
+            row(w, "known", known[w])
+        fresh = [w for w in todo if w not in known]
+        paths = [engine(w) for w in fresh]
+        with ThreadPoolExecutor(max_workers=BUILD_WORKERS) as pool:
+            for w, report in zip(fresh, pool.map(build, paths)):
+                builds[w] = report
+                row(w, "built", report)
 
-    for w in sorted(known):  # builds made elsewhere are data from the start
-        if lo <= w <= hi:
-            clean(w)
-    if not clean(lo):
+    def bounds() -> tuple[int, int | None]:
+        """The widest window within below the narrowest window over it (None: none over yet)."""
+        over = min((w for w in builds if w > lo and not within(builds[w], budget)), default=None)
+        return max(w for w in builds if (over is None or w < over) and within(builds[w], budget)), over
+
+    measure([lo] + [w for w in known if lo <= w <= hi])  # builds made elsewhere are data from the start
+    if not within(builds[lo], budget):
         return _search_result(None, rows, f"{lo} over")
-    over = min((w for w in builds if w > lo and not within(builds[w], budget)), default=None)
-    best = max(w for w in builds if (over is None or w < over) and within(builds[w], budget))
-    step, misses, fitted_ok = 1, (None, 0), True
+    step, misses = 1, (None, 0)
     while True:
+        best, over = bounds()
         upper = over - 1 if over is not None else hi
         if best >= upper:
             break
-        w, at, fitted = predict_widest(builds, budget, target, best, upper) if fitted_ok else (None, {}, [])
-        predicted = w is not None
-        if predicted:
-            row(w, "predicted", at=at, fitted=fitted)
-            w = max(w, best + 1)  # a prediction already within: the next window up confirms it
-        elif over is not None and not fitted_ok:
-            w = (best + upper + 1) // 2
+        guess, at, fitted = predict_widest(builds, budget, target, best, upper) if misses[1] < 2 else (None, {}, [])
+        if guess is not None:
+            row(guess, "predicted", at=at, fitted=fitted)
+            first = max(guess, best + 1)  # a guess already within: the next window up confirms it
+            measure([w for w in (first, first + 1) if w <= upper])
+            best, over = bounds()
+            side = "low" if best > guess else "high" if over is not None and over <= guess else None
+            # a fit that misses twice in a row on one side (a staircase of field values) is not asked again
+            misses = (side, misses[1] + 1 if misses[0] == side else 1) if side else (None, 0)
+        elif over is not None and misses[1] >= 2:
+            measure([(best + upper + 1) // 2])
         else:
-            w, step = min(upper, best + step), step * 2
-        side = "low" if clean(w) else "high"
-        best, over = (w, over) if side == "low" else (best, w)
-        # a fit that misses twice in a row on one side (a staircase of field values) is not asked again
-        misses = (side, misses[1] + 1 if misses[0] == side else 1) if predicted else (None, 0)
-        fitted_ok = fitted_ok and not (misses[1] >= 2 and (side == "high" or w < upper))
+            measure([min(upper, best + step)])
+            step *= 2
     confirmed = f"{best} within, {over} over" if over is not None else f"{best} within (the widest searched)"
     return _search_result(best, rows, confirmed)
 
@@ -363,8 +380,9 @@ def plan(pt: PlanTarget, targets: Sequence[str], snr_targets: Sequence[float], *
         if budgets and target in budgets:
             budget = budgets[target]
         else:
-            report = known.get((default_window, target)) or build(pt.engine(default_window), target)
-            report.raise_for_status()
+            if (default_window, target) not in known:
+                known[(default_window, target)] = build(pt.engine(default_window), target)
+            report = known[(default_window, target)].raise_for_status()
             budget = (report.regtask, report.regtask_max)
         budget_rows.append({"target": target, "budget_window": default_window, "budget_lines": budget[0],
                             "budget_value": budget[1], "where": HOST.where})
