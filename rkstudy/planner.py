@@ -10,8 +10,13 @@ Three measurements, each generic over any walked decoder a family adapts (rkstud
   against a full-length decode, worst window over the given latents (speech; white noise reported
   beside it, which needs more context: the planner's verdict is for speech);
 * the largest window the compiler takes cleanly: the longest window whose compiled engine stays within
-  a REGTASK budget (lines and largest field value), per target, by bisection with real (cached) builds.
-  The engine's graph depends only on the window length, not on how it splits into emit and context.
+  a REGTASK budget (lines and largest field value), per target. The lines and the largest field value
+  grow with the window, so the search predicts the widest window within the budget from a straight-line
+  fit (rkstudy.fits) of the builds it has, then builds the predicted window and the next one up to
+  confirm it: the answer is always two measured builds, one within and one over, and the fit only
+  chooses which two. Builds go through rkstudy.build.build_engine, whose cache is keyed by the ONNX
+  bytes, so a window another cell has built is not built again. The engine's graph depends only on the
+  window length, not on how it splits into emit and context.
 
 Then the plan: for each SNR target, emit = largest clean window - 2 x minimum context, and the compute
 ratio emit / window (the seeds' hand-picked Piper window: 45 / 93 = 0.48).
@@ -24,17 +29,21 @@ planner opaque latents and says how one is walked, perturbed and imitated by whi
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from tqdm.auto import tqdm
 
-from . import gates
+from . import fits, gates
 from .results import HOST
-from .window import plan_windows, walk_windows
+from .window import interior_windows
 
 RF_LEVEL_DB = -120.0
+# A toolkit build is one child whose main thread does all the work (its other threads stay idle), so
+# two builds side by side take the time of one on the two cores this project runs on.
+BUILD_WORKERS = 2
 
 
 @dataclass
@@ -80,15 +89,17 @@ def _replace_frame(z: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarra
 
 def receptive_field(decode: Callable[[Any], np.ndarray], z, hop: int, *,
                     frames: Sequence[int] | None = None, level_db: float = RF_LEVEL_DB, seed: int = 0,
-                    perturb: Callable | None = None, n_frames: Callable | None = None) -> dict:
+                    perturb: Callable | None = None, n_frames: Callable | None = None,
+                    reference: np.ndarray | None = None) -> dict:
     """How many latent frames before and after a perturbed frame the output changes by more than
     `level_db` relative to the output's peak. The perturbation replaces one frame with an independent
     draw of the latent's own scale (a full-scale change of one frame); the widest extent over the
     perturbed `frames` (default: three interior frames) is reported, with the latent's length beside it
-    (a decoder whose normalization spans the whole input reaches every frame)."""
+    (a decoder whose normalization spans the whole input reaches every frame). `reference` is
+    `decode(z)` when the caller already has it."""
     perturb, n = perturb or _replace_frame, (n_frames or _frames)(z)
     frames = list(frames) if frames is not None else [n // 4, n // 2, 3 * n // 4]
-    base = decode(z)
+    base = decode(z) if reference is None else reference
     peak = float(np.max(np.abs(base)))
     threshold = peak * 10 ** (level_db / 20)
     rng = np.random.default_rng(seed)
@@ -104,31 +115,41 @@ def receptive_field(decode: Callable[[Any], np.ndarray], z, hop: int, *,
 
 def worst_interior_snr(decode: Callable[[Any], np.ndarray], latents: Sequence[Any], hop: int,
                        emit: int, context: int, *, walk: Callable | None = None,
-                       n_frames: Callable | None = None) -> float:
-    """Worst per-window SNR of the interior windows of a walk (fp32, the dynamic graph at the window's
-    length) against full-length decodes; inf when no latent has an interior window."""
+                       n_frames: Callable | None = None, references: Sequence[np.ndarray] | None = None) -> float:
+    """Worst per-window SNR of the interior windows (rkstudy.window.Window.kind) of a walk (fp32, the
+    dynamic graph at the window's length) against full-length decodes; inf when no latent has an
+    interior window. `references` are the full-length decodes when the caller has them (one per
+    latent, shared by every context). A single latent array decodes only its interior windows, each
+    alone: the walk's other windows are never scored, and an interior window holds real frames only,
+    so its decode is the walk's own."""
     worst = float("inf")
-    for z in latents:
-        full = decode(z)
-        if walk is None:
-            walked = walk_windows(z, lambda x, m: decode(x * m), emit=emit, context=context, samples_per_frame=hop,
-                                  progress=False)
-        else:
-            walked = walk(z, emit, context)
+    for i, z in enumerate(latents):
         n = (n_frames or _frames)(z)
-        for w in plan_windows(n, emit, context):
-            interior = w.real == emit + 2 * context and w.start > 0 and w.start + w.real < n
-            if interior:
-                a, b = w.emit_start * hop, w.emit_stop * hop
-                worst = min(worst, gates.snr_db(full[a:b], walked.reshape(-1)[a:b]))
+        windows = interior_windows(n, emit, context)
+        if not windows:
+            continue
+        full = decode(z) if references is None else references[i]
+        walked = walk(z, emit, context).reshape(-1) if walk is not None else None
+        for w in windows:
+            a, b = w.emit_start * hop, w.emit_stop * hop
+            if walked is None:
+                span = w.offset * hop, (w.offset + w.emit_stop - w.emit_start) * hop
+                out = decode(z[:, w.start:w.start + w.real])[span[0]:span[1]]
+            else:
+                out = walked[a:b]
+            worst = min(worst, gates.snr_db(full[a:b], out))
     return worst
 
 
 def context_sweep(decode, latents, hop: int, contexts: Sequence[int], emit: int, kind: str, *,
-                  walk: Callable | None = None, n_frames: Callable | None = None) -> list[dict]:
-    """Worst interior-window SNR at each context (fp32)."""
+                  walk: Callable | None = None, n_frames: Callable | None = None,
+                  references: Sequence[np.ndarray] | None = None) -> list[dict]:
+    """Worst interior-window SNR at each context (fp32), against one full-length decode per latent."""
+    if references is None:
+        references = [decode(z) for z in latents]
     return [{"latents": kind, "context": c, "emit": emit, "window": emit + 2 * c,
-             "worst_interior_snr_db": worst_interior_snr(decode, latents, hop, emit, c, walk=walk, n_frames=n_frames),
+             "worst_interior_snr_db": worst_interior_snr(decode, latents, hop, emit, c, walk=walk, n_frames=n_frames,
+                                                         references=references),
              "where": "fp32"}
             for c in tqdm(contexts, desc=f"contexts ({kind})", leave=False)]
 
@@ -148,40 +169,141 @@ def within(report, budget: tuple[int, int]) -> bool:
     return report.ok and report.regtask <= lines and report.regtask_max <= value
 
 
+@dataclass
+class WindowSearch:
+    """The widest window within a budget on one target: `window` (None when even the narrowest is
+    over), the rows of every build and prediction the search made, and `confirmed_by`, the two
+    builds that bound the answer ("95 within, 96 over"; only the widest window searched when it is
+    within)."""
+
+    window: int | None
+    rows: list[dict]
+    confirmed_by: str
+
+
+def _levels(budget: tuple[int, int], target: str) -> dict[str, float]:
+    """What each logged quantity may reach within `budget`. A budget of no REGTASK line at all is a
+    largest field value at the target's field limit (a line is logged only past it), so the value,
+    not the line count, is what can be fitted there."""
+    lines, value = budget
+    if lines == 0:
+        return {"regtask_max": float(gates.field_limit(target))}
+    return {"regtask": float(lines), "regtask_max": float(value)}
+
+
+def predict_widest(builds: Mapping[int, Any], budget: tuple[int, int], target: str, lo: int,
+                   upper: int) -> tuple[int | None, dict[str, float], list[int]]:
+    """The widest window in [lo, upper] a straight-line fit of the builds predicts within `budget`,
+    the fit's REGTASK lines and largest value there, and the windows it was fitted on; None when the
+    builds give no growth to fit.
+
+    Each quantity is fitted on the two nearest builds at or above `lo` (the widest window known
+    within) that logged REGTASK lines: a build that logged none says only that its field values stayed
+    under the limit, and far builds may have crossed into another regime (a flood of lines). One
+    such build gives a line through the origin (a field value grows with the axis it counts); a flat
+    fit predicts nothing."""
+    logged = sorted(w for w, r in builds.items() if w >= lo and r.ok and r.regtask > 0)[:2]
+    powers = (0, 1) if len(logged) == 2 else (1,)
+    lines = {q: fits.polynomial(logged, [getattr(builds[w], q) for w in logged], powers)[0] if logged else None
+             for q in ("regtask", "regtask_max")}
+    growing = {q: level for q, level in _levels(budget, target).items()
+               if lines[q] is not None and lines[q][-1] > 0}
+    if not growing:
+        return None, {}, logged
+    widest = upper
+    for quantity, level in growing.items():
+        reach = fits.crossing(lines[quantity], powers, level)  # None: the level is passed at every width
+        widest = min(widest, int(np.floor(reach + 1e-6)) if reach is not None else lo)
+    w = max(widest, lo)
+    at = {q: float(sum(c * w ** k for c, k in zip(coef, powers))) for q, coef in lines.items()}
+    return w, at, logged
+
+
 def largest_clean_window(engine: Callable[[int], object], target: str, budget: tuple[int, int], lo: int, hi: int,
-                         build=None) -> tuple[int | None, list[dict]]:
-    """Bisection over the window length in [lo, hi] for the longest window within `budget`; every
-    candidate built (cached) is returned as a row, so a board user can move the budget."""
+                         build=None, known: Mapping[int, Any] | None = None) -> WindowSearch:
+    """The longest window in [lo, hi] within `budget`, predicted from the builds so far and confirmed
+    by building the predicted window and the next one up (predict_widest), the two side by side.
+    `known` maps windows to the reports of builds made elsewhere (used as measured, never rebuilt).
+    Where the fit has nothing to go on the search steps up from the widest clean window by 1, 2, 4, ...
+    frames. Once the fit has
+    missed twice in a row on one side (a staircase of field values: flat, then a jump) the search stops
+    asking it and steps up or bisects, so the worst case is a few builds more than bisection, never a
+    scan. Every build and prediction is a row (`source` built, known or predicted), so a board user can
+    move the budget."""
     from .build import build_engine
 
     build = build or (lambda path: build_engine(path, target))
-    rows, cache = [], {}
+    builds, rows, known = {}, [], dict(known or {})
 
-    def clean(w: int) -> bool:
-        if w not in cache:
-            report = build(engine(w))
-            cache[w] = within(report, budget)
-            rows.append({"target": target, "window": w, "regtask": report.regtask,
-                         "regtask_max_value": report.regtask_max, "status": report.status,
-                         "engine_mb": round(report.engine_bytes / 1e6, 3), "budget_lines": budget[0],
-                         "budget_value": budget[1], "within_budget": cache[w], "where": HOST.where})
-        return cache[w]
+    def row(w, source, report=None, at=None, fitted=()):
+        # source: built (by this search, through the build cache), known (made before the search: the
+        # budget's build or another cell's) or predicted (the fit's lines and value; no engine)
+        rows.append({"target": target, "window": w, "source": source,
+                     "regtask": report.regtask if report else None,
+                     "regtask_max_value": report.regtask_max if report else None,
+                     "status": report.status if report else "predicted",
+                     "engine_mb": round(report.engine_bytes / 1e6, 3) if report else None,
+                     "predicted_regtask": round(at["regtask"]) if at else None,
+                     "predicted_regtask_max_value": round(at["regtask_max"]) if at else None,
+                     "fitted_on": ", ".join(map(str, fitted)),
+                     "budget_lines": budget[0], "budget_value": budget[1],
+                     "within_budget": within(report, budget) if report else True, "where": HOST.where})
 
-    if not clean(lo):
-        return None, rows
-    if clean(hi):
-        return hi, rows
-    while hi - lo > 1:  # invariant: lo clean, hi not
-        mid = (lo + hi) // 2
-        if clean(mid):
-            lo = mid
+    def measure(windows: Sequence[int]) -> None:
+        """Build the windows not measured yet, BUILD_WORKERS at a time (produced one at a time here:
+        a producer is not safe to run twice at once)."""
+        todo = [w for w in sorted(set(windows)) if w not in builds]
+        for w in (w for w in todo if w in known):
+            builds[w] = known[w]
+            row(w, "known", known[w])
+        fresh = [w for w in todo if w not in known]
+        paths = [engine(w) for w in fresh]
+        with ThreadPoolExecutor(max_workers=BUILD_WORKERS) as pool:
+            for w, report in zip(fresh, pool.map(build, paths)):
+                builds[w] = report
+                row(w, "built", report)
+
+    def bounds() -> tuple[int, int | None]:
+        """The widest window within below the narrowest window over it (None: none over yet)."""
+        over = min((w for w in builds if w > lo and not within(builds[w], budget)), default=None)
+        return max(w for w in builds if (over is None or w < over) and within(builds[w], budget)), over
+
+    measure([lo] + [w for w in known if lo <= w <= hi])  # builds made elsewhere are data from the start
+    if not within(builds[lo], budget):
+        return _search_result(None, rows, f"{lo} over")
+    step, misses = 1, (None, 0)
+    while True:
+        best, over = bounds()
+        upper = over - 1 if over is not None else hi
+        if best >= upper:
+            break
+        guess, at, fitted = predict_widest(builds, budget, target, best, upper) if misses[1] < 2 else (None, {}, [])
+        if guess is not None:
+            row(guess, "predicted", at=at, fitted=fitted)
+            first = max(guess, best + 1)  # a guess already within: the next window up confirms it
+            measure([w for w in (first, first + 1) if w <= upper])
+            best, over = bounds()
+            side = "low" if best > guess else "high" if over is not None and over <= guess else None
+            # a fit that misses twice in a row on one side (a staircase of field values) is not asked again
+            misses = (side, misses[1] + 1 if misses[0] == side else 1) if side else (None, 0)
+        elif over is not None and misses[1] >= 2:
+            measure([(best + upper + 1) // 2])
         else:
-            hi = mid
-    return lo, sorted(rows, key=lambda r: r["window"])
+            measure([min(upper, best + step)])
+            step *= 2
+    confirmed = f"{best} within, {over} over" if over is not None else f"{best} within (the widest searched)"
+    return _search_result(best, rows, confirmed)
 
 
-def plan_rows(windows: dict[str, int | None], sweep: Sequence[dict], snr_targets: Sequence[float]) -> list[dict]:
-    """One plan per target and SNR: minimum context (speech), emit, compute ratio; white noise beside."""
+def _search_result(window, rows, confirmed_by) -> WindowSearch:
+    """By window; at one window in the order they happened (a prediction, then the build that checked it)."""
+    return WindowSearch(window, sorted(rows, key=lambda r: r["window"]), confirmed_by)
+
+
+def plan_rows(windows: Mapping[str, int | None], sweep: Sequence[dict], snr_targets: Sequence[float],
+              confirmed_by: Mapping[str, str] | None = None) -> list[dict]:
+    """One plan per target and SNR: minimum context (speech), emit, compute ratio; white noise beside,
+    and the builds that confirmed the target's largest clean window."""
     out = []
     for target, w in windows.items():
         for snr in snr_targets:
@@ -190,6 +312,7 @@ def plan_rows(windows: dict[str, int | None], sweep: Sequence[dict], snr_targets
             emit = (w - 2 * c) if (w is not None and c is not None) else None
             out.append({"target": target, "snr_target_db": snr, "min_context_speech": c,
                         "min_context_white_noise": noise, "largest_clean_window": w,
+                        "confirmed_by": (confirmed_by or {}).get(target, ""),
                         "emit": emit if emit and emit > 0 else None,
                         "compute_ratio": (emit / w) if emit and emit > 0 else None, "where": HOST.where})
     return out
@@ -202,12 +325,13 @@ def white_noise_like(latents: Sequence[np.ndarray], seed: int = 0) -> list[np.nd
     return [(rng.standard_normal(z.shape) * scale).astype(np.float32) for z in latents]
 
 
-def receptive_field_rows(pt: PlanTarget, latent=None) -> list[dict]:
+def receptive_field_rows(pt: PlanTarget, latent=None, reference: np.ndarray | None = None) -> list[dict]:
     """The receptive field of the decoder on `latent` (default: the longest of pt.latents), then of each
-    of pt.variants on the same latent (rows labelled by `decode` when there are variants)."""
+    of pt.variants on the same latent (rows labelled by `decode` when there are variants). `reference`
+    is the decoder's full-length decode of that latent when the caller has it."""
     latent = latent if latent is not None else max(pt.latents, key=pt.n_frames or _frames)
     rf_kw = {"perturb": pt.perturb, "n_frames": pt.n_frames}
-    rows = [{**receptive_field(pt.decode, latent, pt.hop, **rf_kw), "family": pt.family}]
+    rows = [{**receptive_field(pt.decode, latent, pt.hop, reference=reference, **rf_kw), "family": pt.family}]
     if pt.variants:
         rows = [{"decode": "as compiled", **rows[0]}]
         rows += [{"decode": name, **receptive_field(fn, latent, pt.hop, **rf_kw), "family": pt.family}
@@ -215,40 +339,57 @@ def receptive_field_rows(pt: PlanTarget, latent=None) -> list[dict]:
     return rows
 
 
-def plan(pt: PlanTarget, targets: Sequence[str], snr_targets: Sequence[float], *, contexts: Sequence[int] | None = None,
-         max_window: int | None = None, budgets: dict | None = None, build=None) -> dict[str, list[dict]]:
-    """Every planner table for one decoder: receptive field, context sweep (speech and white noise),
-    REGTASK candidates per target, and the plan per target and SNR target.
-
-    The default budget per target is today's window's own build (the engine the seeds ran clean on
-    a board): no more REGTASK lines and no larger field value than it logs. `build(onnx_path, target)`
-    replaces rkstudy.build.build_engine (a study that has already built some windows passes them)."""
-    from .build import build_engine
-
-    build = build or build_engine
-    rf_rows = receptive_field_rows(pt)
+def fp32_tables(pt: PlanTarget, contexts: Sequence[int] | None = None) -> dict[str, list[dict]]:
+    """The planner's fp32 tables: the receptive field and the context sweep (speech and white noise),
+    with one full-length decode per latent shared by the receptive field and every context."""
+    n_frames = pt.n_frames or _frames
+    references = [pt.decode(z) for z in pt.latents]
+    longest = max(range(len(pt.latents)), key=lambda i: n_frames(pt.latents[i]))
+    rf_rows = receptive_field_rows(pt, pt.latents[longest], references[longest])
     reach = max(rf_rows[0]["left_frames"], rf_rows[0]["right_frames"])
     if contexts is None:
         contexts = pt.contexts if pt.contexts is not None else range(0, reach + 9, 4)
     contexts = sorted(set(contexts) | {pt.default_context})
-    emit = pt.default_emit
     noise = (pt.noise_like or (lambda latents, seed: white_noise_like(latents, seed)))(pt.latents, 0)
     walk_kw = {"walk": pt.walk, "n_frames": pt.n_frames}
-    sweep = (context_sweep(pt.decode, pt.latents, pt.hop, contexts, emit, "speech", **walk_kw)
-             + context_sweep(pt.decode, noise, pt.hop, contexts, emit, "white noise", **walk_kw))
+    sweep = (context_sweep(pt.decode, pt.latents, pt.hop, contexts, pt.default_emit, "speech", references=references,
+                           **walk_kw)
+             + context_sweep(pt.decode, noise, pt.hop, contexts, pt.default_emit, "white noise", **walk_kw))
+    return {"receptive_field": rf_rows, "context_sweep": sweep}
+
+
+def plan(pt: PlanTarget, targets: Sequence[str], snr_targets: Sequence[float], *, contexts: Sequence[int] | None = None,
+         max_window: int | None = None, budgets: dict | None = None, build=None,
+         known: Mapping[tuple[int, str], Any] | None = None) -> dict[str, list[dict]]:
+    """Every planner table for one decoder: receptive field, context sweep (speech and white noise),
+    REGTASK candidates per target (built, known or predicted), and the plan per target and SNR target.
+
+    The default budget per target is today's window's own build (the engine the reference documents ran
+    clean on a board): no more REGTASK lines and no larger field value than it logs. `build(onnx_path,
+    target)` replaces rkstudy.build.build_engine; `known` maps (window, target) to the report of a build
+    another cell made (the search takes it as measured, and fits from it before building anything)."""
+    from .build import build_engine
+
+    build = build or build_engine
+    known = dict(known or {})
+    tables = fp32_tables(pt, contexts)
     default_window = pt.default_emit + 2 * pt.default_context
     max_window = max_window or 2 * default_window
-    windows, candidates, budget_rows = {}, [], []
+    windows, confirmed, candidates, budget_rows = {}, {}, [], []
     for target in targets:
         if budgets and target in budgets:
             budget = budgets[target]
         else:
-            report = build(pt.engine(default_window), target).raise_for_status()
+            if (default_window, target) not in known:
+                known[(default_window, target)] = build(pt.engine(default_window), target)
+            report = known[(default_window, target)].raise_for_status()
             budget = (report.regtask, report.regtask_max)
         budget_rows.append({"target": target, "budget_window": default_window, "budget_lines": budget[0],
                             "budget_value": budget[1], "where": HOST.where})
-        windows[target], rows = largest_clean_window(pt.engine, target, budget, default_window, max_window,
-                                                     build=lambda path, target=target: build(path, target))
-        candidates += rows
-    return {"receptive_field": rf_rows, "context_sweep": sweep, "budgets": budget_rows,
-            "candidates": candidates, "plan": plan_rows(windows, sweep, snr_targets)}
+        search = largest_clean_window(pt.engine, target, budget, default_window, max_window,
+                                      build=lambda path, target=target: build(path, target),
+                                      known={w: r for (w, t), r in known.items() if t == target})
+        windows[target], confirmed[target] = search.window, search.confirmed_by
+        candidates += search.rows
+    return {**tables, "budgets": budget_rows, "candidates": candidates,
+            "plan": plan_rows(windows, tables["context_sweep"], snr_targets, confirmed)}

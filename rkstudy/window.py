@@ -47,6 +47,27 @@ class Window:
         """Frames of left context this window carries (the end window carries more)."""
         return self.emit_start - self.start
 
+    def kind(self, n_frames: int, window: int) -> str:
+        """Which edge of a latent of `n_frames` this step of a `window`-frame walk sees, one of
+        WINDOW_KINDS: `padded` (the latent is shorter than the window: zeros after its real frames),
+        `start` (the window starts on the latent's first frame), `end` (it ends on the last frame: the
+        window shifted left to end there) or `interior` (neither edge: the walk cuts both of its sides).
+
+        Why `interior` is that set: only there do the emitted frames depend on the context the window
+        carries on both sides, which is what a context is chosen for. A start window sees the latent's
+        own start, as the full-length decode does, and carries 2 x context frames to its right (an end
+        window likewise to its left), so it is exact on one side by construction and its score says
+        less about the context. Every "worst interior window" figure (notebook 01's window sweep, the
+        planner's minimum context) is the worst over this set."""
+        if self.real < window:
+            return "padded"
+        if self.start == 0:
+            return "start"
+        return "end" if self.start + self.real == n_frames else "interior"
+
+
+WINDOW_KINDS = ("interior", "start", "end", "padded")
+
 
 def plan_windows(n_frames: int, emit: int, context: int, overlap: int = 0) -> list[Window]:
     """The windows that voice frames [0, n_frames) with an engine of `emit + 2*context` frames,
@@ -69,6 +90,12 @@ def plan_windows(n_frames: int, emit: int, context: int, overlap: int = 0) -> li
         if emit_stop == n_frames:
             break
     return plan
+
+
+def interior_windows(n_frames: int, emit: int, context: int) -> list[Window]:
+    """The windows of the walk over `n_frames` whose kind is `interior` (see Window.kind)."""
+    window = emit + 2 * context
+    return [w for w in plan_windows(n_frames, emit, context) if w.kind(n_frames, window) == "interior"]
 
 
 @dataclass(frozen=True)

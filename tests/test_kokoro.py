@@ -173,17 +173,15 @@ def test_the_in_graph_walk_is_the_window_walk_batched(model, short):
     assert gates.snr_db(want, got) > 100.0
 
 
-def test_known_builds_answer_the_planner_from_the_sweep_rows_only(model, monkeypatch):
-    """A planner build of a window the sweep built returns that row; an in-graph walk row or a row of a
-    build not made answers nothing (the planner then builds)."""
-    path = producer.produce(128, 28, model=model).path
+def test_known_builds_are_the_sweep_rows_of_one_window_engines_only():
+    """A built one-window row is the planner's known build of that window and target; an in-graph walk
+    row or a row of a build not made is none (the planner then builds)."""
     row = {"window": 128, "target": "rk3588", "rewrites": generator.ENGINE.tag(), "max_axis": 0, "status": "ok",
            "regtask": 0, "regtask_max_value": 0, "engine_mb": 54.46, "build_s": 615.0}
-    built = []
-    monkeypatch.setattr(study, "build_engine", lambda p, t: built.append((p, t)) or "built")
-    got = study.known_builds([row])(path, "rk3588")
-    assert (got.status, got.regtask, got.regtask_max, got.engine_bytes, built) == ("ok", 0, 0, 54_460_000, [])
+    (got,) = study.known_builds([row]).values()
+    assert list(study.known_builds([row])) == [(128, "rk3588")]
+    assert (got.status, got.regtask, got.regtask_max, got.engine_bytes, got.ok) == ("ok", 0, 0, 54_460_000, True)
     others = [{**row, "max_axis": 8041}, {"window": 128, "target": "rk3588", "status": "not built: BUILDS = False",
-                                          "rewrites": "", "max_axis": 0, "engine_mb": ""}]
-    assert study.known_builds(others)(path, "rk3588") == "built" and built == [(path, "rk3588")]
-    assert study.known_builds([row])(path, "rk3566") == "built"
+                                          "rewrites": "", "max_axis": 0, "engine_mb": ""},
+              {**row, "rewrites": generator.Rewrites(stats="sum").tag()}]
+    assert study.known_builds(others) == {}

@@ -3,10 +3,12 @@
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from rkstudy import planner
 from rkstudy.runtime import OrtRunner
+from rkstudy.window import plan_windows
 
 
 def conv_chain(kernels=(3, 5), channels=4, seed=0) -> OrtRunner:
@@ -47,15 +49,119 @@ def test_context_at_the_receptive_field_is_exact_and_less_is_not():
     assert planner.min_context(rows, 100.0, kind="white noise") is None
 
 
-def test_bisection_finds_the_largest_window_within_the_budget():
-    def build(window):  # REGTASK lines grow with the window: clean up to 131 frames
-        return SimpleNamespace(ok=True, regtask=18 if window <= 131 else 18 + window - 131, regtask_max=16352,
-                               status="ok", engine_bytes=window * 1000)
+class Logged(SimpleNamespace):
+    """A build report with the REGTASK numbers a model of the compiler gives."""
 
-    w, rows = planner.largest_clean_window(lambda w: w, "rk3588", (18, 16352), 93, 256, build=build)
-    assert w == 131
-    assert len(rows) <= 10 and all(r["within_budget"] == (r["window"] <= 131) for r in rows)
-    assert planner.largest_clean_window(lambda w: w, "rk3588", (0, 0), 93, 256, build=build)[0] is None
+    def raise_for_status(self):
+        return self
+
+
+def logged(lines: int, value: int) -> Logged:
+    return Logged(ok=True, regtask=lines, regtask_max=value, status="ok", engine_bytes=1000)
+
+
+# Models of what rknn-toolkit2 2.5.0 logged for the real engines (results/*/window_plan_candidates.csv):
+# the Piper decoder on rk3588 is a staircase (field value 8176 x floor(window / 32), 6 lines a step),
+# on rk3566 a line (value ~255.5 x window); Kokoro's generator on rk3588 logs nothing up to 134 frames,
+# then value 60 x window + 149 (its longest axis) on ~120 lines a frame.
+def piper_rk3588(w):
+    return logged(6 * (w // 32) + 6, 8176 * (w // 32))
+
+
+def piper_rk3566(w):
+    return logged(355 + 6 * (w - 93), round(255.4 * w))
+
+
+def kokoro_rk3588(w):
+    value = 60 * w + 149
+    return logged(120 * w + 290, value) if value > 8191 else logged(0, 0)
+
+
+def bisected(model, budget, lo, hi):
+    """The answer of a plain bisection (lo clean, hi not) and the windows it builds besides lo."""
+    ok = lambda w: planner.within(model(w), budget)  # noqa: E731
+    builds = 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+        builds += 1
+    return lo, builds
+
+
+@pytest.mark.parametrize("model, budget, lo, hi, widest, builds", [
+    (piper_rk3588, (18, 16352), 93, 192, 95, 4),    # two rounds of a pair: 94 + 95, 96 + 97
+    (piper_rk3566, (355, 23752), 93, 192, 93, 2),   # one pair: 94 + 95
+    (kokoro_rk3588, (0, 0), 128, 136, 134, 4),      # steps 129, 131, 135, then the fit's 134
+])
+def test_the_predicted_window_is_the_bisection_answer_in_fewer_builds(model, budget, lo, hi, widest, builds):
+    built = []
+    search = planner.largest_clean_window(lambda w: w, "rk3588", budget, lo, hi,
+                                          build=lambda w: built.append(w) or model(w), known={lo: model(lo)})
+    assert (search.window, len(built)) == (widest, builds)
+    assert bisected(model, budget, lo, hi) == (widest, {95: 8, 93: 7, 134: 4}[widest])
+    assert widest + 1 in built
+    assert search.confirmed_by == f"{widest} within, {widest + 1} over"
+    measured = [r for r in search.rows if r["source"] != "predicted"]
+    assert all(r["within_budget"] == (r["window"] <= widest) for r in measured)
+    assert sorted(r["window"] for r in measured) == sorted({lo, *built})
+
+
+def test_known_builds_are_fitted_before_anything_is_built():
+    """Kokoro on rk3588 with the sweep's 136 and 160 builds: the line through them predicts 134, and the
+    only builds are the confirmation, 134 within and 135 over."""
+    built = []
+    known = {w: kokoro_rk3588(w) for w in (128, 136)}
+    search = planner.largest_clean_window(lambda w: w, "rk3588", (0, 0), 128, 136,
+                                          build=lambda w: built.append(w) or kokoro_rk3588(w), known=known)
+    assert (search.window, sorted(built), search.confirmed_by) == (134, [134, 135], "134 within, 135 over")
+    (predicted, *_) = [r for r in search.rows if r["source"] == "predicted"]
+    assert (predicted["window"], predicted["fitted_on"], predicted["predicted_regtask_max_value"]) == (134, "136", 8187)
+    assert predicted["regtask"] is None and [r["source"] for r in search.rows if r["window"] == 136] == ["known"]
+
+
+def test_a_staircase_falls_back_to_steps_and_still_finds_the_bisection_answer():
+    def stairs(w):  # flat over 64 frames, then a jump: every fit through one step predicts that step
+        return logged(10 + 10 * (w // 64), 100 * (w // 64))
+
+    built = []
+    search = planner.largest_clean_window(lambda w: w, "rk3588", (10, 0), 10, 500,
+                                          build=lambda w: built.append(w) or stairs(w))
+    assert (search.window, bisected(stairs, (10, 0), 10, 500)) == (63, (63, 10))
+    # 11 for bisection with its lo: the lo build, two missed predictions (a pair each), six steps up
+    # from 14 to 77, then five bisection steps
+    assert len(built) == 16
+
+
+def test_the_search_refuses_a_budget_its_narrowest_window_breaks():
+    search = planner.largest_clean_window(lambda w: w, "rk3588", (0, 0), 93, 256, build=piper_rk3588)
+    assert (search.window, search.confirmed_by) == (None, "93 over")
+
+
+def test_a_flat_budget_reaches_the_widest_window_searched():
+    search = planner.largest_clean_window(lambda w: w, "rk3588", (18, 16352), 93, 96, build=lambda w: logged(18, 16352))
+    assert (search.window, search.confirmed_by) == (96, "96 within (the widest searched)")
+
+
+def test_interior_snr_scores_the_interior_windows_of_the_walk_only():
+    """The planner and notebook 01 score the same set: a latent whose only error is in its start
+    window scores inf; one whose error is in an interior window does not."""
+    hop, n, emit, context = 2, 200, 20, 5
+    ref = np.arange(n * hop, dtype=np.float64)
+
+    def decode_with_error(frame):
+        def decode(z):  # z holds its frame indices; a window (not the full decode) errs at `frame`
+            start = int(z[0, 0])
+            out = ref[start * hop:(start + z.shape[1]) * hop].copy()
+            if start <= frame < start + z.shape[1] and z.shape[1] < n:
+                out[(frame - start) * hop] += 1.0
+            return out
+        return decode
+
+    z = np.arange(n, dtype=np.float64)[None]
+    kinds = [w.kind(n, emit + 2 * context) for w in plan_windows(n, emit, context)]
+    assert kinds == ["start"] + ["interior"] * 8 + ["end"]
+    assert planner.worst_interior_snr(decode_with_error(3), [z], hop, emit, context) == np.inf
+    assert planner.worst_interior_snr(decode_with_error(50), [z], hop, emit, context) < 100
 
 
 def test_the_plan_is_emit_from_window_and_context():
@@ -96,7 +202,7 @@ def test_a_decoder_with_two_walked_inputs_and_global_statistics():
     def walk(lat, emit, context):
         n = lat.x.shape[1]
         out = np.zeros(2 * n)
-        for w in planner.plan_windows(n, emit, context):
+        for w in plan_windows(n, emit, context):
             part = Lat(lat.x[:, w.start:w.start + w.real], lat.cond[w.start:w.start + w.real])
             emitted = decode(part)[2 * w.offset: 2 * (w.offset + w.emit_stop - w.emit_start)]
             out[2 * w.emit_start: 2 * w.emit_stop] = emitted

@@ -48,7 +48,7 @@ def test_per_window_rows_score_each_emitted_span():
     test = ref.copy()
     test[60 * hop: 61 * hop] += 0.1  # one frame off, inside window 1 (emits 45..89)
     rows = pd.per_window_rows(ref, test, n, emit=45, context=24, hop=hop)
-    assert [r["kind"] for r in rows] == ["interior", "end", "end"]
+    assert [r["kind"] for r in rows] == ["start", "end", "end"]
     assert rows[0]["snr_db"] == np.inf and np.isfinite(rows[1]["snr_db"]) and rows[2]["snr_db"] == np.inf
 
 

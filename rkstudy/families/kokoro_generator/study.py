@@ -719,21 +719,14 @@ def plan_target(model: KokoroModel | None = None, names: Sequence[str] = ("short
                       contexts=contexts, variants={"frozen statistics": frozen})
 
 
-def known_builds(rows: Sequence[dict]):
-    """A planner `build(onnx_path, target)` that answers from the sweep's build rows where it has one
-    (same window and target, the default rewrites) and builds otherwise."""
-    done = {}
-    for r in rows:  # rows of builds not made (no rewrites, no status "ok"/...) and in-graph walks answer nothing
-        if r.get("rewrites") == ENGINE.tag() and not r.get("max_axis") and r.get("engine_mb", "") != "":
-            done[(int(r["window"]), r["target"])] = r
-
-    def build(onnx_path, target):
-        w = graph.input_shapes(onnx_path)["x"][-1]
-        r = done.get((w, target))
-        if r is None:
-            return build_engine(onnx_path, target)
-        return BuildReport(status=r["status"], target=target, onnx=str(onnx_path), engine=None,
-                           engine_bytes=int(float(r["engine_mb"]) * 1e6), seconds=float(r["build_s"]),
-                           regtask=int(r["regtask"]), toolkit_version="", log="",
-                           regtask_max=int(r["regtask_max_value"]))
-    return build
+def known_builds(rows: Sequence[dict]) -> dict[tuple[int, str], BuildReport]:
+    """The sweep's builds as the planner's `known` builds: {(window, target): report} for each row of a
+    one-window engine with the default rewrites that was built (rows of builds not made, other
+    rewrites and in-graph walks answer nothing: the planner builds those windows itself)."""
+    one_window = [r for r in rows
+                  if r.get("rewrites") == ENGINE.tag() and not r.get("max_axis") and r.get("engine_mb", "") != ""]
+    return {(int(r["window"]), r["target"]): BuildReport(
+                status=r["status"], target=r["target"], onnx="", engine=None,
+                engine_bytes=int(float(r["engine_mb"]) * 1e6), seconds=float(r["build_s"]), regtask=int(r["regtask"]),
+                toolkit_version="", log="", regtask_max=int(r["regtask_max_value"]))
+            for r in one_window}

@@ -22,7 +22,7 @@ from ...graph.decmask import UPSAMPLERS
 from ...lint.compiler import layer_table
 from ...planner import PlanTarget
 from ...runtime import OrtRunner
-from ...window import Window, plan_windows, window_inputs
+from ...window import WINDOW_KINDS, plan_windows, window_inputs
 from ..piper.voice import DecoderModel, DecoderSeam, Voice, find_decoder_seam
 from .producer import DEFAULT_CONTEXT, DEFAULT_EMIT, DecoderSlice, decoder_graph, produce_for_voice
 from .sidecar import DecoderSidecar
@@ -54,20 +54,14 @@ class FullDecoder:
         return self.runner.run(feed)[0].reshape(-1)
 
 
-def window_kind(w: Window, window: int, n_frames: int) -> str:
-    """`interior`, `end` (shifted to end on the last frame) or `padded` (latent shorter than the window)."""
-    if w.real < window:
-        return "padded"
-    return "end" if w.start + w.real == n_frames and w.emit_start > 0 else "interior"
-
-
 def per_window_rows(ref: np.ndarray, test: np.ndarray, n_frames: int, emit: int, context: int,
                     hop: int) -> list[dict]:
-    """SNR of each window's emitted samples, with the window's kind and left context."""
+    """SNR of each window's emitted samples, with the window's kind (rkstudy.window.Window.kind) and left
+    context."""
     rows = []
     for i, w in enumerate(plan_windows(n_frames, emit, context)):
         a, b = w.emit_start * hop, w.emit_stop * hop
-        rows.append({"window_index": i, "kind": window_kind(w, emit + 2 * context, n_frames),
+        rows.append({"window_index": i, "kind": w.kind(n_frames, emit + 2 * context),
                      "left_context": w.offset, "emit_frames": w.emit_stop - w.emit_start,
                      "snr_db": gates.snr_db(ref[a:b], test[a:b])})
     return rows
@@ -94,7 +88,7 @@ def sweep_summary(rows: list[dict]) -> list[dict]:
     """Min / median per-window SNR per window size and kind."""
     out = []
     for window in sorted({r["window"] for r in rows}):
-        for kind in ("interior", "end", "padded"):
+        for kind in WINDOW_KINDS:
             sel = [r for r in rows if r["window"] == window and r["kind"] == kind]
             if sel:
                 s = [r["snr_db"] for r in sel]
@@ -417,7 +411,9 @@ def plan_target(model: DecoderModel | None = None, latents=None, texts: Sequence
                 emit: int = DEFAULT_EMIT, context: int = DEFAULT_CONTEXT, dec_mask: bool = False) -> PlanTarget:
     """The decoder as rkstudy.planner sees it: the dynamic full-length decode, the produced slice at
     any window length (compiled engines depend only on the length), real-speech latents from the
-    shipped texts, and today's window."""
+    shipped texts, and today's window. Each window is produced with today's context (less when the
+    window is too short for it), so today's window is the very slice the study's own builds compile
+    and its engine comes from the build cache instead of a second build."""
     from ..piper.voice import read_text
 
     model = model or Voice()
@@ -426,7 +422,8 @@ def plan_target(model: DecoderModel | None = None, latents=None, texts: Sequence
         latents = [lat.z for name in texts for lat in model.latents(read_text(name))]
 
     def engine(window: int):
-        return produce_for_voice(model, emit=window, context=0, dec_mask=dec_mask).save()
+        split = min(context, (window - 1) // 2)
+        return produce_for_voice(model, emit=window - 2 * split, context=split, dec_mask=dec_mask).save()
 
     return PlanTarget(family=model.family, hop=model.hop, decode=full.decode, engine=engine, latents=latents,
                       default_emit=emit, default_context=context)

@@ -107,15 +107,8 @@ def _plan(args) -> int:
     snrs = args.snr or list(SNR_TARGETS)
     targets = args.target or ["rk3588"]
     if args.skip_rknn:  # fp32 only: the receptive field and the contexts, no builds
-        rf = planner.receptive_field_rows(pt)
-        reach = max(rf[0]["left_frames"], rf[0]["right_frames"])
-        contexts = sorted(set(range(0, reach + 9, 4)) | {pt.default_context})
-        noise = pt.noise_like(pt.latents, 0)
-        kw = {"walk": pt.walk, "n_frames": pt.n_frames}
-        sweep = (planner.context_sweep(pt.decode, pt.latents, pt.hop, contexts, pt.default_emit, "speech", **kw)
-                 + planner.context_sweep(pt.decode, noise, pt.hop, contexts, pt.default_emit, "white noise", **kw))
-        tables = {"receptive_field": rf, "context_sweep": sweep,
-                  "plan": planner.plan_rows(dict.fromkeys(targets), sweep, snrs)}
+        tables = planner.fp32_tables(pt)
+        tables["plan"] = planner.plan_rows(dict.fromkeys(targets), tables["context_sweep"], snrs)
     else:
         tables = planner.plan(pt, targets, snrs, max_window=args.max_window)
     rf = tables["receptive_field"][0]
