@@ -140,7 +140,13 @@ EXPECT = {
         "fp32 full decode vs float64, worst": (100, 160),
         "receptive field, hifigan_v3 (frames left, fp32)": (4, 12),
         "simulator rk3588 vs fp32 over the inputs, step, worst": (30, math.inf),
-        "REGTASK lines, step, rk3588, most": (0, 0)}),
+        "REGTASK lines, step, rk3588, most": (0, 0),
+        # the 64-channel k=7 probe at 16384 frames (measured 2026-12-01: rk3576 14 lines against limit 0x3fff,
+        # largest value 16384; rk3588 none) and the rv1106 refusal of an fp16 build
+        "register field, rk3576 (64-ch probe, bits)": (14, 14),
+        "REGTASK lines, 64-ch probe at 16384 frames, rk3576": (14, 14),
+        "REGTASK lines, 64-ch probe at 16384 frames, rk3588": (0, 0),
+        "targets refusing an fp16 build": (1, 1)}),
     # quick mode: the toolchain probe with both toolkit versions (`make test` makes the 2.3.2 environment)
     "toolkit_levers": ("08_toolkit_levers.ipynb", {
         "toolkit versions compared": (2, 2),

@@ -1,0 +1,131 @@
+"""Every RKNPU2 target the installed rknn-toolkit2 builds for, measured the same way (host): the
+register field on a one-conv probe, and engine size, REGTASK lines and the simulator against fp32
+for the stages the families compile (the Piper decoder window and stateful step, a Kokoro window).
+
+A family notebook already builds rk3588 and rk3566 engines of these stages; their rows here come
+from the content-keyed build cache (rkstudy.build.build_engine) and name the family table that holds
+their simulator measurement, so no engine is built twice. The other targets are built once, in a
+simulator child, which gives the build row and the simulator SNR together.
+
+The published per-SoC figures of the vendor's VITS demo are held here, labelled as theirs: board
+real-time factors, which nothing in this project measures, so they are shown beside the table and
+never compared.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from .. import gates
+from ..build import _check_target, build_engine
+from ..contract import QUANTIZED_ONLY, REGISTER_FIELD_BITS, TARGETS
+from ..errors import UsageError
+from ..results import HOST
+
+FP16_TARGETS = tuple(t for t in TARGETS if t not in QUANTIZED_ONLY)
+PROBE_CHANNELS = 64
+PROBE_LENGTHS = (16384, 131072)  # one past rk3576's 14-bit field, and eight times that
+_LIMIT = re.compile(r"limit: 0x([0-9a-fA-F]+)")
+
+# The vendor's VITS demo (rknn_model_zoo examples/mms_tts, MMS-TTS English encoder + decoder, 200
+# tokens): its published board RTF per SoC. Theirs, on their boards; never a number measured here.
+PUBLISHED = ({"target": "rk3576", "their_figure": "VITS demo RTF (board)", "their_value": 0.069,
+              "their_source": "vendor VITS demo (rknn_model_zoo mms_tts)"},
+             {"target": "rk3562", "their_figure": "VITS demo RTF (board)", "their_value": 0.138,
+              "their_source": "vendor VITS demo (rknn_model_zoo mms_tts)"})
+THEIRS = "differs: their board RTF of a whole VITS model; nothing here is a board time"
+
+
+def refusal(target: str) -> str:
+    """Why the toolkit builds no fp16 engine for `target` ("" where it does)."""
+    try:
+        _check_target(target)
+    except UsageError as exc:
+        return str(exc)
+    return ""
+
+
+def field_probe_rows(targets: Sequence[str] = TARGETS, lengths: Sequence[int] = PROBE_LENGTHS) -> list[dict]:
+    """The register field per target: a 64-channel k=7 Conv1d at each length built (cached), its
+    REGTASK lines, their largest value and the `limit:` the compiler prints; a target the toolkit
+    builds no fp16 engine for gets one row carrying the refusal."""
+    from ..families.toolchain.probes import long_axis_probe, save_probe
+
+    rows = []
+    for target in targets:
+        why = refusal(target)
+        if why:
+            rows.append({"target": target, "frames": 0, "channels": PROBE_CHANNELS, "status": "refused",
+                         "regtask": 0, "regtask_max_value": 0, "limit": "", "field_bits": "", "engine_bytes": 0,
+                         "outcome": why, "where": HOST.where})
+            continue
+        for frames in lengths:
+            path = save_probe(long_axis_probe(frames, channels=PROBE_CHANNELS),
+                              f"register_field_probe_{PROBE_CHANNELS}x{frames}")
+            report = build_engine(path, target).raise_for_status()
+            limits = sorted({int(h, 16) for h in _LIMIT.findall(Path(report.log).read_text(errors="replace"))})
+            rows.append({"target": target, "frames": frames, "channels": PROBE_CHANNELS, "status": report.status,
+                         "regtask": report.regtask, "regtask_max_value": report.regtask_max,
+                         "limit": ", ".join(f"0x{v:x}" for v in limits),
+                         "field_bits": ", ".join(str(v.bit_length()) for v in limits),
+                         "engine_bytes": report.engine_bytes,
+                         "outcome": "built" if not limits else f"{report.regtask} lines past the {limits[0]:#x} field",
+                         "where": report.where})
+    return rows
+
+
+def stage_row(stage: str, target: str, build: dict, snr_db: float | None, simulator_in: str = "") -> dict:
+    """One stage on one target: its build (a BuildReport.row(), or a family's build row) and, where
+    this notebook ran it, the simulator against fp32; `simulator_in` names the table that did."""
+    return {"stage": stage, "target": target, **{k: build.get(k, "") for k in
+                                                ("status", "engine_mb", "regtask", "regtask_max_value", "build_s")},
+            "simulator_vs_fp32_db": round(snr_db, 2) if snr_db is not None else float("nan"),
+            "simulator_in": simulator_in or ("this table" if snr_db is not None else ""), "where": HOST.where}
+
+
+def cached_stage(stage: str, onnx_path: Path, target: str, simulator_in: str) -> dict:
+    """A stage a family notebook builds for `target`: its engine from the build cache (built here
+    only when the family has not run), the simulator measurement left to the family's table."""
+    return stage_row(stage, target, build_engine(onnx_path, target).raise_for_status().row(), None, simulator_in)
+
+
+def simulated_stage(stage: str, onnx_path: Path, target: str, out: Path, items: Sequence,
+                    run: Callable) -> dict:
+    """A stage on a target no family builds: one build in a simulator child, the walk of each item
+    through it against the same walk in onnxruntime fp32 (the fp16 cost alone), worst item."""
+    from ..engine import simulator_vs_fp32
+
+    sim = simulator_vs_fp32(onnx_path, target, items, run=run, out=out,
+                            compare=lambda ref, test, item: {"snr_db": gates.snr_db(ref[0], test[0])})
+    return stage_row(stage, target, sim.report.row(), sim.worst_snr_db)
+
+
+def summary_rows(probes: Sequence[dict], stages: Sequence[dict], budget_stage: str) -> list[dict]:
+    """One row per target: the field the probes measured (or the toolkit's refusal), the budget the
+    window plan starts from (the REGTASK lines and largest value of `budget_stage`'s own build on that
+    target), the recorded field width it is checked against, and the vendor's published figure
+    beside it where there is one, labelled as theirs."""
+    published = {p["target"]: p for p in PUBLISHED}
+    rows = []
+    for target in dict.fromkeys(r["target"] for r in probes):
+        mine = [r for r in probes if r["target"] == target]
+        built = [r for r in mine if r["status"] == "ok"]
+        over = [r for r in built if r["regtask"]]
+        budget = next((r for r in stages if r["target"] == target and r["stage"] == budget_stage), None)
+        row = {"target": target, "fp16_build": "yes" if built else mine[0]["outcome"],
+               "field_limit": next((r["limit"] for r in over), "none printed" if built else ""),
+               "field_bits_measured": next((int(r["field_bits"]) for r in over), None) if built else None,
+               "field_bits_recorded": REGISTER_FIELD_BITS[target],
+               "probe_lines": "; ".join(f"{r['frames']}: {r['regtask']}" for r in built),
+               "probe_largest_value": max((r["regtask_max_value"] for r in built), default=0),
+               "longest_clean_probe": max((r["frames"] for r in built if not r["regtask"]), default=0),
+               "budget_lines": budget["regtask"] if budget else "", "budget_value": budget["regtask_max_value"]
+               if budget else "", "budget_from": budget_stage if budget else "",
+               "their_figure": "", "their_value": "", "their_source": "", "comparable": "",
+               "where": HOST.where}
+        if target in published:
+            row.update({k: v for k, v in published[target].items() if k != "target"}, comparable=THEIRS)
+        rows.append(row)
+    return rows
