@@ -71,8 +71,9 @@ doctor: venv
 # Unit tests and every notebook in quick mode (papermill; each test checks the numbers its notebook recorded),
 # on TEST_JOBS workers (a notebook and the tests of one xdist group stay on one worker).
 # The second toolkit's environment too: notebook 08 and the interpreter-choice tests build with it.
+# Every run ends with its 25 slowest tests, so a test that grows past the 30-minute budget shows itself.
 test: models toolkit-venv lite-wheel
-	$(PY) -m pytest -n $(TEST_JOBS) --dist loadgroup tests
+	$(PY) -m pytest -n $(TEST_JOBS) --dist loadgroup --durations=25 tests
 
 # Everything that starts no toolkit child, runs no notebook and starts no JupyterLab (a few minutes);
 # tests/conftest.py fails any test that builds an engine without the `simulator` mark.

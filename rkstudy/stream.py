@@ -26,6 +26,7 @@ import numpy as np
 
 from .contract import Contract
 from .errors import EngineMismatch
+from .runtime.wrappers import ContractDtypes, Recording
 
 WALKER_ROLES = ("walked", "mask", "constant", "state")
 
@@ -210,3 +211,15 @@ class StatefulWalker:
             if out[0].shape[-1]:
                 yield out
         yield self.flush()
+
+
+def carried_feeds(runner, contract: Contract, frames, constants: Mapping[str, np.ndarray] | None = None
+                  ) -> list[dict[str, np.ndarray]]:
+    """The feed of every whole step while `runner` walks `frames` (as StatefulWalker.push takes them)
+    from a zero state, each input in its contract dtype: every feed after the first carries the state
+    the runner left there, a cache with a real past. The stage-2 probes of stateful steps and the
+    calibration and evaluation sets of a stream come from here, so what a gate or the quantizer sees
+    of the cache path is what a walk feeds."""
+    recording = Recording(runner)
+    StatefulWalker(ContractDtypes(recording, contract), contract, constants).push(frames)
+    return recording.feeds

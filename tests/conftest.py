@@ -6,6 +6,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from rkstudy import build
+from rkstudy.families.piper_decoder import DEFAULT_CONTEXT, DEFAULT_EMIT
 
 # The fast tier (`make test-fast`, `-m "not simulator ..."`) stays fast only if every test that starts a
 # toolkit child says so. A test without the `simulator` mark that reaches EngineProcess fails, cold cache
@@ -82,3 +83,28 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+# the Piper decoder producer's own defaults, so that two spellings of one setting share one slice
+SLICE_DEFAULTS = {"emit": DEFAULT_EMIT, "context": DEFAULT_CONTEXT, "dec_mask": False, "upsampler": "convtranspose"}
+
+
+@pytest.fixture(scope="module")
+def slice_once():
+    """The Piper decoder's produce_for_voice, made once per voice and setting for a module that asks, the
+    study functions' own calls included: the study makes its slices itself, and each is a fold of the
+    whole decoder (seconds), the same slice for the same setting every time."""
+    from rkstudy.families.piper_decoder import study
+    from rkstudy.families.piper_decoder.producer import produce_for_voice
+
+    made = {}
+
+    def produce_once(voice, **kw):
+        key = (id(voice), tuple(sorted({**SLICE_DEFAULTS, **kw}.items())))
+        if key not in made:
+            made[key] = produce_for_voice(voice, **kw)
+        return made[key]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(study, "produce_for_voice", produce_once)
+        yield produce_once

@@ -1,36 +1,64 @@
 """The board side imports and runs with no converter: onnx, onnxslim, the toolkit and torch refused."""
 
+import ast
+import importlib.util
+import pkgutil
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+import rkstudy
+import rkstudy.board
+from rkstudy import families
 from rkstudy.paths import REPO
 
 REFUSED = ("onnx", "onnxslim", "rknn", "torch")
-BOARD_MODULES = [
-    "rkstudy", "rkstudy.paths", "rkstudy.errors", "rkstudy.atomic", "rkstudy.cache", "rkstudy.contract",
-    "rkstudy.window", "rkstudy.gates", "rkstudy.results", "rkstudy.sidecar", "rkstudy.report",
-    "rkstudy.cliutil", "rkstudy.cli", "rkstudy.doctor", "rkstudy.runtime", "rkstudy.runtime.board",
-    "rkstudy.runtime.ort", "rkstudy.runtime.wrappers", "rkstudy.board", "rkstudy.board.sysfs", "rkstudy.board.run",
-    "rkstudy.board.memory",
-    "rkstudy.board.dmesg", "rkstudy.board.rknnrt", "rkstudy.board.check", "rkstudy.board.load", "rkstudy.board.dram",
-    "rkstudy.families",
-    "rkstudy.families.piper.latents", "rkstudy.families.piper.frontend", "rkstudy.families.piper.boardfront",
-    "rkstudy.protowire", "rkstudy.families.piper_decoder", "rkstudy.families.piper_decoder.sidecar",
-    "rkstudy.families.piper_decoder.board", "rkstudy.families.piper_decoder.cli", "rkstudy.stream",
-    "rkstudy.families.piper_decoder_stateful", "rkstudy.families.piper_decoder_stateful.sidecar",
-    "rkstudy.families.piper_decoder_stateful.board", "rkstudy.families.piper_decoder_stateful.cli",
-    "rkstudy.families.piper_encoder", "rkstudy.families.piper_encoder.sidecar",
-    "rkstudy.families.piper_encoder.tokens", "rkstudy.families.piper_encoder.board",
-    "rkstudy.families.piper_encoder.cli", "rkstudy.families.inflect_decoder", "rkstudy.families.inflect_decoder.cli",
-    "rkstudy.families.toolchain", "rkstudy.families.flow_estimator", "rkstudy.families.flow_estimator.cli",
-    "rkstudy.families.kokoro_generator", "rkstudy.families.kokoro_generator.sidecar",
-    "rkstudy.families.kokoro_generator.head", "rkstudy.families.kokoro_generator.inputs",
-    "rkstudy.families.kokoro_generator.board", "rkstudy.families.kokoro_generator.cli",
-    "rkstudy.families.qwen3_vocoder", "rkstudy.families.qwen3_vocoder.sidecar", "rkstudy.families.qwen3_vocoder.board",
-    "rkstudy.families.qwen3_vocoder.cli",
-]
+# How a module says it is board side: a docstring line such as "Board side: numpy only." or a first line
+# such as "The Piper decoder sidecar (board side): ...".
+DECLARED = re.compile(r"\bboard side\b", re.IGNORECASE)
+# The modules of a family folder that a board runs (the family registry's section order).
+FAMILY_BOARD_PARTS = ("sidecar", "cli", "board")
+
+
+def declared_board_side() -> set[str]:
+    """Every rkstudy module whose docstring says it runs on a board (read with ast, imported by no one)."""
+    root = Path(rkstudy.__file__).parent
+    found = set()
+    for path in root.rglob("*.py"):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        if DECLARED.search(ast.get_docstring(ast.parse(path.read_text())) or ""):
+            found.add(name)
+    return found
+
+
+def board_entry_points() -> set[str]:
+    """What a board runs: the command line, every module of rkstudy.board, and for every registered family
+    its package and whichever of its sidecar, command (cli) and `board run` job modules it has."""
+    found = {"rkstudy", "rkstudy.cli", "rkstudy.board",
+             *(m.name for m in pkgutil.walk_packages(rkstudy.board.__path__, "rkstudy.board."))}
+    for family in families.load_all().values():
+        package = f"rkstudy.families.{family.name}"
+        found.add(package)
+        found.update(name for name in (f"{package}.{part}" for part in FAMILY_BOARD_PARTS)
+                     if importlib.util.find_spec(name))
+        found.update(getattr(family, which).partition(":")[0] for which in ("cli", "board") if getattr(family, which))
+    return found
+
+
+BOARD_MODULES = sorted(declared_board_side() | board_entry_points())
+
+
+def test_the_board_side_is_derived_from_the_registry_and_the_docstrings():
+    """The derivation finds what a board certainly runs, so an empty or broken one cannot pass."""
+    jobs = {f.board.partition(":")[0] for f in families.load_all().values() if f.board}
+    assert len(jobs) >= 6 and jobs <= set(BOARD_MODULES)
+    assert {"rkstudy.board", "rkstudy.board.run", "rkstudy.window", "rkstudy.contract", "rkstudy.runtime.board",
+            "rkstudy.families.port.sidecar"} <= set(BOARD_MODULES)
+    assert not {"rkstudy.build", "rkstudy.graph.index", "rkstudy.runtime.simulator"} & set(BOARD_MODULES)
 
 # A meta-path finder that refuses the converter's packages, as a board without them would.
 GUARD = f"""
@@ -60,15 +88,13 @@ def test_every_board_side_module_imports_without_the_converter():
     assert "LEAKED []" in proc.stdout
 
 
-@pytest.mark.parametrize("argv", [["doctor", "--board"], ["board", "--help"],
-                                  ["board", "run", "piper_decoder", "--help"],
-                                  ["board", "run", "piper_encoder", "--help"], ["--help"], ["board", "check"],
+BOARD_JOBS = [["board", "run", name, "--help"] for name, family in families.load_all().items() if family.board]
+
+
+@pytest.mark.parametrize("argv", [["doctor", "--board"], ["board", "--help"], ["--help"], ["board", "check"],
                                   ["board", "memory", "--help"], ["board", "dram", "--help"],
-                                  ["cosyvoice3", "estimator", "--help"],
-                                  ["board", "run", "piper_decoder_stateful", "--help"],
-                                  ["board", "run", "kokoro_generator", "--help"],
-                                  ["board", "run", "qwen3_vocoder", "--help"], ["qwen3", "vocoder", "--help"],
-                                  ["piper", "decoder", "--help"]])
+                                  ["cosyvoice3", "estimator", "--help"], ["qwen3", "vocoder", "--help"],
+                                  ["piper", "decoder", "--help"], *BOARD_JOBS])
 def test_board_commands_run_without_the_converter(argv):
     proc = run_guarded(f"from rkstudy.cli import main\nimport sys\nsys.exit(main({argv!r}))")
     assert "Traceback" not in proc.stderr, proc.stderr[-2000:]

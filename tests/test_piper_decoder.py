@@ -10,7 +10,7 @@ from rkstudy import contract, gates, graph
 from rkstudy.cli import main
 from rkstudy.errors import EngineMismatch
 from rkstudy.families.piper_decoder import study
-from rkstudy.families.piper_decoder.producer import produce_for_voice, read_contract
+from rkstudy.families.piper_decoder.producer import read_contract
 from rkstudy.families.piper_decoder.sidecar import DecoderSidecar
 from rkstudy.graph.decmask import UPSAMPLERS
 from rkstudy.lint.compiler import Layer
@@ -24,8 +24,11 @@ def latent(voice):
 
 
 @pytest.fixture(scope="module")
-def produced(voice):
-    return produce_for_voice(voice)
+def produced(voice, slice_once):
+    return slice_once(voice)
+
+
+pytestmark = pytest.mark.usefixtures("slice_once")
 
 
 def test_producer_folds_the_shape_plumbing_and_pins_the_window(produced):
@@ -59,8 +62,8 @@ def test_decoder_mask_fixes_the_short_tail(voice, latent):
         assert rows[(n, True)]["snr_db"] > 100.0
 
 
-def test_masked_decoder_is_identical_where_the_mask_is_one(voice, produced):
-    masked = produce_for_voice(voice, dec_mask=True)
+def test_masked_decoder_is_identical_where_the_mask_is_one(voice, produced, slice_once):
+    masked = slice_once(voice, dec_mask=True)
     assert masked.after.nodes == produced.after.nodes + 26  # 23 conv Muls + 3 mask upsamplers
     assert masked.after.ops["ConvTranspose"] == produced.after.ops["ConvTranspose"] + 3
     x = {"z": np.random.default_rng(0).standard_normal((1, 192, 93)).astype(np.float32),
@@ -68,8 +71,8 @@ def test_masked_decoder_is_identical_where_the_mask_is_one(voice, produced):
     np.testing.assert_array_equal(OrtRunner(masked.model).run(x)[0], OrtRunner(produced.model).run(x)[0])
 
 
-def test_mask_upsampler_switch_reaches_the_slice_and_both_upsample_exactly(voice, latent):
-    slices = {up: produce_for_voice(voice, dec_mask=True, upsampler=up) for up in UPSAMPLERS}
+def test_mask_upsampler_switch_reaches_the_slice_and_both_upsample_exactly(voice, latent, slice_once):
+    slices = {up: slice_once(voice, dec_mask=True, upsampler=up) for up in UPSAMPLERS}
     ops = {up: Counter(n.op_type for n in p.model.graph.node if n.name in study.mask_upsampler_nodes(p.model))
            for up, p in slices.items()}
     assert ops == {"convtranspose": {"ConvTranspose": 3}, "resize": {"Resize": 3}}

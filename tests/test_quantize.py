@@ -57,14 +57,7 @@ def test_the_layer_table_keeps_each_layers_dtype():
     assert quantize.float16_layers(layers) == ["up"]  # the dtype cast is no layer's work
 
 
-@pytest.fixture(scope="module")
-def voice():
-    from rkstudy.families.piper.voice import Voice
-
-    return Voice()
-
-
-def test_calibration_windows_are_what_the_walker_feeds_and_never_the_evaluation_texts(voice):
+def test_calibration_windows_are_what_the_walker_feeds_and_never_the_evaluation_texts(voice, slice_once):
     from rkstudy.families.piper.voice import read_text
     from rkstudy.families.piper_decoder.study import quantization_stage
     from rkstudy.window import plan_windows

@@ -120,7 +120,7 @@ def test_the_census_warns_when_it_predicts_an_abort(dynamic_model):
 
 def test_onnx_step_equals_torch_step(graphs, dec, steps):
     c = producer.read_contract(graphs[16])
-    feed = study.carried_feeds(graphs[16], steps=2)[1]
+    feed = producer.carried_feeds(graphs[16], 2, study.CODES_SEED + 1, c)[1]
     ours = sidecar.ContractDtypes(OrtRunner(graphs[16]), c).run(feed)
     ref = steps[16](feed["codes"], feed["cache_in"])
     assert gates.snr_db(ref[0], ours[0]) >= EXACT_DB and gates.snr_db(ref[1], ours[1]) >= EXACT_DB

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from rkstudy import results
+from rkstudy.cli import main
 from rkstudy.families.piper import latents as latent_files
 from rkstudy.families.piper_decoder.producer import read_contract
 from rkstudy.families.piper_decoder.sidecar import DecoderSidecar
@@ -177,8 +178,11 @@ def test_board_run_kokoro_generator_equals_the_fp32_walk(tmp_path):
     from rkstudy.results import toolkit_version
 
     graph = tmp_path / "generator_w32.onnx"
-    rkstudy("kokoro", "generator", "--frames", 32, "--context", 4, "--skip-rknn", "--output", graph)
-    rkstudy("kokoro", "inputs", "--text", JA_TEXT, "--gain", "-o", tmp_path / "inputs.npz")
+    # the two host commands run in this process: they share one read of the model (load_model is cached per
+    # process, so with tests/test_kokoro.py that one too), where a subprocess each imports torch and reads it
+    # again; the board run is the command that must see a board, so it alone runs as a subprocess
+    assert main(["kokoro", "generator", "--frames", "32", "--context", "4", "--skip-rknn", "--output", str(graph)]) == 0
+    assert main(["kokoro", "inputs", "--text", JA_TEXT, "--gain", "-o", str(tmp_path / "inputs.npz")]) == 0
     engine = tmp_path / "generator_w32.rknn"
     engine.write_bytes(b"replay placeholder: the double serves the ONNX named in the contract")
     c = kokoro_contract(graph)

@@ -16,28 +16,44 @@ def probe(tmp_path_factory):
     return path
 
 
+@pytest.fixture(scope="module")
+def simulators(probe):
+    """One simulator child per target for the module: a child serves any number of runs, so the tests
+    that only run the probe share its build."""
+    opened = {}
+
+    def get(target):
+        if target not in opened:
+            opened[target] = SimulatorRunner(probe, target)
+        return opened[target]
+
+    yield get
+    for sim in opened.values():
+        sim.close()
+
+
 @pytest.mark.simulator
 @pytest.mark.parametrize("target", ["rk3588", "rk3566"])
-def test_simulator_matches_fp32(probe, target):
+def test_simulator_matches_fp32(probe, simulators, target):
     x = graph.random_inputs(probe, seed=3)
     ref = OrtRunner(probe).run(x)[0]
-    with SimulatorRunner(probe, target) as sim:
-        assert sim.report.ok and sim.where == "simulator" and sim.target == target
-        out = sim.run(x)[0]
-        again = sim.run([x["x"]])[0]  # the same child serves many runs
+    sim = simulators(target)
+    assert sim.report.ok and sim.where == "simulator" and sim.target == target
+    out = sim.run(x)[0]
+    again = sim.run([x["x"]])[0]  # the same child serves many runs
     assert out.shape == ref.shape == (1, 1, 1, 128)
     assert gates.snr_db(ref, out) > 50.0
     np.testing.assert_array_equal(out, again)
 
 
 @pytest.mark.simulator
-def test_simulator_refuses_a_wrong_shape_and_keeps_serving(probe):
-    with SimulatorRunner(probe, "rk3588") as sim:
-        with pytest.raises(ValueError, match=r"built for \(1, 16, 1, 32\)"):
-            sim.run({"x": np.zeros((1, 16, 1, 33), np.float32)})
-        with pytest.raises(KeyError, match="this engine takes x"):
-            sim.run({"z": np.zeros((1, 16, 1, 32), np.float32)})
-        assert sim.run({"x": np.zeros((1, 16, 1, 32), np.float32)})[0].shape == (1, 1, 1, 128)
+def test_simulator_refuses_a_wrong_shape_and_keeps_serving(simulators):
+    sim = simulators("rk3588")
+    with pytest.raises(ValueError, match=r"built for \(1, 16, 1, 32\)"):
+        sim.run({"x": np.zeros((1, 16, 1, 33), np.float32)})
+    with pytest.raises(KeyError, match="this engine takes x"):
+        sim.run({"z": np.zeros((1, 16, 1, 32), np.float32)})
+    assert sim.run({"x": np.zeros((1, 16, 1, 32), np.float32)})[0].shape == (1, 1, 1, 128)
 
 
 @pytest.mark.simulator
@@ -55,16 +71,16 @@ def test_a_failed_build_raises_unless_its_report_is_kept(tmp_path):
 
 
 @pytest.mark.simulator
-def test_walk_the_simulator_over_a_long_latent(probe):
+def test_walk_the_simulator_over_a_long_latent(simulators):
     # The probe is a 32-frame "decoder" with hop 4; walk it with 16 emitted + 8 context each side.
     # Its receptive field exceeds 8 frames, so the walk is close to, not equal to, one long decode.
     rng = np.random.default_rng(5)
     latent = rng.standard_normal((16, 150)).astype(np.float32)
     long_model = graph.pin_shapes(toolchain.vocoder_probe(frames=32), {"x": (1, 16, 1, 150)})
     ref = OrtRunner(long_model).run([latent[None, :, None, :]])[0].ravel()
-    with SimulatorRunner(probe, "rk3588") as sim:
-        out = walk_windows(latent, lambda x, m: sim.run([x[None, :, None, :]])[0][0, 0],
-                           emit=16, context=8, samples_per_frame=4, progress=False)
+    sim = simulators("rk3588")
+    out = walk_windows(latent, lambda x, m: sim.run([x[None, :, None, :]])[0][0, 0],
+                       emit=16, context=8, samples_per_frame=4, progress=False)
     assert out.shape == (1, 600)
     assert gates.snr_db(ref, out[0]) > 40.0
 

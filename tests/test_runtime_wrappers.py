@@ -1,11 +1,14 @@
 """The runner wrappers: the wrapped runner's surface passes through, Recording keeps copies of every
-feed and output of a walk, ContractDtypes feeds each input in its contract dtype."""
+feed and output of a walk, ContractDtypes feeds each input in its contract dtype; carried_feeds, the
+stateful probe built on both."""
+
+from dataclasses import replace
 
 import numpy as np
 
 from rkstudy.contract import Contract, Digest, Tensor
 from rkstudy.runtime import ContractDtypes, Recording
-from rkstudy.stream import StatefulWalker
+from rkstudy.stream import StatefulWalker, carried_feeds
 
 
 class Doubler:
@@ -81,3 +84,13 @@ def test_contract_dtypes_feeds_int64_codes_and_float32_the_rest():
                                         "codes": np.array([[2047.0, 3.0]], np.float32)})
     assert inner.dtypes == [{"x": np.float32, "codes": np.int64}]
     assert got[0].tolist() == [[3.0, 4.0]]
+
+
+def test_carried_feeds_are_the_whole_steps_of_a_walk_with_the_state_the_runner_carried_in_contract_dtypes():
+    c = step_contract()
+    codes = replace(c, inputs=(Tensor("x", (1, 2), dtype="int64", role="walked", axis=1), c.inputs[1]))
+    feeds = carried_feeds(Accumulator(), codes, {"x": np.array([1, 2, 3, 4, 5], np.int64)})
+    # two whole steps of two frames (the fifth frame waits for a flush a probe never makes)
+    assert [f["x"].tolist() for f in feeds] == [[[1, 2]], [[3, 4]]]
+    assert [f["s_in"].tolist() for f in feeds] == [[[0]], [[3]]]
+    assert [(f["x"].dtype, f["s_in"].dtype) for f in feeds] == [(np.int64, np.float32)] * 2

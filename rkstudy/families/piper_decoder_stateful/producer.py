@@ -137,14 +137,13 @@ def state_probe(onnx_path, contract: Contract, steps: int = 3, seed: int = 0) ->
     """Stage 2's probe for a stateful step: the inputs of its first step (zero state) and of step
     `steps` (the state the fp32 graph carried there) on a white-noise latent, so the simulator gate
     covers the cache path too, not only a zero state."""
-    from ...runtime import OrtRunner, Recording
-    from ...stream import StatefulWalker
+    from ...runtime import OrtRunner
+    from ...stream import carried_feeds
 
     rng = np.random.default_rng(seed)
-    rec = Recording(OrtRunner(onnx_path))
     constants = {t.name: rng.standard_normal(t.shape).astype(np.float32) for t in contract.role("constant")}
-    walker = StatefulWalker(rec, contract, constants)
     e = contract.params["emit"]
-    walker.push({t.name: rng.standard_normal(t.shape[1:-1] + (steps * e * t.rate,)).astype(np.float32)
-                 for t in contract.role("walked")})
-    return [rec.feeds[0], rec.feeds[-1]]
+    frames = {t.name: rng.standard_normal(t.shape[1:-1] + (steps * e * t.rate,)).astype(np.float32)
+              for t in contract.role("walked")}
+    feeds = carried_feeds(OrtRunner(onnx_path), contract, frames, constants)
+    return [feeds[0], feeds[-1]]

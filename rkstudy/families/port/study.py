@@ -118,22 +118,15 @@ def input_probe(utterances: Sequence[Mapping[str, np.ndarray]], limit: int = 8):
     """Stage 2's probe: the engine's own feeds while the fp32 graph walks the user's full-length inputs
     (every window, or every step with the state it carried), at most `limit` of them spread over the
     walk, so the simulator gate covers the real inputs, the tail and the cache path."""
-    from ...runtime import OrtRunner
+    from ...runtime import OrtRunner, Recording
     from .sidecar import PortSidecar
 
     def probe(onnx_path, contract):
-        runner, feeds = OrtRunner(onnx_path), []
-
-        class Recorder:
-            input_names, shapes = runner.input_names, runner.shapes
-
-            def run(self, feed):
-                feeds.append({k: np.array(v, np.float32) for k, v in feed.items()})
-                return runner.run(feed)
-
-        side = PortSidecar(Recorder(), contract)
+        recording = Recording(OrtRunner(onnx_path))
+        side = PortSidecar(recording, contract)
         for u in utterances:
             side.decode(u)
+        feeds = recording.feeds
         keep = sorted({round(i) for i in np.linspace(0, len(feeds) - 1, min(limit, len(feeds)))})
         return [feeds[i] for i in keep]
 

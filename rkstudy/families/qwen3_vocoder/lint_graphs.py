@@ -17,11 +17,11 @@ def lint_graphs(quick: bool) -> list[FamilyGraph]:
     if quick:
         return []
     from . import producer
-    from .study import carried_feeds
+    from .study import CODES_SEED
 
     product = producer.produce(CODES_LENGTH)
     pins = {t.name: tuple(t.shape) for t in product.contract.inputs}
-    sample = carried_feeds(product.path, steps=2)[-1]
+    sample = producer.carried_feeds(product.path, 2, CODES_SEED + 1, product.contract)[-1]
     out = [FamilyGraph("qwen3_vocoder", "raw", f"step B={CODES_LENGTH}, torchscript17, before the long-axis rewrite",
                        onnx.load(str(producer.produce(CODES_LENGTH, long_axis=False).path)), sample=sample)]
     for exporter in EXPORTERS:

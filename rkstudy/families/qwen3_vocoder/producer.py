@@ -321,21 +321,24 @@ def warn_if_abort(census: dict, where: str) -> bool:
 
 
 # --- stage 2's probe -----------------------------------------------------------------------------------
+def carried_feeds(onnx_path, steps: int, seed: int, contract: Contract | None = None) -> list[dict]:
+    """The (codes, cache_in) feeds of `steps` consecutive steps of a random-code stream (codes from
+    `seed`) from a zeroed cache, the cache carried by onnxruntime fp32: a real cache, whose KV history
+    and validity flags describe a past."""
+    from ...runtime import OrtRunner
+    from ...stream import carried_feeds as walk_feeds
+    from .sidecar import random_codes
+
+    contract = contract or read_contract(onnx_path)
+    p = contract.params
+    codes = random_codes(steps * p["codes_length"], seed, num_quantizers=p["num_quantizers"],
+                         codebook_size=p["codebook_size"])
+    return walk_feeds(OrtRunner(onnx_path), contract, {CODES: codes[0]})
+
+
 def state_probe(onnx_path, contract: Contract, steps: int = 3, seed: int = 0) -> list[dict]:
     """Stage 2's probe: the inputs of the first step (zeroed cache) and of step `steps` (the cache the
     fp32 graph carried there) of a random-code stream, so the simulator gate covers the cache path."""
-    from ...runtime import OrtRunner
-    from .sidecar import ContractDtypes, random_codes
-
-    p = contract.params
-    runner = OrtRunner(onnx_path)
-    codes = random_codes(steps * p["codes_length"], seed, num_quantizers=p["num_quantizers"],
-                         codebook_size=p["codebook_size"])
-    cache, feeds = np.zeros((1, p["cache_numel"]), np.float32), []
-    dt = ContractDtypes(runner, contract)
-    for k in range(steps):
-        feed = {CODES: codes[..., k * p["codes_length"]:(k + 1) * p["codes_length"]], CACHE_IN: cache}
-        feeds.append(feed)
-        cache = dt.run(feed)[1]
+    feeds = carried_feeds(onnx_path, steps, seed, contract)
     return [feeds[0], feeds[-1]]
 

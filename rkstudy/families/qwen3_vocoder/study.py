@@ -20,7 +20,7 @@ import numpy as np
 from ... import gates
 from ...build import build_engine
 from ...results import HOST
-from .sidecar import CACHE_IN, CODES, SAMPLES_PER_TOKEN, random_codes
+from .sidecar import SAMPLES_PER_TOKEN, random_codes
 
 GATE = gates.Gate("stepwise_vs_full_decode", 40.0)   # the seeds' self-check gate
 FP32 = {"where": "fp32", "target": "none"}
@@ -155,25 +155,6 @@ def census_rows(products: dict, build_target: str | None = "rk3588", shapes: dic
     return rows
 
 
-def carried_feeds(onnx_path, steps: int = 3, seed: int = CODES_SEED + 1) -> list[dict]:
-    """The feeds of `steps` consecutive steps of a random-code stream from a zeroed cache, the cache
-    carried by onnxruntime fp32 (a real cache: its KV history and validity flags describe a past)."""
-    from ...runtime import OrtRunner
-    from .producer import read_contract
-    from .sidecar import ContractDtypes
-
-    c = read_contract(onnx_path)
-    p = c.params
-    runner = ContractDtypes(OrtRunner(onnx_path), c)
-    codes = random_codes(steps * p["codes_length"], seed, codebook_size=p["codebook_size"],
-                         num_quantizers=p["num_quantizers"])
-    cache, feeds = np.zeros((1, p["cache_numel"]), np.float32), []
-    for k in range(steps):
-        feeds.append({CODES: codes[..., k * p["codes_length"]:(k + 1) * p["codes_length"]], CACHE_IN: cache})
-        cache = runner.run(feeds[-1])[1]
-    return feeds
-
-
 def engine_rows(onnx_path, targets, out_dir=None, steps: int = 3, keep_last: int | None = None,
                 quantize=None) -> list[dict]:
     """The fp16 engine (or, with `quantize`, a rkstudy.build.Calibration, the quantized one) for each
@@ -183,10 +164,10 @@ def engine_rows(onnx_path, targets, out_dir=None, steps: int = 3, keep_last: int
     from pathlib import Path
 
     from ...engine import compare_outputs, simulator_vs_fp32
-    from .producer import read_contract
+    from .producer import carried_feeds, read_contract
 
     c = read_contract(onnx_path)
-    feeds = carried_feeds(onnx_path, steps)
+    feeds = carried_feeds(onnx_path, steps, CODES_SEED + 1)
     first = len(feeds) - (keep_last or len(feeds))
     feeds = feeds[first:]
     rows = []
@@ -209,8 +190,9 @@ def calibration(onnx_path, steps: int = 4, seed: int = CALIBRATION_SEED):
     onnxruntime fp32, so the quantizer sees the ranges a stream feeds (a zeroed cache and real
     history), with the toolkit's default settings (w8a8, min/max, per-channel)."""
     from ...build import Calibration
+    from .producer import carried_feeds
 
-    return Calibration(carried_feeds(onnx_path, steps, seed=seed))
+    return Calibration(carried_feeds(onnx_path, steps, seed))
 
 
 def int8_rows(onnx_path, target: str = "rk3588", out_dir=None, steps: int = 3, keep_last: int | None = None,
