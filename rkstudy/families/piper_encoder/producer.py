@@ -24,6 +24,7 @@ from ... import atomic, gates, graph
 from ...cache import digest, entry
 from ...contract import METADATA_KEY, Contract, Digest, Tensor
 from ...graph import relshift
+from ...paths import cache_root
 from ...produced import Produced
 from ...results import HOST
 from ...runtime import OrtRunner
@@ -160,12 +161,19 @@ def _vocab(model: onnx.ModelProto) -> int:
     return int(inits[gather.input[0]].dims[0])
 
 
+# What produce() made into the cache in this process, by (cache root, voice file, width, mode).
+_PRODUCED: dict[tuple[str, str, int, str], EncoderSlice] = {}
+
+
 def produce(voice: piper.Voice, frames: int, output: Path | str | None = None,
             mode: str = DEFAULT_RELSHIFT) -> EncoderSlice:
     """Slice, pin, fold, rewrite (`mode`: relshift.GATHER or relshift.BANDED), write the contract,
     and save the rewritten ONNX (default: the cache, keyed by the voice bytes, the width, the mode
     and REWRITE_VERSION; an explicit `output` is always rewritten). Refuses a rewrite that leaves
-    a chain."""
+    a chain.
+
+    Into the cache, a width is produced once per process: the fold takes seconds per width, and a
+    study asks for the same width in several steps (pad safety, the simulator, the ladder)."""
     import onnxslim
 
     if frames < 2:
@@ -177,6 +185,9 @@ def produce(voice: piper.Voice, frames: int, output: Path | str | None = None,
 
         raise UsageError(f"--relshift {mode}: use one of {', '.join(relshift.MODES)}")
     refuse_what_cannot_fit(frames, mode)
+    made = (str(cache_root()), str(voice.onnx_path.resolve()), frames, mode)
+    if output is None and made in _PRODUCED and _PRODUCED[made].path.exists():
+        return _PRODUCED[made]
     raw = encoder_slice(voice.model)
     folded = graph.fold(raw, shapes_for(frames))
     findings = relshift.plan(relshift.find_relshift(folded), mode)
@@ -202,8 +213,12 @@ def produce(voice: piper.Voice, frames: int, output: Path | str | None = None,
             atomic.save_onnx(rewritten, output)
     else:
         atomic.save_onnx(rewritten, output)
-    return EncoderSlice(frames=frames, raw=raw, folded=folded, model=rewritten, findings=findings,
-                   contract=contract, path=Path(output))
+        made = None
+    product = EncoderSlice(frames=frames, raw=raw, folded=folded, model=rewritten, findings=findings,
+                           contract=contract, path=Path(output))
+    if made:
+        _PRODUCED[made] = product
+    return product
 
 
 def fold_basic(model: onnx.ModelProto, frames: int) -> onnx.ModelProto:
