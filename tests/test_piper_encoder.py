@@ -165,46 +165,117 @@ def test_banded_producer_is_pad_safe_and_records_its_mode(voice, product, tmp_pa
                                   where="enc", remake="x").params["relshift"] == "banded"
 
 
-def _size(mode, frames, engine_bytes, peak_gb, peak_from="dedicated build child"):
+def _size(mode, frames, engine_bytes, peak_mb, peak_from=study.SIMULATOR_PEAK):
     return {"relshift": mode, "frames": frames, "onnx_initializer_bytes": 1, "engine_bytes": engine_bytes,
-            "build_s": 1.0, "regtask": 0, "regtask_max": 0, "converter_peak_gb": peak_gb, "peak_from": peak_from,
+            "build_s": 1.0, "regtask": 0, "regtask_max": 0, "converter_peak_mb": peak_mb, "peak_from": peak_from,
             "carried_from": "", "status": "ok", "where": "host", "target": "rk3588"}
 
 
-def test_relshift_growth_prefers_the_dedicated_build_and_scores_the_size_goals():
-    sizes = [_size("banded", 128, 16_000_000, 0.9, "simulator child (build + inference)"),
-             _size("banded", 128, 16_000_000, 0.5), _size("banded", 320, 21_000_000, 3.5),
-             _size("banded", 512, 401_000_000, 1.0), _size("gather", 128, 137_000_000, 1.9)]
-    fid = [{"relshift": "banded", "frames": 128, "stats_snr_db": 62.0, "cond_snr_db": 61.0},
-           {"relshift": "gather", "frames": 128, "stats_snr_db": 70.0, "cond_snr_db": 70.0}]
-    rows = study.relshift_growth(sizes, fid)
-    b128 = next(r for r in rows if r["relshift"] == "banded" and r["frames"] == 128)
-    assert (b128["converter_peak_gb"], b128["sim_worst_snr_db"], b128["sim_counts"]) == (0.5, 61.0, 1)
+def test_relshift_growth_gives_each_place_its_own_row_and_scores_the_size_goals():
+    from rkstudy import provenance
+
+    sizes = [_size("banded", 128, 16_000_000, 512.0), _size("banded", 320, 21_000_000, 3500.0),
+             _size("banded", 512, 401_000_000, 1000.0), _size("gather", 128, 137_000_000, 1900.0)]
+    fid = [{"relshift": "banded", "frames": 128, "stats_snr_db": 62.0, "cond_snr_db": 61.0, "where": "simulator",
+            "target": "rk3588"},
+           {"relshift": "gather", "frames": 128, "stats_snr_db": 70.0, "cond_snr_db": 70.0, "where": "simulator",
+            "target": "rk3588"}]
+    pads = [{"relshift": "banded", "frames": 128, "stats_snr_db": 126.0, "cond_snr_db": 125.0, "stats_max_diff": 1e-6,
+             "cond_max_diff": 2e-6, "where": "fp32"}]
+    rows = study.relshift_growth(sizes, fid, pads)
+    assert [(r["relshift"], r["frames"], r["where"]) for r in rows] == [
+        ("banded", 128, "host"), ("banded", 128, "simulator"), ("banded", 128, "fp32"), ("banded", 320, "host"),
+        ("banded", 512, "host"), ("gather", 128, "host"), ("gather", 128, "simulator")]
+    b128 = {r["where"]: r for r in rows if r["relshift"] == "banded" and r["frames"] == 128}
+    assert (b128["host"]["converter_peak_mb"], b128["host"]["sim_worst_snr_db"]) == (512.0, "")
+    assert (b128["simulator"]["sim_worst_snr_db"], b128["simulator"]["sim_counts"], b128["simulator"]["regtask"],
+            b128["simulator"]["engine_bytes"]) == (61.0, 1, 0, "")
+    assert (b128["fp32"]["fp32_worst_snr_db"], b128["fp32"]["fp32_max_diff"], b128["fp32"]["target"]) == (
+        125.0, 2e-6, "none")
+    for row in rows:  # every row's where is the runner that made its numbers
+        assert provenance.where_problems(results.stamp(row), under_board=False) == [], row
+    with pytest.raises(ValueError, match="two size rows for the banded engine at width 128"):
+        study.relshift_growth(sizes + [_size("banded", 128, 16_000_000, 0.5, study.BUILD_PEAK)], fid)
     goals = {r["goal"]: r for r in study.target_rows(rows)}
     assert goals["rk3588 engine at width 128"]["met"] and goals["rk3588 engine at width 128"]["margin"] == 14.0
     assert not goals["rk3588 engine at width 512"]["met"] and goals["rk3588 engine at width 512"]["margin"] == -1.0
-    peak = goals["converter peak at width 320"]  # 3.5 GiB is 3.758 GB
-    assert not peak["met"] and peak["measured"] == 3.758 and peak["margin"] == -0.758
+    peak = goals["converter peak at width 320"]  # in the build rows' own unit, MB
+    assert (peak["met"], peak["measured"], peak["unit"], peak["margin"]) == (False, 3500.0, "MB", -500.0)
     assert not goals["width 384 built and simulated"]["met"] and not goals["width 512 built and simulated"]["met"]
 
 
 def test_carried_gather_rows_come_from_the_committed_sizes_with_their_stamp(tmp_path):
     path = tmp_path / "sizes.csv"
-    path.write_text("frames,onnx_initializer_bytes,engine_bytes,build_s,regtask,child_peak_rss_gb,status,"
-                    "rkstudy_version,commit,toolkit_version,target,where,date\n"
-                    "256,37879252,901928284,44.7,0,6.79,ok,"
-                    "0.1.0,4ba221b00000,rknn-toolkit2 2.5.0,rk3588,host,2026-11-30\n")
+    stamp = "0.1.0,4ba221b00000,rknn-toolkit2 2.5.0,rk3588,host,2026-11-30"
+    path.write_text("frames,onnx_initializer_bytes,engine_bytes,build_s,regtask,converter_peak_gb,status,"
+                    f"rkstudy_version,commit,toolkit_version,target,where,date\n256,37879252,901928284,44.7,0,6.32,ok,{stamp}\n")
     (row,) = study.carried_sizes(path, (256,))
-    assert row["engine_bytes"] == 901928284 and row["converter_peak_gb"] == round(6.79e9 / 2**30, 2)
-    assert row["carried_from"] == "results/piper_encoder/sizes.csv"
+    # a GiB column (VmHWM / 2^30) read into the build rows' MB field (VmHWM / 2^20)
+    assert row["engine_bytes"] == 901928284 and row["converter_peak_mb"] == round(6.32 * 1024)
+    assert row["carried_from"] == "results/piper_encoder/sizes.csv" and row["peak_from"] == study.BUILD_PEAK
     stamped = results.stamp(row, HOST)  # the run that built it keeps the number
     assert (stamped["commit"], stamped["date"], stamped["target"]) == ("4ba221b00000", "2026-11-30", "rk3588")
     with pytest.raises(FileNotFoundError, match=r"no gather rows at widths \[320\]"):
         study.carried_sizes(path, (256, 320))
-    path.write_text("frames,onnx_initializer_bytes,engine_bytes,build_s,regtask,child_peak_rss_gb,status,target,where,date\n"
-                    "256,37879252,901928284,44.7,0,6.79,ok,rk3588,host,2026-11-30\n")
+    path.write_text("relshift,frames,onnx_initializer_bytes,engine_bytes,build_s,regtask,converter_peak_mb,status,"
+                    "carried_from,rkstudy_version,commit,toolkit_version,target,where,date\n"
+                    "gather,256,37879252,901928284,44.7,0,6472.0,ok,results/piper_encoder/sizes.csv (2026-11-30),"
+                    f"{stamp}\n")
+    (row,) = study.carried_sizes(path, (256,))  # a table this study wrote: carried again, first source kept
+    assert row["converter_peak_mb"] == 6472.0 and row["carried_from"] == "results/piper_encoder/sizes.csv (2026-11-30)"
+    path.write_text("frames,onnx_initializer_bytes,engine_bytes,build_s,regtask,converter_peak_gb,status,target,where,date\n"
+                    "256,37879252,901928284,44.7,0,6.32,ok,rk3588,host,2026-11-30\n")
     with pytest.raises(ValueError, match="has no rkstudy_version, commit, toolkit_version"):
         study.carried_sizes(path, (256,))  # a table from before stamps: which run built it is unknown
+
+
+def test_durations_feed_the_drawn_noise_and_give_a_fresh_seeded_sessions_frames(voice):
+    """The frames from the shared fed session equal a fresh seeded session of the whole tail for any
+    conditioning, at every (length, seed), and conditioning that differs gives other frames."""
+    from rkstudy import graph
+
+    dur = study.Durations(voice)
+    s = dur.seam
+    tail = graph.slice_at(voice.model, [s.cond, s.ids, s.lengths, s.scales], [s.frames])
+
+    def fresh(cond, ids, seed):
+        out = OrtRunner(piper.seed_random_nodes(tail, seed)).session.run(
+            None, {s.cond: cond, **piper.ids_feed(ids), s.scales: voice.scales})
+        return float(np.asarray(out[0]).ravel()[0])
+
+    refs = study.Reference(voice)
+    rng = np.random.default_rng(0)
+    for n in (17, 45):
+        ids = tokens.real_tokens(voice, n)
+        cond = refs.outputs(ids)[1]
+        for seed in (5, 6):
+            got = []
+            for scale in (0.0, 0.05, 0.5, 1.0):
+                c = (cond + scale * rng.standard_normal(cond.shape)).astype(np.float32)
+                got.append(dur.frames(c, ids, seed))
+                assert got[-1] == fresh(c, ids, seed), (n, seed, scale)
+            assert len(set(got)) > 1, got  # the noise is fed, not the frames
+        assert refs.frames(ids, 5) == fresh(cond, ids, 5)
+    assert sorted(dur._noise) == [(17, 5), (17, 6), (45, 5), (45, 6)]  # drawn once per (length, seed)
+
+
+def test_a_width_is_produced_once_and_a_kept_simulator_is_handed_over_once(voice, product, tmp_path):
+    assert producer.produce(voice, W) is product
+    out = tmp_path / "enc.onnx"
+    assert producer.produce(voice, W, output=out) is not product and out.is_file()  # an explicit output is rewritten
+
+    class Serving:
+        target, closed = "rk3588", False
+
+        def close(self):
+            self.closed = True
+
+    first, second = Serving(), Serving()
+    study.keep_serving(product, first)
+    study.keep_serving(product, second)  # a child left before is closed, not leaked
+    assert first.closed and not second.closed
+    assert study.simulator(product, "rk3588") is second
+    assert study._SERVING == {}
 
 
 def test_ladder_plans_count_the_fallback_chunks(voice):

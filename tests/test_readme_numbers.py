@@ -120,12 +120,6 @@ def _drift():
     return "duration drift ≤ 0.535 %"
 
 
-def _banded_peak():
-    peaks = set(floats("piper_encoder/relshift_growth", "converter_peak_gb", relshift="banded"))
-    assert len(peaks) == 1
-    return f"its {peaks.pop():.2f} GiB at every width"
-
-
 def _pull_request_board():
     values = [v for n in (128, 192, 384)
               for v in results.seed_numbers("piper_encoder", f"SNR vs fp32 n{n} (stats / cond)")]
@@ -133,7 +127,7 @@ def _pull_request_board():
 
 
 CLAIMS = [_macs, _walk_cost, _exactness, _state, _step_regtask, _window, _gather, _banded, _banded_exact, _ladder,
-          _drift, _banded_peak, _pull_request_board]
+          _drift, _pull_request_board]
 
 
 def _flat(text: str) -> str:

@@ -1,4 +1,4 @@
-"""Reproduce the relative-shift candidates table (results/piper_encoder/relshift_candidates.csv).
+"""The relative-shift candidates: the layouts tried before choosing the banded form (research, not a study).
 
 From the repository root:
 
@@ -10,8 +10,8 @@ From the repository root:
 where its build is cheap) on the real encoder, built and simulated for rk3588.
 `widths`: the shipped rewrite (relshift mode="banded") at 64..512: fp32 exactness/pad-safety
 rows, then build + simulator per width.
-`tables`: build/relshift_candidates/results/*.csv and *.md from the saved rows, and the committed
-results/piper_encoder/relshift_candidates.csv (with `measured_by` and `origin` columns).
+`tables`: build/relshift_candidates/results/*.csv and *.md from the saved rows. They stay there:
+no committed table comes from this script (its rows are not stamped by a study run).
 
 Each build runs in a fresh `measure.py` process, one at a time (the machine is shared);
 its row is saved under build/relshift_candidates/rows/ and reused on a rerun unless --force.
@@ -32,9 +32,10 @@ import numpy as np
 import onnx
 
 from rkstudy.families.piper import voice as piper
+from rkstudy.families.piper_encoder.study import carried_sizes
 from rkstudy.graph import relshift
 from rkstudy.paths import RESULTS as REPO_RESULTS
-from rkstudy.results import to_markdown
+from rkstudy.results import read_table
 
 from . import forms as candidates
 from . import host as study
@@ -42,10 +43,6 @@ from . import host as study
 ROWS = study.OUT / "rows"
 RESULTS = study.OUT / "results"
 MAIN_SIZES = REPO_RESULTS / "piper_encoder" / "sizes.csv"  # the gather rows not rebuilt here
-PUBLISHED = REPO_RESULTS / "piper_encoder" / "relshift_candidates.csv"
-PUBLISHED_TITLE = ("Relative-shift candidates: the layouts tried before choosing the banded form "
-                   "(research run, rk3588; not written by notebook 02)")
-ORIGIN = "research run 2026-11-30 (not this notebook); reproduce: python -m scripts.relshift_candidates candidates"
 GATHER_MAX_WIDTH = 192  # the gather form is not rebuilt above this (6.8 GB at 256, 12.4 GB at 320)
 WIDTHS = (64, 96, 128, 192, 256, 320, 384, 512)
 # logits form + values form (candidates.split); `gather` is relshift's rewrite, `floor` zeroes both terms
@@ -163,20 +160,15 @@ def _row(form: str, width: int) -> dict | None:
 
 def _main_gather_rows() -> list[dict]:
     """relshift's gather rows at the widths it is not rebuilt at (from the repository's sizes.csv)."""
-    rows = []
-    with open(MAIN_SIZES) as fh:
-        for r in csv.DictReader(fh):
-            if int(r["frames"]) > GATHER_MAX_WIDTH:
-                rows.append({"candidate": "gather", "L": int(r["frames"]), "status": r["status"],
-                             "engine_bytes": int(r["engine_bytes"]), "build_s": float(r["build_s"]),
-                             "build_cpu_s": "", "load_1min": "",
-                             "converter_peak_rss_gib": round(float(r["child_peak_rss_gb"]) * 1e9 / 2**30, 2),
-                             "child_maxrss_gib": "", "regtask": int(r["regtask"]), "cpu_ops": "", "verbose_build": False,
-                             "sim_min_snr_db": "",
-                             "sim_counts": "", "fp32_worst_snr_db": "", "fp32_worst_max_diff": "",
-                             "exact": "", "onnx_bytes": "",
-                             "source": "results/piper_encoder/sizes.csv (not rebuilt)"})
-    return rows
+    widths = [int(r["frames"]) for r in read_table(MAIN_SIZES)
+              if r.get("relshift", "gather") == "gather" and int(r["frames"]) > GATHER_MAX_WIDTH]
+    return [{"candidate": "gather", "L": r["frames"], "status": r["status"], "engine_bytes": r["engine_bytes"],
+             "build_s": r["build_s"], "build_cpu_s": "", "load_1min": "",
+             "converter_peak_rss_gib": round(r["converter_peak_mb"] / 1024, 2),
+             "child_maxrss_gib": "", "regtask": r["regtask"], "cpu_ops": "", "verbose_build": False,
+             "sim_min_snr_db": "", "sim_counts": "", "fp32_worst_snr_db": "", "fp32_worst_max_diff": "",
+             "exact": "", "onnx_bytes": "", "source": "results/piper_encoder/sizes.csv (not rebuilt)"}
+            for r in carried_sizes(MAIN_SIZES, widths)]
 
 
 def _write(name: str, rows: list[dict], title: str) -> None:
@@ -217,21 +209,6 @@ def growth_rows(by_form: dict[str, list[dict]]) -> list[dict]:
     return out
 
 
-def publish(cand: list[dict]) -> None:
-    """The committed candidates table: the rows, `source` renamed `measured_by`, and `origin`."""
-    rows = []
-    for r in cand:
-        r = dict(r)
-        src = r.pop("source")
-        rows.append({**r, "measured_by": "research run build + simulator" if src == "measured here" else src,
-                     "origin": ORIGIN})
-    with open(PUBLISHED, "w", newline="") as fh:
-        w = csv.DictWriter(fh, list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    PUBLISHED.with_suffix(".md").write_text(f"# {PUBLISHED_TITLE}\n\n" + to_markdown(rows), encoding="utf-8")
-
-
 def tables() -> None:
     forms = [*FORMS, "banded"]
     found = sorted({int(p.stem.rsplit("_L", 1)[1]) for p in ROWS.glob("*_L*.json") if not p.stem.startswith("fp32")})
@@ -241,7 +218,6 @@ def tables() -> None:
     for r in cand:
         r["description"] = candidates.describe(r["candidate"])
     _write("candidates", cand, "Candidate formulations of the relative-shift chains (real encoder, rk3588)")
-    publish(cand)
     chosen = [r for w in found if (r := _row("banded", w))]
     for r in chosen:
         ops = ROWS / f"ops_banded_L{r['L']}.json"

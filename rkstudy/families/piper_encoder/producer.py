@@ -13,7 +13,7 @@ relative table, whose engine stays near 16 MB at width 128 and makes widths up t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +24,7 @@ from ... import atomic, gates, graph
 from ...cache import digest, entry
 from ...contract import METADATA_KEY, Contract, Digest, Tensor
 from ...graph import relshift
+from ...paths import cache_root
 from ...produced import Produced
 from ...results import HOST
 from ...runtime import OrtRunner
@@ -160,12 +161,19 @@ def _vocab(model: onnx.ModelProto) -> int:
     return int(inits[gather.input[0]].dims[0])
 
 
+# What produce() made into the cache in this process, by (cache root, voice file, width, mode).
+_PRODUCED: dict[tuple[str, str, int, str], EncoderSlice] = {}
+
+
 def produce(voice: piper.Voice, frames: int, output: Path | str | None = None,
             mode: str = DEFAULT_RELSHIFT) -> EncoderSlice:
     """Slice, pin, fold, rewrite (`mode`: relshift.GATHER or relshift.BANDED), write the contract,
     and save the rewritten ONNX (default: the cache, keyed by the voice bytes, the width, the mode
     and REWRITE_VERSION; an explicit `output` is always rewritten). Refuses a rewrite that leaves
-    a chain."""
+    a chain.
+
+    Into the cache, a width is produced once per process: the fold takes seconds per width, and a
+    study asks for the same width in several steps (pad safety, the simulator, the ladder)."""
     import onnxslim
 
     if frames < 2:
@@ -177,6 +185,9 @@ def produce(voice: piper.Voice, frames: int, output: Path | str | None = None,
 
         raise UsageError(f"--relshift {mode}: use one of {', '.join(relshift.MODES)}")
     refuse_what_cannot_fit(frames, mode)
+    made = (str(cache_root()), str(voice.onnx_path.resolve()), frames, mode)
+    if output is None and made in _PRODUCED and _PRODUCED[made].path.exists():
+        return _PRODUCED[made]
     raw = encoder_slice(voice.model)
     folded = graph.fold(raw, shapes_for(frames))
     findings = relshift.plan(relshift.find_relshift(folded), mode)
@@ -202,8 +213,12 @@ def produce(voice: piper.Voice, frames: int, output: Path | str | None = None,
             atomic.save_onnx(rewritten, output)
     else:
         atomic.save_onnx(rewritten, output)
-    return EncoderSlice(frames=frames, raw=raw, folded=folded, model=rewritten, findings=findings,
-                   contract=contract, path=Path(output))
+        made = None
+    product = EncoderSlice(frames=frames, raw=raw, folded=folded, model=rewritten, findings=findings,
+                           contract=contract, path=Path(output))
+    if made:
+        _PRODUCED[made] = product
+    return product
 
 
 def fold_basic(model: onnx.ModelProto, frames: int) -> onnx.ModelProto:
@@ -236,14 +251,25 @@ def counts_for(frames: int) -> list[int]:
     return sorted({n for n in (17, 61, frames - 1, frames) if 0 < n <= frames})
 
 
-def pad_safety(voice: piper.Voice, product: EncoderSlice, counts: Sequence[int] | None = None) -> list[dict]:
+def _raw_outputs(product: EncoderSlice, reference: Callable | None) -> Callable:
+    """The raw slice's exact-length outputs for ids: `reference` (one shared across widths, such as
+    study.Reference.outputs, which computes each token set once) or a session of this product's raw slice."""
+    if reference is not None:
+        return reference
+    raw = OrtRunner(product.raw)
+    return lambda ids: raw.run(piper.ids_feed(ids))
+
+
+def pad_safety(voice: piper.Voice, product: EncoderSlice, counts: Sequence[int] | None = None,
+               reference: Callable | None = None) -> list[dict]:
     """The padded run of the graph the engine is compiled from (rewritten, at width N) against
-    the exact-length run of the raw slice, on the real frames; gated at PAD_SAFE_GATE."""
-    raw, eng = OrtRunner(product.raw), OrtRunner(product.rewritten)
+    the exact-length run of the raw slice (`reference`: see _raw_outputs), on the real frames;
+    gated at PAD_SAFE_GATE."""
+    raw, eng = _raw_outputs(product, reference), OrtRunner(product.rewritten)
     rows = []
     for n in counts or counts_for(product.frames):
         ids = real_tokens(voice, n)
-        m = both(raw.run(piper.ids_feed(ids)), eng.run(pad_ids(ids, product.frames)), n)
+        m = both(raw(ids), eng.run(pad_ids(ids, product.frames)), n)
         worst = min(m["stats_snr_db"], m["cond_snr_db"])
         rows.append({"relshift": product.contract.params["relshift"], "frames": product.frames, "tokens": n,
                      "pad_slots": product.frames - n, **m,
@@ -251,17 +277,19 @@ def pad_safety(voice: piper.Voice, product: EncoderSlice, counts: Sequence[int] 
     return rows
 
 
-def rewrite_check(voice: piper.Voice, product: EncoderSlice, counts: Sequence[int] | None = None) -> list[dict]:
+def rewrite_check(voice: piper.Voice, product: EncoderSlice, counts: Sequence[int] | None = None,
+                  reference: Callable | None = None) -> list[dict]:
     """Rewritten against folded (same width: isolates the rewrite; max diff is what changed)
-    and against the raw dynamic slice at full width (the seeds' 121-131 dB gate)."""
-    raw, fold, eng = OrtRunner(product.raw), OrtRunner(product.folded), OrtRunner(product.rewritten)
+    and against the raw dynamic slice (`reference`: see _raw_outputs) at full width (the reference
+    documents' 121-131 dB gate)."""
+    raw, fold, eng = _raw_outputs(product, reference), OrtRunner(product.folded), OrtRunner(product.rewritten)
     rows = []
     for n in counts or [product.frames]:
         ids = real_tokens(voice, n)
         padded = pad_ids(ids, product.frames)
         out = eng.run(padded)
         vs_fold = both(fold.run(padded), out, n)
-        vs_raw = both(raw.run(piper.ids_feed(ids)), out, n)
+        vs_raw = both(raw(ids), out, n)
         worst = min(vs_raw["stats_snr_db"], vs_raw["cond_snr_db"])
         rows.append({"relshift": product.contract.params["relshift"], "frames": product.frames, "tokens": n,
                      "vs_folded_max_diff": max(vs_fold["stats_max_diff"], vs_fold["cond_max_diff"]),

@@ -11,13 +11,13 @@ import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
+import onnx
 from tqdm.auto import tqdm
 
 from ... import fits, gates, graph
 from ...board.memory import smallest_rung
 from ...build import build_engine
 from ...cache import cache_dir, sha256_file
-from ...engine import simulator_vs_fp32
 from ...graph.relshift import BANDED, GATHER
 from ...results import HOST, STAMP, carried, read_table
 from ...runtime import OrtRunner, SimulatorRunner
@@ -29,50 +29,60 @@ from .tokens import chunk_ids, pad_ids, real_tokens
 
 QUICK_WIDTHS = (32, 64)
 FULL_WIDTHS = (64, 96, 128, 192)
-# Built for the growth fit only (no simulator run). The converter's peak RSS grows with the
-# engine: ~5 GB at 192, ~6.7 GB at 256, ~12.3 GB (11.5 GiB) at 320; 384 (the seeds' 2.9 GB
-# engine) would pass the ~12 GiB a build may take on this shared 24 GiB machine.
+# The gather form's widths measured for the size fit in an earlier run and carried (not rebuilt):
+# the converter's peak grows with the engine, ~4.6 GiB at 192, ~6.3 GiB at 256, ~11.6 GiB at 320;
+# 384 (the reference documents' 2.9 GB engine) would pass the ~12 GiB a build may take on this
+# shared 24 GiB machine.
 SIZE_ONLY_WIDTHS = (256, 320)
 SEEDS_LADDER = (128, 192)
-# The banded rewrite (relshift mode "banded") at every width up to 512; its converter stays
-# near 1 GB, so 384 and 512 build and simulate here. Its ladder runs 128 and 256 (the study text's
+# The banded rewrite (relshift mode "banded") from 64 to 512; its converter stays near 1 GB, so 384
+# and 512 build and simulate here. Six widths (64, 128, 256 doubling, then 320, 384, 512) fit its
+# growth; 96 and 192 are measured in the gather form only (each banded width is one more build and
+# simulation). Its ladder runs 128 and 256 (the study text's
 # 100-character chunks are 17-225 tokens: a 512 rung would take none of them) and is planned with
 # 512 on top for longer chunks (routing only).
-BANDED_WIDTHS = (64, 96, 128, 192, 256, 320, 384, 512)
+BANDED_WIDTHS = (64, 128, 256, 320, 384, 512)
 QUICK_BANDED_WIDTHS = (64, 128)
 BANDED_LADDER = (128, 256)
 BANDED_PLAN = (128, 256, 512)
 # The encoder's size goals: (name, width, quantity, limit); measured <= limit is met. The converter
-# peak column is GiB (the build child's VmHWM / 2^30); target_rows converts it to the decimal GB the
-# limit is stated in.
+# peak is the build rows' own field (rkstudy.build.BuildReport.row: converter_peak_mb).
 TARGETS = (("rk3588 engine at width 128", 128, "engine_mb", 30.0),
            ("rk3588 engine at width 512", 512, "engine_mb", 400.0),
-           ("converter peak at width 320", 320, "converter_peak_gb", 3.0))
+           ("converter peak at width 320", 320, "converter_peak_mb", 3000.0))
+# Where a size row's converter peak was read: the child that built the engine and then served the
+# simulator reports its VmHWM when the simulator is up, before any inference (the simulator's start
+# adds ~1 MB to the build's peak); a dedicated build child reports it when it exits.
+SIMULATOR_PEAK = "simulator child, before inference"
+BUILD_PEAK = "dedicated build child"
 
 
 def config(quick: bool) -> dict:
     """Widths and chunkings per mode. Quick (CI, 2 cores, well under 5 minutes): two narrow
-    widths and short chunks. Full: the seeds' widths up to 192 simulated, wider ones (256, 320)
-    measured for the size fit in an earlier run (see SIZE_ONLY_WIDTHS). The full ladder text is
-    chunked at 100 characters: 8 chunks of 17-225 tokens, like the seeds' 8 chunks, so the
-    {128, 192} ladder has chunks on both rungs and one above.
+    widths and short chunks. Full: the reference documents' widths up to 192 simulated, wider ones
+    (256, 320) measured for the size fit in an earlier run and carried from the committed sizes.csv
+    (`carried`: a 320 rebuild peaks near 12 GiB on this shared machine). The full ladder text is
+    chunked at 100 characters: 8 chunks of 17-225 tokens, like the reference documents' 8 chunks,
+    so the {128, 192} ladder has chunks on both rungs and one above.
 
-    Banded (relshift mode "banded"): quick builds and simulates 64 and 128 only (under two extra
-    minutes) and runs no banded ladder; full measures every width to 512, each also in a
-    dedicated build child for the converter's peak (the gather widths keep their simulator
-    child's peak, as before), and runs the banded ladder. The gather form's
-    size-only widths are not rebuilt in full mode: their rows are carried from the committed
-    sizes.csv (`carried`), since a 320 rebuild peaks at ~12 GB on this shared machine."""
+    The drift chunks are `drift_chunks` of the study text's chunks (cut at `chunk_chars`), spread
+    evenly over their token lengths (`spread`): in full mode 12 of 52, 13 to 277 tokens, so every
+    width sees 7 to 12 real chunks from its shortest to its widest fit; the sensitivity model runs
+    on the same chunks (`sensitivity_chunks`), `sensitivity_draws` noise draws per chunk and SNR.
+
+    Banded (relshift mode "banded"): quick builds and simulates 64 and 128 only and runs no banded
+    ladder; full measures BANDED_WIDTHS (64 to 512) and runs the banded ladder. Every engine is built once:
+    the ladder's rungs are the simulator children measure_widths kept serving (`keep`)."""
     if quick:
-        return {"widths": QUICK_WIDTHS, "size_only": (), "carried": (), "chunk_chars": (20,),
+        return {"widths": QUICK_WIDTHS, "carried": (), "chunk_chars": (20,), "drift_chunks": 8,
                 "ladder": QUICK_WIDTHS, "ladder_chars": 20, "census_width": 64,
                 "sensitivity_chunks": 3, "sensitivity_draws": 1,
-                "banded_widths": QUICK_BANDED_WIDTHS, "dedicated_builds": False, "banded_ladder": (),
+                "banded_widths": QUICK_BANDED_WIDTHS, "banded_ladder": (),
                 "banded_plan": QUICK_BANDED_WIDTHS, "plan_chars": (20, 100)}
-    return {"widths": FULL_WIDTHS, "size_only": (), "carried": SIZE_ONLY_WIDTHS, "chunk_chars": (25, 40, 60, 120),
+    return {"widths": FULL_WIDTHS, "carried": SIZE_ONLY_WIDTHS, "chunk_chars": (25, 40, 60, 120), "drift_chunks": 12,
             "ladder": SEEDS_LADDER, "ladder_chars": 100, "census_width": 128,
             "sensitivity_chunks": 12, "sensitivity_draws": 3,
-            "banded_widths": BANDED_WIDTHS, "dedicated_builds": True, "banded_ladder": BANDED_LADDER,
+            "banded_widths": BANDED_WIDTHS, "banded_ladder": BANDED_LADDER,
             "banded_plan": BANDED_PLAN, "plan_chars": (100, 200, 400)}
 
 
@@ -94,134 +104,206 @@ def drift_chunks(voice: piper.Voice, text: str, sizes: Sequence[int]) -> list[tu
 
 
 # --- fidelity and size per width ----------------------------------------------------------
+class Reference:
+    """The fp32 side of every comparison, once per chunk: the raw dynamic slice's (stats, cond) at the
+    chunk's exact length, and the latent frames the voice's duration flows make of that cond at a seed.
+    One per study run, shared by the fidelity rows of every width and rewrite, the drift rows and the
+    sensitivity model, so no chunk's reference is computed twice."""
+
+    def __init__(self, voice: piper.Voice):
+        self.raw = OrtRunner(encoder_slice(voice.model))
+        self.durations = Durations(voice)
+        self._outputs: dict[tuple, list[np.ndarray]] = {}
+        self._frames: dict[tuple, float] = {}
+
+    def outputs(self, ids: Sequence[int]) -> list[np.ndarray]:
+        key = tuple(ids)
+        if key not in self._outputs:
+            self._outputs[key] = self.raw.run(piper.ids_feed(ids))
+        return self._outputs[key]
+
+    def frames(self, ids: Sequence[int], seed: int) -> float:
+        key = (tuple(ids), seed)
+        if key not in self._frames:
+            self._frames[key] = self.durations.frames(self.outputs(ids)[1], ids, seed)
+        return self._frames[key]
+
+
+# Simulator children left serving for a later step on the same engine, by (ONNX sha256, target):
+# rknn-toolkit2's simulator runs only a model built in its own process (an engine loaded from the
+# cache cannot be simulated), so a second step on one engine would otherwise compile it again.
+_SERVING: dict[tuple[str, str], SimulatorRunner] = {}
+
+
+def simulator(product: EncoderSlice, target: str = "rk3588", out=None) -> SimulatorRunner:
+    """The simulator child for `product`'s engine: the one an earlier step left serving (handed over
+    once; the caller closes it), else a fresh build."""
+    kept = _SERVING.pop((sha256_file(product.path), target), None)
+    return kept if kept is not None else SimulatorRunner(product.path, target, out=out)
+
+
+def keep_serving(product: EncoderSlice, runner: SimulatorRunner) -> None:
+    """Leave `runner` serving for the next simulator(product, target) call (closing one left before)."""
+    key = (sha256_file(product.path), runner.target)
+    if key in _SERVING and _SERVING[key] is not runner:
+        _SERVING[key].close()
+    _SERVING[key] = runner
+
+
 def simulate_width(voice: piper.Voice, frames: int, target: str = "rk3588",
                    counts: Sequence[int] | None = None, chunks: Sequence[Sequence[int]] = (),
-                   mode: str = GATHER) -> dict:
-    """Build the width-N engine (relshift `mode`) in a simulator child, run the fidelity counts
-    (against the raw dynamic slice at exact length) and the given chunks (kept for the drift).
+                   mode: str = GATHER, refs: Reference | None = None, keep: bool = False) -> dict:
+    """Build the width-N engine (relshift `mode`) in a simulator child and run on it, one after
+    another, the fidelity counts (against the raw dynamic slice at exact length) and the given
+    chunks (their outputs kept for the drift). `keep` leaves the child serving for a later step on
+    the same engine (the ladder's rungs), else it is closed here.
 
     Returns {"fidelity": rows, "size": row, "outputs": {chunk index: (stats, cond)}}.
     """
     product = produce(voice, frames, mode=mode)
-    raw = OrtRunner(product.raw)
-    items = [("count", n, real_tokens(voice, n)) for n in counts or counts_for(frames)]
-    items += [("chunk", k, list(ids)) for k, ids in enumerate(chunks) if len(ids) <= frames]
-
-    def run(runner, item):
-        kind, n, ids = item
-        got = runner.run(pad_ids(ids, frames))
-        return [o[..., : len(ids)] for o in got]
-
-    def compare(ref_unused, test, item):
-        kind, n, ids = item
-        m = both(raw.run(piper.ids_feed(ids)), test, len(ids))
-        return {"kind": kind, "key": n, "frames": frames, "tokens": len(ids), "stats_snr_db": m["stats_snr_db"],
-                "cond_snr_db": m["cond_snr_db"], "snr_db": min(m["stats_snr_db"], m["cond_snr_db"]),
-                "nonfinite": gates.nonfinite_count(test[0]) + gates.nonfinite_count(test[1])}
-
+    refs = refs or Reference(voice)
     engine = cache_dir("engines") / product.contract.engine_name(target, sha256_file(product.path)[:12])
-    sim = simulator_vs_fp32(product.path, target, items, run=run, compare=compare, keep=True, out=engine)
-    fid = [{"relshift": mode} | {k: r[k] for k in ("frames", "tokens", "stats_snr_db", "cond_snr_db", "nonfinite")}
-           | SIM_GATE.row(r["snr_db"]) | {"where": r["where"], "target": r["target"]}
-           for r in sim.rows if r["kind"] == "count"]
-    outputs = {item[1]: (out[0], out[1]) for item, out in zip(items, sim.simulator) if item[0] == "chunk"}
+    sim = simulator(product, target, out=engine)
+    fid, outputs = [], {}
+    try:
+        for n in counts or counts_for(frames):
+            ids = real_tokens(voice, n)
+            test = [o[..., :n] for o in sim.run(pad_ids(ids, frames))]
+            m = both(refs.outputs(ids), test, n)
+            fid.append({"relshift": mode, "frames": frames, "tokens": n, "stats_snr_db": m["stats_snr_db"],
+                        "cond_snr_db": m["cond_snr_db"],
+                        "nonfinite": gates.nonfinite_count(test[0]) + gates.nonfinite_count(test[1]),
+                        **SIM_GATE.row(min(m["stats_snr_db"], m["cond_snr_db"])),
+                        "where": sim.where, "target": sim.target})
+        for k, ids in enumerate(chunks):
+            if len(ids) <= frames:
+                stats, cond = (o[..., : len(ids)] for o in sim.run(pad_ids(ids, frames)))
+                outputs[k] = (stats, cond)
+    except BaseException:
+        sim.close()
+        raise
+    if keep:
+        keep_serving(product, sim)
+    else:
+        sim.close()
     return {"fidelity": fid, "size": size_row(product, sim.report), "outputs": outputs, "product": product}
 
 
-def size_row(product: EncoderSlice, report, peak_from: str = "simulator child (build + inference)") -> dict:
-    """`converter_peak_gb` is the peak RSS (GiB, VmHWM) of the child that built the engine; `peak_from` says
-    whether that child only built (a dedicated build child) or also served the simulator."""
+def size_row(product: EncoderSlice, report, peak_from: str = SIMULATOR_PEAK) -> dict:
+    """One engine's build: bytes, seconds, REGTASK lines and the converter's peak as the build rows
+    report it (BuildReport.row: `converter_peak_mb`, the toolkit child's own VmHWM); `peak_from`
+    says which child and when (SIMULATOR_PEAK or BUILD_PEAK)."""
     c = graph.census(product.rewritten, with_axis=False)
+    build = report.row()
     return {"relshift": product.contract.params["relshift"], "frames": product.frames,
             "onnx_initializer_bytes": c.initializer_bytes, "engine_bytes": report.engine_bytes,
-            "build_s": round(report.seconds, 1), "regtask": report.regtask, "regtask_max": report.regtask_max,
-            "converter_peak_gb": round(report.peak_rss_mb / 1024, 2), "peak_from": peak_from, "carried_from": "",
+            "build_s": build["build_s"], "regtask": report.regtask, "regtask_max": report.regtask_max,
+            "converter_peak_mb": build["converter_peak_mb"], "peak_from": peak_from, "carried_from": "",
             "status": report.status, "where": report.where, "target": report.target}
 
 
 def build_size(voice: piper.Voice, frames: int, target: str = "rk3588", mode: str = GATHER) -> dict:
-    """Compile and report sizes only, in a dedicated build child. Always a fresh build
-    (reuse=False): the converter's peak memory is part of the measurement."""
+    """Compile and report sizes only, in a dedicated build child (how a carried width is measured
+    again). Always a fresh build (reuse=False): the converter's peak memory is part of the measurement."""
     product = produce(voice, frames, mode=mode)
-    return size_row(product, build_engine(product.path, target, reuse=False), peak_from="dedicated build child")
+    return size_row(product, build_engine(product.path, target, reuse=False), peak_from=BUILD_PEAK)
 
 
 def carried_sizes(path, widths: Sequence[int]) -> list[dict]:
     """Gather-form size rows at `widths` from an earlier committed sizes.csv (not rebuilt here:
-    the 320 build peaks at ~12 GB). Read before the run rewrites that file; rows say where they
+    the 320 build peaks near 12 GiB). Read before the run rewrites that file; rows say where they
     came from and keep the stamp of the run that built them."""
     rows = []
     for r in read_table(path):
         if int(r["frames"]) not in widths or r.get("relshift", GATHER) != GATHER:
             continue
-        # converter_peak_gb is GiB (VmHWM / 2^30), as size_row writes it; a child_peak_rss_gb column is decimal GB
-        peak = (float(r["converter_peak_gb"]) if r.get("converter_peak_gb")
-                else round(float(r["child_peak_rss_gb"]) * 1e9 / 2**30, 2))
+        # a table written before the peak was the build rows' field holds it in GiB (converter_peak_gb:
+        # the same VmHWM / 2^30), which the MB field (VmHWM / 2^20) reads to the 10 MB it was rounded to
+        peak = (float(r["converter_peak_mb"]) if r.get("converter_peak_mb")
+                else round(float(r["converter_peak_gb"]) * 1024))
         rows.append({"relshift": GATHER, "frames": int(r["frames"]),
                      "onnx_initializer_bytes": int(r["onnx_initializer_bytes"]), "engine_bytes": int(r["engine_bytes"]),
                      "build_s": float(r["build_s"]), "regtask": int(r["regtask"]),
                      "regtask_max": int(r["regtask_max"]) if r.get("regtask_max") else "",
-                     "converter_peak_gb": peak, "peak_from": r.get("peak_from") or "dedicated build child",
+                     "converter_peak_mb": peak, "peak_from": r.get("peak_from") or BUILD_PEAK,
                      **carried(r, "results/piper_encoder/sizes.csv"), "status": r["status"]})
     missing = sorted(set(widths) - {r["frames"] for r in rows})
     if missing:
         raise FileNotFoundError(f"{path} has no gather rows at widths {missing}; build them with "
-                                f"study.build_size(voice, N) (the 320 build peaks near 12 GB)")
+                                f"study.build_size(voice, N) (the 320 build peaks near 12 GiB)")
     return rows
 
 
 def measure_widths(voice: piper.Voice, widths: Sequence[int], chunks: Sequence[tuple[str, Sequence[int]]],
-                   target: str = "rk3588", mode: str = GATHER) -> dict:
+                   target: str = "rk3588", mode: str = GATHER, refs: Reference | None = None,
+                   keep: Sequence[int] = ()) -> dict:
     """One simulator child per width, one at a time (never two builds at once): fidelity rows,
-    size rows, and each chunk's simulator outputs for the drift."""
+    size rows, and each chunk's simulator outputs for the drift. The children of the widths in
+    `keep` are left serving (the ladder's rungs run on them; see simulator())."""
+    refs = refs or Reference(voice)
     fid, size, outputs = [], [], {}
     for frames in tqdm(sorted(widths), desc=f"widths, {mode} (build + simulate)"):
-        got = simulate_width(voice, frames, target, chunks=[ids for _, ids in chunks], mode=mode)
+        got = simulate_width(voice, frames, target, chunks=[ids for _, ids in chunks], mode=mode, refs=refs,
+                             keep=frames in keep)
         fid += got["fidelity"]
         size.append(got["size"])
         outputs[frames] = got["outputs"]
     return {"fidelity": fid, "size": size, "outputs": outputs}
 
 
-def measure_sizes(voice: piper.Voice, widths: Sequence[int], target: str = "rk3588", mode: str = GATHER) -> list[dict]:
-    return [build_size(voice, frames, target, mode) for frames in tqdm(sorted(widths), desc=f"{mode} builds")]
+# relshift_growth's columns: a row holds the numbers of one place (its where), the rest stay blank.
+GROWTH_COLUMNS = ("relshift", "frames", "engine_bytes", "engine_mb", "onnx_initializer_bytes", "build_s", "regtask",
+                  "regtask_max", "converter_peak_mb", "peak_from", "status", "sim_worst_snr_db", "sim_counts",
+                  "fp32_worst_snr_db", "fp32_max_diff", "fp32_counts", "carried_from")
 
 
 def relshift_growth(sizes: Sequence[dict], fidelity: Sequence[dict], pads: Sequence[dict] = ()) -> list[dict]:
-    """Both rewrites side by side, one row per (rewrite, width): engine bytes, build seconds,
-    REGTASK lines, the converter's peak (a dedicated build child's where one was run, else the
-    simulator child's), the simulator's worst SNR over the token counts and the fp32 gate
-    (rewritten padded graph vs exact-length raw slice, worst SNR and max |diff|) where measured.
-    `sizes` may hold a simulator child's row and a dedicated child's row for one width: the
-    dedicated one gives the build columns."""
-    by = {}
-    for r in sizes:
-        key = (r["relshift"], r["frames"])
-        if key not in by or r["peak_from"] == "dedicated build child":
-            by[key] = r
-    out = []
-    for (mode, frames), r in sorted(by.items()):
-        sim = [min(f["stats_snr_db"], f["cond_snr_db"]) for f in fidelity
-               if f["relshift"] == mode and f["frames"] == frames]
+    """Both rewrites side by side: per (rewrite, width), one row per place that measured it, each
+    stamped by what made its numbers. The build (where host): engine bytes, build seconds, REGTASK
+    lines and largest value, the converter's peak; the simulator (where simulator): its worst SNR
+    over the token counts, how many, and the REGTASK lines of the engine it ran (a simulator score
+    is never shown without what the compiler logged); the fp32 gate (where fp32: the rewritten
+    padded graph vs the exact-length raw slice): worst SNR and max |diff|. The last two only where
+    measured; a carried width keeps the stamp of the run that built it. One size row per
+    (rewrite, width): an engine is measured once."""
+    blank = dict.fromkeys(GROWTH_COLUMNS, "")
+    out, seen = [], set()
+    for r in sorted(sizes, key=lambda r: (r["relshift"], r["frames"])):
+        mode, frames = r["relshift"], r["frames"]
+        if (mode, frames) in seen:
+            raise ValueError(f"two size rows for the {mode} engine at width {frames}: measure each engine once")
+        seen.add((mode, frames))
+        engine = {"regtask": r["regtask"], "regtask_max": r.get("regtask_max", ""), "status": r["status"]}
+        out.append({**blank, "relshift": mode, "frames": frames, "engine_bytes": r["engine_bytes"],
+                    "engine_mb": round(r["engine_bytes"] / 1e6, 2),
+                    "onnx_initializer_bytes": r["onnx_initializer_bytes"], "build_s": r["build_s"], **engine,
+                    "converter_peak_mb": r["converter_peak_mb"], "peak_from": r["peak_from"],
+                    "carried_from": r.get("carried_from", ""), "where": r["where"], "target": r["target"],
+                    **({k: r[k] for k in STAMP} if r.get("carried_from") else {})})
+        sim = [f for f in fidelity if f["relshift"] == mode and f["frames"] == frames]
+        if sim:
+            out.append({**blank, "relshift": mode, "frames": frames, **engine,
+                        "sim_worst_snr_db": min(min(f["stats_snr_db"], f["cond_snr_db"]) for f in sim),
+                        "sim_counts": len(sim), "where": sim[0]["where"], "target": sim[0]["target"]})
         fp = [p for p in pads if p.get("relshift", GATHER) == mode and p["frames"] == frames]
-        out.append({"relshift": mode, "frames": frames, "engine_bytes": r["engine_bytes"],
-                    "engine_mb": round(r["engine_bytes"] / 1e6, 2), "build_s": r["build_s"], "regtask": r["regtask"],
-                    "regtask_max": r.get("regtask_max", ""), "converter_peak_gb": r["converter_peak_gb"],
-                    "peak_from": r["peak_from"], "onnx_initializer_bytes": r["onnx_initializer_bytes"],
-                    "sim_worst_snr_db": min(sim) if sim else "", "sim_counts": len(sim),
-                    "fp32_worst_snr_db": min(min(p["stats_snr_db"], p["cond_snr_db"]) for p in fp) if fp else "",
-                    "fp32_max_diff": max(max(p["stats_max_diff"], p["cond_max_diff"]) for p in fp) if fp else "",
-                    "status": r["status"], "carried_from": r.get("carried_from", ""),
-                    # a carried width keeps the stamp of the run that built it (rkstudy.results.stamp)
-                    **{k: r[k] for k in STAMP if k in r}})
+        if fp:
+            out.append({**blank, "relshift": mode, "frames": frames,
+                        "fp32_worst_snr_db": min(min(p["stats_snr_db"], p["cond_snr_db"]) for p in fp),
+                        "fp32_max_diff": max(max(p["stats_max_diff"], p["cond_max_diff"]) for p in fp),
+                        "fp32_counts": len(fp), "where": fp[0]["where"], "target": fp[0].get("target", "none")})
     return out
+
+
+def growth_of(rows: Sequence[dict], mode: str, where: str = HOST.where) -> dict[int, dict]:
+    """relshift_growth's rows of one rewrite and one place (the builds, by default), by width."""
+    return {r["frames"]: r for r in rows if r["relshift"] == mode and r["where"] == where}
 
 
 def relshift_growth_fit(rows: Sequence[dict], base_bytes: int) -> list[dict]:
     """Growth exponent of engine bytes in the width per rewrite (see growth_rows)."""
     out = []
     for mode in (GATHER, BANDED):
-        sel = sorted((r for r in rows if r["relshift"] == mode and r["status"] == "ok"), key=lambda r: r["frames"])
+        sel = sorted((r for r in growth_of(rows, mode).values() if r["status"] == "ok"), key=lambda r: r["frames"])
         if len(sel) >= 2:
             out.append({"relshift": mode, "widths": ",".join(str(r["frames"]) for r in sel),
                         "exponent_total": growth_exponent(sel, "engine_bytes"),
@@ -232,22 +314,20 @@ def relshift_growth_fit(rows: Sequence[dict], base_bytes: int) -> list[dict]:
 
 
 def target_rows(rows: Sequence[dict], mode: str = BANDED, widths: Sequence[int] = (384, 512)) -> list[dict]:
-    """The size goals (TARGETS) against the `mode` rows: met or missed, and by how much (limit − measured,
-    negative when missed); plus whether each of `widths` was built and simulated."""
+    """The size goals (TARGETS) against the `mode` build rows of relshift_growth: met or missed, and by
+    how much (limit − measured, negative when missed), in the unit of the column the goal reads;
+    plus whether each of `widths` was built and simulated."""
+    built, simulated = growth_of(rows, mode), growth_of(rows, mode, "simulator")
     out = []
     for name, frames, key, limit in TARGETS:
-        r = next((x for x in rows if x["relshift"] == mode and x["frames"] == frames), None)
-        value = None if r is None else r[key]
-        if value is not None and key.endswith("gb"):
-            value = round(value * 2**30 / 1e9, 3)  # GiB -> GB
+        value = built[frames][key] if frames in built else None
         out.append({"goal": name, "relshift": mode, "limit": limit, "measured": "" if value is None else value,
-                    "unit": "GB" if key.endswith("gb") else "MB", "met": value is not None and value <= limit,
+                    "unit": "MB", "met": value is not None and value <= limit,
                     "margin": "" if value is None else round(limit - value, 3),
                     "note": "" if value is not None else f"width {frames} not measured in this mode",
                     "where": HOST.where})
     for frames in widths:
-        r = next((x for x in rows if x["relshift"] == mode and x["frames"] == frames), None)
-        done = r is not None and r["status"] == "ok" and r["sim_counts"] > 0
+        done = frames in built and built[frames]["status"] == "ok" and frames in simulated
         out.append({"goal": f"width {frames} built and simulated", "relshift": mode, "limit": "", "measured": "",
                     "unit": "", "met": done, "margin": "",
                     "note": "" if done else f"width {frames} not built and simulated in this mode",
@@ -287,50 +367,62 @@ def growth_rows(size_rows: Sequence[dict], base_bytes: int) -> list[dict]:
 class Durations:
     """The voice after the seam, to the latent-frame total of one chunk, seeded.
 
-    A seeded onnxruntime random node advances between runs of one session, so each call makes
-    a fresh session: the same (cond, ids, seed) always gives the same frames, and fp32 and
-    simulator conditioning are compared under identical noise.
+    A seeded onnxruntime random node advances between runs of one session, so only a fresh
+    session draws the same noise twice, and a session of the whole tail costs ~20 of its runs.
+    The noise the duration flows draw (the tail's RandomNormalLike nodes) depends only on the
+    chunk's length and the seed: it is drawn once per (length, seed) by a fresh seeded session of
+    the random nodes and their shape inputs alone, and fed to one session of the tail whose random
+    nodes are inputs. The same (cond, ids, seed) always gives the frames a fresh seeded session of
+    the tail gives, and fp32, simulator and perturbed conditioning are compared under identical noise.
     """
 
     def __init__(self, voice: piper.Voice):
         self.voice = voice
         self.seam = find_encoder_seam(voice.model)
-        self._tail = graph.slice_at(voice.model, [self.seam.cond, self.seam.ids, self.seam.lengths,
-                                                  self.seam.scales], [self.seam.frames])
+        inputs = [self.seam.cond, self.seam.ids, self.seam.lengths, self.seam.scales]
+        tail = graph.slice_at(voice.model, inputs, [self.seam.frames])
+        self._random = [n.output[0] for n in tail.graph.node if n.op_type.startswith("RandomNormal")]
+        # same node order as the tail, so seed_random_nodes gives each random node the tail's seed
+        self._draws = graph.slice_at(tail, inputs, self._random)
+        kept = [n for n in tail.graph.node if n.output[0] not in self._random]
+        del tail.graph.node[:]
+        tail.graph.node.extend(kept)
+        tail.graph.input.extend(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None)
+                                for name in self._random)
+        self._fed = OrtRunner(tail)
+        self._noise: dict[tuple[int, int], dict[str, np.ndarray]] = {}
 
     def frames(self, cond: np.ndarray, ids: Sequence[int], seed: int) -> float:
-        runner = OrtRunner(piper.seed_random_nodes(self._tail, seed))
-        out = runner.session.run(None, {self.seam.cond: np.ascontiguousarray(cond, np.float32),
-                                        **piper.ids_feed(ids), self.seam.scales: self.voice.scales})
+        feed = {self.seam.cond: np.ascontiguousarray(cond, np.float32), **piper.ids_feed(ids),
+                self.seam.scales: self.voice.scales}
+        key = (len(ids), seed)
+        if key not in self._noise:
+            draws = OrtRunner(piper.seed_random_nodes(self._draws, seed))
+            drawn = draws.session.run(None, {k: v for k, v in feed.items() if k in draws.input_names})
+            self._noise[key] = dict(zip(self._random, drawn))
+        out = self._fed.session.run(None, {**feed, **self._noise[key]})
         return float(np.asarray(out[0]).ravel()[0])
 
 
 def drift_rows(voice: piper.Voice, chunks: Sequence[tuple[str, Sequence[int]]],
                test_outputs: dict[int, dict[int, tuple]], seed: int = 1234, origin=None,
-               refs: dict | None = None) -> list[dict]:
+               refs: Reference | None = None) -> list[dict]:
     """Per chunk and width: latent frames from fp32 cond vs from the tested cond (the simulator's,
     or any perturbed conditioning) under the same seed, and (the sampling's own scale) fp32 at
     seed vs fp32 at seed+1. `origin` (a runner, or the rows' where/target) stamps the rows.
-    `refs`: a dict shared between calls over the same chunks (the fp32 frames per chunk), so a
-    second set of outputs (the other rewrite) costs one duration run per chunk and width."""
-    raw = OrtRunner(encoder_slice(voice.model))
-    dur = Durations(voice)
+    `refs`: the fp32 side shared between calls over the same chunks (a Reference), so a second
+    set of outputs (the other rewrite) costs one duration run per chunk and width."""
+    refs = refs or Reference(voice)
     where = getattr(origin, "where", "simulator")
     target = getattr(origin, "target", "none")
-    refs = {} if refs is None else refs
     rows = []
     for k, (text, ids) in enumerate(chunks):
-        if not any(k in test_outputs[frames] for frames in test_outputs):
+        widths = [frames for frames in sorted(test_outputs) if k in test_outputs[frames]]
+        if not widths:
             continue
-        key = (tuple(ids), seed)
-        if key not in refs:
-            cond = raw.run(piper.ids_feed(ids))[1]
-            refs[key] = (dur.frames(cond, ids, seed), dur.frames(cond, ids, seed + 1))
-        ref, other = refs[key]
-        for frames in sorted(test_outputs):
-            if k not in test_outputs[frames]:
-                continue
-            got = dur.frames(test_outputs[frames][k][1], ids, seed)
+        ref, other = refs.frames(ids, seed), refs.frames(ids, seed + 1)
+        for frames in widths:
+            got = refs.durations.frames(test_outputs[frames][k][1], ids, seed)
             rows.append({"frames": frames, "chunk": k, "tokens": len(ids), "fp32_frames": ref,
                          "test_frames": got, "drift_pct": 100.0 * (got - ref) / ref,
                          "fp32_reseed_pct": 100.0 * (other - ref) / ref, "text": text[:40],
@@ -354,26 +446,25 @@ def drift_summary(rows: Sequence[dict]) -> list[dict]:
 
 def drift_sensitivity(voice: piper.Voice, chunks: Sequence[tuple[str, Sequence[int]]],
                       snrs: Sequence[float] = (30, 40, 45, 50, 60), draws: int = 3,
-                      seed: int = 1234) -> list[dict]:
+                      seed: int = 1234, refs: Reference | None = None) -> list[dict]:
     """How much duration drift a given conditioning SNR buys: fp32 conditioning plus white
     noise scaled to each SNR, frames under the same flow seed as the clean run.
 
     A model, not an engine measurement (rows are `host`): it says where the simulator's
-    ~63 dB and the seeds' 40-48 dB board engines should land, since the drift is the duration
-    flows integrating the conditioning error across a chunk.
+    ~63 dB and the reference documents' 40-48 dB board engines should land, since the drift is the
+    duration flows integrating the conditioning error across a chunk.
     """
-    raw = OrtRunner(encoder_slice(voice.model))
-    dur = Durations(voice)
+    refs = refs or Reference(voice)
     rng = np.random.default_rng(seed)
     rows = []
     for _, ids in tqdm(chunks, desc="drift sensitivity"):
-        cond = raw.run(piper.ids_feed(ids))[1]
-        ref = dur.frames(cond, ids, seed)
+        cond = refs.outputs(ids)[1]
+        ref = refs.frames(ids, seed)
         power = float(np.mean(cond.astype(np.float64) ** 2))
         for snr in snrs:
             for k in range(draws):
                 noise = rng.standard_normal(cond.shape) * math.sqrt(power / 10 ** (snr / 10))
-                got = dur.frames((cond + noise).astype(np.float32), ids, seed)
+                got = refs.durations.frames((cond + noise).astype(np.float32), ids, seed)
                 rows.append({"snr_db": float(snr), "draw": k, "tokens": len(ids), "fp32_frames": ref,
                              "noisy_frames": got, "drift_pct": 100.0 * (got - ref) / ref, "where": HOST.where})
     return rows
@@ -445,15 +536,15 @@ def ladder_plans(voice: piper.Voice, text: str, ladders: dict[str, Sequence[int]
 
 def ladder_engines(voice: piper.Voice, widths: Sequence[int], target: str = "rk3588", mode: str = GATHER,
                    multi_shape: bool = False) -> list[LadderEngine]:
-    """Simulator rungs at `widths`: one engine per width, built one after another, or (`multi_shape`)
-    one engine compiled from the widest slice for every width (config's dynamic_input), whose
-    contract lists the widths. The caller closes each engine's runner."""
+    """Simulator rungs at `widths`: one engine per width (the child an earlier step left serving, else
+    built one after another), or (`multi_shape`) one engine compiled from the widest slice for every
+    width (config's dynamic_input), whose contract lists the widths. The caller closes each runner."""
     if not multi_shape:
         engines = []
         try:
             for w in sorted(widths):
                 product = produce(voice, w, mode=mode)
-                engines.append(LadderEngine(SimulatorRunner(product.path, target), product.contract))
+                engines.append(LadderEngine(simulator(product, target), product.contract))  # a kept child if any
         except BaseException:  # a failed rung stops the rungs already serving
             for e in engines:
                 e.runner.close()
