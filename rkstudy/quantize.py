@@ -159,11 +159,13 @@ def measure(stage: Stage, target: str, quantize: Calibration | None, refs: list,
 
 
 def sweep(stage: Stage, target: str, *, fp16: bool = True, int8: bool = True, hybrid_counts: Sequence[int] = (),
-          auto_thresholds: Sequence[float] = (), algorithm: str = "normal",
-          progress: Callable[[str], None] | None = None) -> tuple[list[dict], list[dict]]:
+          hybrid_groups: Mapping[str, Callable[[dict], bool]] | None = None, auto_thresholds: Sequence[float] = (),
+          algorithm: str = "normal", progress: Callable[[str], None] | None = None) -> tuple[list[dict], list[dict]]:
     """fp16, int8 w8a8, hybrid with the `hybrid_counts` layers rank_layers puts worst kept in float16,
-    and auto-hybrid at each cosine threshold, all calibrated on the stage's calibration feeds and
-    scored on its evaluation items. Returns (one row per setting, the layer ranking the hybrids used)."""
+    hybrid with each of `hybrid_groups` kept in float16 (label -> which rows of the ranking belong to
+    it: a block of the graph, to ask which part of it costs the fidelity), and auto-hybrid at each
+    cosine threshold, all calibrated on the stage's calibration feeds and scored on its evaluation
+    items. Returns (one row per setting, the layer ranking the hybrids used)."""
     say = progress or (lambda _: None)
     fp32 = OrtRunner(stage.onnx)
     refs = [np.asarray(stage.walk(fp32, item)).reshape(-1) for item in stage.evaluation]
@@ -175,12 +177,15 @@ def sweep(stage: Stage, target: str, *, fp16: bool = True, int8: bool = True, hy
     if int8:
         settings.append((plain.label, plain))
     ranking: list[dict] = []
-    if hybrid_counts:
+    if hybrid_counts or hybrid_groups:
         say(f"{stage.name}: ranking layers (accuracy_analysis of the int8 build)")
         ranking = rank_layers(stage, target, plain)
         worst = [r["layer"] for r in ranking]
         settings += [(f"hybrid {n}", Calibration(stage.calibration, algorithm=algorithm, keep_fp16=worst[:n]))
                      for n in hybrid_counts]
+        settings += [(f"hybrid {label}", Calibration(stage.calibration, algorithm=algorithm,
+                                                     keep_fp16=[r["layer"] for r in ranking if member(r)]))
+                     for label, member in (hybrid_groups or {}).items()]
     settings += [(f"auto-hybrid cos {t:g}", Calibration(stage.calibration, algorithm=algorithm, auto_hybrid_cos=t))
                  for t in auto_thresholds]
     rows = []
