@@ -83,9 +83,10 @@ def test_calibration_windows_are_what_the_walker_feeds_and_never_the_evaluation_
 
 @pytest.mark.simulator
 def test_the_sweep_on_a_small_graph(tmp_path):
-    """fp16, int8, hybrid with the worst-ranked layer in fp16, and auto-hybrid at cosine 0.9999 on
-    the probe (calibration seeds 0-3, scored on seed 100): int8 loses ~30 dB to fp16 (measured 63.2
-    and 32.8 dB, toolkit 2.5.0, rk3588), and each engine's int8 MAC share is what its layer table says."""
+    """fp16, int8, hybrid with the worst-ranked layer in fp16, the transposed conv kept in fp16 as a
+    block, and auto-hybrid at cosine 0.9999 on the probe (calibration seeds 0-3, scored on seed 100):
+    int8 loses ~30 dB to fp16 (measured 63.2 and 32.8 dB, toolkit 2.5.0, rk3588), and each engine's
+    int8 MAC share is what its layer table says."""
     import onnx
 
     path = tmp_path / "probe.onnx"
@@ -94,15 +95,20 @@ def test_the_sweep_on_a_small_graph(tmp_path):
     stage = quantize.Stage(name="probe", onnx=path, calibration=[{"x": x} for x in noise[:4]],
                            evaluation=[{"x": noise[4]}], walk=lambda runner, item: runner.run(item)[0],
                            score=lambda refs, tests: {"snr_db": gates.snr_db(refs[0], tests[0])})
-    rows, ranking = quantize.sweep(stage, "rk3588", hybrid_counts=(1,), auto_thresholds=(0.9999,))
+    rows, ranking = quantize.sweep(stage, "rk3588", hybrid_counts=(1,), auto_thresholds=(0.9999,),
+                                   hybrid_groups={"upsampler": lambda layer: layer["op"] == "ConvTranspose"})
     by = {r["setting"]: r for r in rows}
-    assert list(by) == ["fp16", "int8 w8a8", "hybrid 1", "auto-hybrid cos 0.9999"]
+    assert list(by) == ["fp16", "int8 w8a8", "hybrid 1", "hybrid upsampler", "auto-hybrid cos 0.9999"]
     assert all(r["mac_coverage"] == 1.0 and r["conv_macs"] == 274_432 and r["where"] == "simulator" for r in rows)
     assert by["fp16"]["int8_mac_share"] == 0.0 and by["fp16"]["snr_db"] > 55
     assert by["int8 w8a8"]["int8_mac_share"] == 1.0 and 25 < by["int8 w8a8"]["snr_db"] < 40
     assert by["int8 w8a8"]["engine_bytes"] < by["fp16"]["engine_bytes"]
     assert by["hybrid 1"]["kept_fp16"] == ranking[0]["layer"] and by["hybrid 1"]["dtype"].endswith("(1 layer fp16)")
     assert [r["rank"] for r in ranking] == list(range(1, len(ranking) + 1))
+    # a block kept in fp16 by what it is: the transposed conv's 131,072 MACs leave int8
+    assert by["hybrid upsampler"]["fp16_convs"] == "up"
+    assert by["hybrid upsampler"]["int8_mac_share"] == pytest.approx(143_360 / 274_432, abs=1e-4)
+    assert set(stage.outputs) == {"fp32", *by} and stage.outputs["fp32"][0].shape == (256,)
     # the toolkit keeps only conv_pre in int8 at this threshold: 114,688 of 274,432 MACs
     assert by["auto-hybrid cos 0.9999"]["int8_mac_share"] == pytest.approx(114_688 / 274_432, abs=1e-4)
 
