@@ -26,6 +26,9 @@ from .runtime import OrtRunner, Recording, SimulatorRunner
 from .toolkit.log import IO_OPS, Layer, layer_table
 
 CONVERT_OPS = ("exDataConvert",)  # the dtype casts a hybrid engine inserts between int8 and fp16 layers
+# what accuracy_analysis reports beside the layers: the graph's inputs and the casts at its inputs and
+# outputs (an output's cast carries the output's name); no quantization config holds them
+ANALYSIS_IO_OPS = ("Input",) + CONVERT_OPS
 
 
 @dataclass
@@ -125,13 +128,15 @@ def rank_layers(stage: Stage, target: str, calibration: Calibration, feed: int =
     """The toolkit's per-layer report of the int8 build (rknn.accuracy_analysis on the simulator, fed
     calibration sample `feed`, so the evaluation data stay unseen), worst first: a layer whose range
     overflowed, then by the cosine of its output computed alone from fp32 inputs (`single_cos`), the
-    error that layer adds by itself."""
+    error that layer adds by itself. The inputs and the casts the report lists beside the layers are
+    left out: a hybrid cannot keep them in float16."""
     from .engine import accuracy_analysis
 
     names = list(graph.input_shapes(stage.onnx))
     out = cache.cache_dir("analysis") / f"{stage.onnx.stem}-{target}-{calibration.key(names)}-{feed}"
     analysis = accuracy_analysis(stage.onnx, target, dict(stage.calibration[feed]), out_dir=out, quantize=calibration)
-    rows = sorted(analysis.rows, key=lambda r: (not r["overflow"], r["single_cos"]))
+    rows = sorted((r for r in analysis.rows if r["op"] not in ANALYSIS_IO_OPS),
+                  key=lambda r: (not r["overflow"], r["single_cos"]))
     return [{"rank": i + 1, **r, "where": "simulator", "target": target} for i, r in enumerate(rows)]
 
 
