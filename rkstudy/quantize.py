@@ -19,13 +19,16 @@ from pathlib import Path
 
 import numpy as np
 
-from . import cache, graph
+from . import cache, gates, graph
 from .build import Calibration
 from .graph.delays import conv_macs_by_node
-from .runtime import OrtRunner, SimulatorRunner
+from .runtime import OrtRunner, Recording, SimulatorRunner
 from .toolkit.log import IO_OPS, Layer, layer_table
 
 CONVERT_OPS = ("exDataConvert",)  # the dtype casts a hybrid engine inserts between int8 and fp16 layers
+# what accuracy_analysis reports beside the layers: the graph's inputs and the casts at its inputs and
+# outputs (an output's cast carries the output's name); no quantization config holds them
+ANALYSIS_IO_OPS = ("Input",) + CONVERT_OPS
 
 
 @dataclass
@@ -33,7 +36,9 @@ class Stage:
     """One stage to quantize: its engine graph, the calibration feeds ({input: array} per sample,
     what the engine really sees), the evaluation items (never among the calibration's sources),
     `walk(runner, item) -> 1-D output` that runs an item through any runner, and `score(refs, tests)
-    -> {column: value}` over all items' outputs (per window and per utterance SNR for a decoder)."""
+    -> {column: value}` over all items' outputs (per window and per utterance SNR for a decoder).
+    `outputs` holds the last sweep's outputs per setting ("fp32" the reference), one 1-D array per
+    evaluation item, for a notebook to listen to."""
 
     name: str
     onnx: Path
@@ -42,6 +47,36 @@ class Stage:
     walk: Callable
     score: Callable[[list, list], dict]
     texts: dict = field(default_factory=dict)
+    outputs: dict[str, list[np.ndarray]] = field(default_factory=dict)
+
+
+def recorded_feeds(onnx: Path, walk: Callable, items: Sequence) -> list[dict[str, np.ndarray]]:
+    """Every feed `walk` hands an onnxruntime fp32 run of `onnx` over `items`, in order: a stage's
+    calibration set is what its engine sees in a real walk (its windows with their padding, or its
+    steps with the state the fp32 walk carried into them), not a tensor made up to fit its shapes."""
+    recorder = Recording(OrtRunner(onnx))
+    for item in items:
+        walk(recorder, item)
+    return recorder.feeds
+
+
+def evenly(items: Sequence, k: int | None) -> list:
+    """`k` of `items` evenly spread from first to last (all of them when k is None or covers them):
+    a calibration set cut to what a build can afford still spans every sentence it was drawn from."""
+    if k is None or len(items) <= k:
+        return list(items)
+    return [items[int(i)] for i in np.linspace(0, len(items) - 1, k).round()]
+
+
+def span_scores(refs: Sequence[np.ndarray], tests: Sequence[np.ndarray],
+                spans: Sequence[Sequence[tuple[int, int]]]) -> dict:
+    """The score columns every stage reports: the SNR against fp32 of each window (`spans`: each
+    evaluation item's [start, stop) sample ranges, one per window or step), its worst and median,
+    and the SNR of all items' outputs back to back (`utterance_snr_db`)."""
+    windows = [gates.snr_db(a[lo:hi], b[lo:hi]) for a, b, item in zip(refs, tests, spans) for lo, hi in item]
+    return {"windows": len(windows), "window_snr_db_min": float(np.min(windows)),
+            "window_snr_db_median": float(np.median(windows)),
+            "utterance_snr_db": gates.snr_db(np.concatenate(refs), np.concatenate(tests))}
 
 
 def _shapes(text: str) -> list[tuple[int, ...]]:
@@ -93,13 +128,15 @@ def rank_layers(stage: Stage, target: str, calibration: Calibration, feed: int =
     """The toolkit's per-layer report of the int8 build (rknn.accuracy_analysis on the simulator, fed
     calibration sample `feed`, so the evaluation data stay unseen), worst first: a layer whose range
     overflowed, then by the cosine of its output computed alone from fp32 inputs (`single_cos`), the
-    error that layer adds by itself."""
+    error that layer adds by itself. The inputs and the casts the report lists beside the layers are
+    left out: a hybrid cannot keep them in float16."""
     from .engine import accuracy_analysis
 
     names = list(graph.input_shapes(stage.onnx))
     out = cache.cache_dir("analysis") / f"{stage.onnx.stem}-{target}-{calibration.key(names)}-{feed}"
     analysis = accuracy_analysis(stage.onnx, target, dict(stage.calibration[feed]), out_dir=out, quantize=calibration)
-    rows = sorted(analysis.rows, key=lambda r: (not r["overflow"], r["single_cos"]))
+    rows = sorted((r for r in analysis.rows if r["op"] not in ANALYSIS_IO_OPS),
+                  key=lambda r: (not r["overflow"], r["single_cos"]))
     return [{"rank": i + 1, **r, "where": "simulator", "target": target} for i, r in enumerate(rows)]
 
 
@@ -113,6 +150,7 @@ def measure(stage: Stage, target: str, quantize: Calibration | None, refs: list,
     with SimulatorRunner(stage.onnx, target, out=out, quantize=quantize, verbose=True) as sim:
         tests = [np.asarray(stage.walk(sim, item)).reshape(-1) for item in stage.evaluation]
         report = sim.report
+    stage.outputs[setting] = tests
     layers = layer_table(Path(report.log).read_text(encoding="utf-8", errors="replace"))
     share = int8_mac_share(stage.onnx, layers)
     fp16 = float16_layers(layers)
@@ -126,14 +164,17 @@ def measure(stage: Stage, target: str, quantize: Calibration | None, refs: list,
 
 
 def sweep(stage: Stage, target: str, *, fp16: bool = True, int8: bool = True, hybrid_counts: Sequence[int] = (),
-          auto_thresholds: Sequence[float] = (), algorithm: str = "normal",
-          progress: Callable[[str], None] | None = None) -> tuple[list[dict], list[dict]]:
+          hybrid_groups: Mapping[str, Callable[[dict], bool]] | None = None, auto_thresholds: Sequence[float] = (),
+          algorithm: str = "normal", progress: Callable[[str], None] | None = None) -> tuple[list[dict], list[dict]]:
     """fp16, int8 w8a8, hybrid with the `hybrid_counts` layers rank_layers puts worst kept in float16,
-    and auto-hybrid at each cosine threshold, all calibrated on the stage's calibration feeds and
-    scored on its evaluation items. Returns (one row per setting, the layer ranking the hybrids used)."""
+    hybrid with each of `hybrid_groups` kept in float16 (label -> which rows of the ranking belong to
+    it: a block of the graph, to ask which part of it costs the fidelity), and auto-hybrid at each
+    cosine threshold, all calibrated on the stage's calibration feeds and scored on its evaluation
+    items. Returns (one row per setting, the layer ranking the hybrids used)."""
     say = progress or (lambda _: None)
     fp32 = OrtRunner(stage.onnx)
     refs = [np.asarray(stage.walk(fp32, item)).reshape(-1) for item in stage.evaluation]
+    stage.outputs["fp32"] = refs
     plain = Calibration(stage.calibration, algorithm=algorithm)
     settings: list[tuple[str, Calibration | None]] = []
     if fp16:
@@ -141,12 +182,15 @@ def sweep(stage: Stage, target: str, *, fp16: bool = True, int8: bool = True, hy
     if int8:
         settings.append((plain.label, plain))
     ranking: list[dict] = []
-    if hybrid_counts:
+    if hybrid_counts or hybrid_groups:
         say(f"{stage.name}: ranking layers (accuracy_analysis of the int8 build)")
         ranking = rank_layers(stage, target, plain)
         worst = [r["layer"] for r in ranking]
         settings += [(f"hybrid {n}", Calibration(stage.calibration, algorithm=algorithm, keep_fp16=worst[:n]))
                      for n in hybrid_counts]
+        settings += [(f"hybrid {label}", Calibration(stage.calibration, algorithm=algorithm,
+                                                     keep_fp16=[r["layer"] for r in ranking if member(r)]))
+                     for label, member in (hybrid_groups or {}).items()]
     settings += [(f"auto-hybrid cos {t:g}", Calibration(stage.calibration, algorithm=algorithm, auto_hybrid_cos=t))
                  for t in auto_thresholds]
     rows = []
@@ -154,3 +198,30 @@ def sweep(stage: Stage, target: str, *, fp16: bool = True, int8: bool = True, hy
         say(f"{stage.name}, {target}: {setting}")
         rows.append(measure(stage, target, quantize, refs, setting))
     return rows, ranking
+
+
+GOAL_SNR_DB, GOAL_INT8_SHARE = 35.0, 0.8  # an engine worth shipping: near fp16's fidelity at most of int8's speed
+
+
+def goal_rows(rows: Sequence[Mapping], snr_db: float = GOAL_SNR_DB, share: float = GOAL_INT8_SHARE) -> list[dict]:
+    """One row per stage of a sweep's rows: how close its settings came to `snr_db` worst-window SNR
+    with `share` of the conv MACs in int8, from both sides (the best SNR among the settings at that
+    share, the largest share among the settings at that SNR), each with the setting that got it,
+    and fp16 and plain int8 beside them. A side no setting reached is left empty."""
+    out = []
+    for stage in dict.fromkeys(r["stage"] for r in rows):
+        mine = [r for r in rows if r["stage"] == stage]
+        fast = [r for r in mine if r["int8_mac_share"] >= share]
+        good = [r for r in mine if r["window_snr_db_min"] >= snr_db]
+        best = max(fast, key=lambda r: r["window_snr_db_min"], default=None)
+        widest = max(good, key=lambda r: r["int8_mac_share"], default=None)
+        plain = {r["setting"]: r["window_snr_db_min"] for r in mine if r["setting"] in ("fp16", "int8 w8a8")}
+        out.append({"stage": stage, "settings": len(mine), "fp16_window_snr_db_min": plain.get("fp16", ""),
+                    "int8_window_snr_db_min": plain.get("int8 w8a8", ""),
+                    f"best_snr_db_at_{share:g}_int8": best["window_snr_db_min"] if best else "",
+                    f"best_at_{share:g}_int8_setting": best["setting"] if best else "",
+                    f"best_int8_share_at_{snr_db:g}_db": widest["int8_mac_share"] if widest else "",
+                    f"best_at_{snr_db:g}_db_setting": widest["setting"] if widest else "",
+                    "goal_met": bool(best and best["window_snr_db_min"] >= snr_db),
+                    "where": mine[0]["where"], "target": mine[0]["target"]})
+    return out

@@ -367,19 +367,27 @@ def walked_windows(model: DecoderModel, latents, contract) -> list[dict]:
     return feeds
 
 
-def quantization_stage(model: DecoderModel | None = None, calibration_texts: Sequence[str] = CALIBRATION_TEXTS,
-                       evaluation_texts: Sequence[str] = EVALUATION_TEXTS, emit: int = DEFAULT_EMIT,
-                       context: int = DEFAULT_CONTEXT, evaluation_frames: int | None = None):
-    """The 93-frame window engine as rkstudy.quantize sees it: calibration windows walked from the
-    voice's latents of `calibration_texts`, evaluation latents of `evaluation_texts` (no text in
-    both), scored per window and per utterance on the sidecar's walk. `evaluation_frames` cuts each
-    evaluation latent to its first frames (one window at the window's own length: a quick run)."""
-    from ...quantize import Stage
-    from ..piper.voice import read_text
-
-    shared = sorted(set(calibration_texts) & set(evaluation_texts))
+def held_apart(calibration: Sequence[str], evaluation: Sequence[str]) -> None:
+    """Refuse a quantization set-up whose calibration and evaluation share a source (a text, an
+    utterance): a score on data the ranges were fitted to flatters the quantizer."""
+    shared = sorted(set(calibration) & set(evaluation))
     if shared:
         raise ValueError(f"{', '.join(shared)} would both calibrate and score; hold the evaluation texts apart")
+
+
+def quantization_stage(model: DecoderModel | None = None, calibration_texts: Sequence[str] = CALIBRATION_TEXTS,
+                       evaluation_texts: Sequence[str] = EVALUATION_TEXTS, emit: int = DEFAULT_EMIT,
+                       context: int = DEFAULT_CONTEXT, evaluation_frames: int | None = None,
+                       calibration_windows: int | None = None):
+    """The 93-frame window engine as rkstudy.quantize sees it: calibration windows walked from the
+    voice's latents of `calibration_texts` (`calibration_windows` of them, evenly spread, when a
+    build cannot afford them all), evaluation latents of `evaluation_texts` (no text in both),
+    scored per window and per utterance on the sidecar's walk. `evaluation_frames` cuts each
+    evaluation latent to its first frames (one window at the window's own length: a quick run)."""
+    from ...quantize import Stage, evenly
+    from ..piper.voice import read_text
+
+    held_apart(calibration_texts, evaluation_texts)
     model = model or Voice()
     produced = produce_for_voice(model, emit=emit, context=context)
     calibration = [lat for name in calibration_texts for lat in model.latents(read_text(name))]
@@ -398,7 +406,8 @@ def quantization_stage(model: DecoderModel | None = None, calibration_texts: Seq
                 "window_snr_db_median": float(np.median(windows)), "utterance_snr_db": utterance}
 
     return Stage(name=f"Piper decoder {produced.contract.window.frames}-frame window", onnx=produced.save(),
-                 calibration=walked_windows(model, calibration, produced.contract), evaluation=evaluation,
+                 calibration=evenly(walked_windows(model, calibration, produced.contract), calibration_windows),
+                 evaluation=evaluation,
                  walk=walk, score=score,
                  texts={"calibration": ", ".join(calibration_texts), "evaluation": ", ".join(evaluation_texts)})
 

@@ -14,6 +14,7 @@ decode, which is itself only 102-111 dB from the exact result.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -381,3 +382,37 @@ def inflect_rows(voice, text: str, emits=(45, 93), seed: int = 1234) -> list[dic
                      "fp32_full_vs_f64_full_db": gates.snr_db(ref64, ref32),
                      "where": full32.where, "target": full32.target})
     return rows
+
+
+# --- quantization: the step engine calibrated on the states a real walk carries ---------------------
+def quantization_stage(voice: DecoderModel | None = None, emit: int = 45,
+                       calibration_texts: Sequence[str] = pd.CALIBRATION_TEXTS,
+                       evaluation_texts: Sequence[str] = pd.EVALUATION_TEXTS, calibration_steps: int | None = None):
+    """The stateful step at E = `emit` as rkstudy.quantize sees it: the calibration feeds are the
+    steps an fp32 walk runs over the voice's latents of `calibration_texts` (the state inputs hold
+    what that walk carried, so the quantizer sees the ranges of a real history), `calibration_steps`
+    of them evenly spread; the evaluation latents of `evaluation_texts` are walked with the engine
+    carrying its own state, scored per step (E x hop samples) and per utterance against the fp32 walk."""
+    from ...quantize import Stage, evenly, recorded_feeds, span_scores
+    from ..piper.voice import Voice, read_text
+
+    pd.held_apart(calibration_texts, evaluation_texts)
+    voice = voice or Voice()
+    produced = produce_step_for_voice(voice, emit)
+    onnx_path = produced.save()
+    calibration = [lat for name in calibration_texts for lat in voice.latents(read_text(name))]
+    evaluation = [lat for name in evaluation_texts for lat in voice.latents(read_text(name))]
+
+    def walk(runner, lat):
+        return sidecar(voice, runner, produced).decode(lat.z, lat.g)
+
+    step = emit * voice.hop
+
+    def score(refs, tests):
+        return span_scores(refs, tests, [[(lo, min(lo + step, a.size)) for lo in range(0, a.size, step)]
+                                         for a in refs])
+
+    return Stage(name=f"Piper decoder stateful step E={emit}", onnx=onnx_path,
+                 calibration=evenly(recorded_feeds(onnx_path, walk, calibration), calibration_steps),
+                 evaluation=evaluation, walk=walk, score=score,
+                 texts={"calibration": ", ".join(calibration_texts), "evaluation": ", ".join(evaluation_texts)})

@@ -19,6 +19,7 @@ from ...board.memory import smallest_rung
 from ...build import build_engine
 from ...cache import cache_dir, sha256_file
 from ...graph.relshift import BANDED, GATHER
+from ...quantize import evenly
 from ...results import HOST, STAMP, carried, read_table
 from ...runtime import OrtRunner, SimulatorRunner
 from ..piper import voice as piper
@@ -472,9 +473,7 @@ def drift_sensitivity(voice: piper.Voice, chunks: Sequence[tuple[str, Sequence[i
 
 def spread(chunks: Sequence, k: int) -> list:
     """`k` chunks evenly spread over a list sorted by length (short to long)."""
-    if len(chunks) <= k:
-        return list(chunks)
-    return [chunks[int(i)] for i in np.linspace(0, len(chunks) - 1, k).round()]
+    return evenly(chunks, k)
 
 
 def sensitivity_summary(rows: Sequence[dict]) -> list[dict]:
@@ -588,3 +587,47 @@ def run_ladder(voice: piper.Voice, widths: Sequence[int], chunks: Sequence[tuple
     finally:
         for r in runners:
             r.close()
+
+
+# --- quantization: one width, calibrated on the ids of real text ----------------------------------
+QUANT_CALIBRATION_TEXTS = ("paragraph",)
+QUANT_EVALUATION_TEXTS = ("short", "phone")
+
+
+def quantization_stage(voice: piper.Voice | None = None, width: int = 64,
+                       calibration_texts: Sequence[str] = QUANT_CALIBRATION_TEXTS,
+                       evaluation_texts: Sequence[str] = QUANT_EVALUATION_TEXTS, chunk_chars: int = 25,
+                       calibration_chunks: int | None = None):
+    """The width-`width` encoder as rkstudy.quantize sees it: the calibration feeds are the padded
+    phoneme ids of `calibration_texts` chunked at `chunk_chars` characters as the runtime chunks
+    them (chunks wider than the engine left out; `calibration_chunks` of them evenly spread), the
+    evaluation chunks come from `evaluation_texts` (no text in both). Each chunk is scored on its
+    real tokens, stats and cond each a window of its own (the durations come from cond, the
+    decoder's latent from stats); the utterance column is every chunk's outputs back to back."""
+    from ...quantize import Stage, span_scores
+    from ..piper_decoder.study import held_apart
+
+    held_apart(calibration_texts, evaluation_texts)
+    voice = voice or piper.Voice()
+    product = produce(voice, width)
+
+    def chunks(names):
+        return [ids for name in names for _, ids in chunk_ids(voice, piper.read_text(name), chunk_chars)
+                if len(ids) <= width]
+
+    evaluation = chunks(evaluation_texts)
+    sizes = {}
+
+    def walk(runner, ids):
+        stats, cond = (o[..., : len(ids)] for o in runner.run(pad_ids(ids, width))[:2])
+        sizes[len(ids)] = stats.size
+        return np.concatenate([stats.ravel(), cond.ravel()])
+
+    def score(refs, tests):
+        return span_scores(refs, tests, [[(0, sizes[len(ids)]), (sizes[len(ids)], a.size)]
+                                         for ids, a in zip(evaluation, refs)])
+
+    return Stage(name=f"Piper encoder width {width}", onnx=product.path,
+                 calibration=[pad_ids(ids, width) for ids in evenly(chunks(calibration_texts), calibration_chunks)],
+                 evaluation=evaluation, walk=walk, score=score,
+                 texts={"calibration": ", ".join(calibration_texts), "evaluation": ", ".join(evaluation_texts)})

@@ -270,3 +270,29 @@ def uniform(rows: list[dict]) -> list[dict]:
     committed table needs: the census mixes built, counted-only and not-exported settings."""
     columns = list(dict.fromkeys(k for r in rows for k in r))
     return [{k: r.get(k, "") for k in columns} for r in rows]
+
+
+def quantization_stage(onnx_path, calibration_steps: int = 4, evaluation_steps: int = 3):
+    """One step engine as rkstudy.quantize sees it, on random codes (the weights are seeded random
+    and no talker runs here, so any codes are as good as a talker's; the table says so): the
+    calibration feeds are `calibration_steps` carried steps of the CALIBRATION_SEED stream, the
+    evaluation items `evaluation_steps` carried steps of another stream (CODES_SEED + 1), each fed
+    the cache onnxruntime fp32 carried into it, scored on audio per step and over the steps."""
+    from pathlib import Path
+
+    from ...quantize import Stage, span_scores
+    from .producer import carried_feeds, read_contract
+
+    n = read_contract(onnx_path).params["codes_length"]
+
+    def walk(runner, feed):
+        return runner.run(feed)[0]
+
+    def score(refs, tests):
+        return span_scores(refs, tests, [[(0, a.size)] for a in refs])
+
+    return Stage(name=f"Qwen3 vocoder {n}-token step", onnx=Path(onnx_path),
+                 calibration=carried_feeds(onnx_path, calibration_steps, seed=CALIBRATION_SEED),
+                 evaluation=carried_feeds(onnx_path, evaluation_steps, seed=CODES_SEED + 1), walk=walk, score=score,
+                 texts={"calibration": f"random codes, seed {CALIBRATION_SEED}",
+                        "evaluation": f"random codes, seed {CODES_SEED + 1}"})
