@@ -78,7 +78,7 @@ test: models toolkit-venv lite-wheel
 # Everything that starts no toolkit child, runs no notebook and starts no JupyterLab (a few minutes);
 # tests/conftest.py fails any test that builds an engine without the `simulator` mark.
 test-fast: models
-	$(PY) -m pytest -m "not simulator and not notebooks and not lab" tests
+	$(PY) -m pytest -n $(TEST_JOBS) --dist loadgroup -m "not simulator and not notebooks and not lab" tests
 
 # Every committed table stamped by a clean ancestor commit whose producing code is HEAD's, with a
 # where/target and units that fit its numbers (`make test` runs it once the tables are re-made).
