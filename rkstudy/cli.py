@@ -74,8 +74,8 @@ def _cmd_fold(args) -> int:
 
 
 def _cmd_build(args) -> int:
-    from .build import build_engine
     from .cliutil import print_build
+    from .toolkit.build import build_engine
 
     report = build_engine(args.onnx, args.target, parse_shapes(args.shape), args.out,
                           optimization_level=args.optimization_level, regtask_limit=args.regtask_limit,
@@ -101,14 +101,15 @@ def _cmd_lint(args) -> int:
 
 
 def _cmd_bench(args) -> int:
-    from . import bench
+    from .tables import bench
 
     return bench.main(args.which)
 
 
 def _cmd_plan_window(args) -> int:
-    from . import planner, results
     from .families import get
+    from .tables import results
+    from .walk import planner
 
     family = get(args.family)
     if not family.planner:
@@ -146,26 +147,26 @@ def load_families():
 
 
 def _cmd_results_index(args) -> int:
-    from . import report
+    from .tables import index as report
 
     return report.main(check=args.check)
 
 
 def _cmd_reproduce(args) -> int:
-    from . import reproduce
+    from .tables import reproduce
 
     return reproduce.main(args.study, restart=args.restart, listing=args.listing, jobs=args.jobs)
 
 
 def _cmd_results_diff(args) -> int:
-    from . import results_diff
+    from .tables import diff as results_diff
 
     return results_diff.main(args.a, args.b, args.out)
 
 
 def _cmd_results_check(args) -> int:
-    from . import provenance
     from .paths import REPO
+    from .tables import provenance
 
     return provenance.main(REPO, args.results, as_json=args.json)
 

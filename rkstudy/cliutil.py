@@ -109,12 +109,12 @@ def stage2(onnx_path: Path, target: str, out: Path | None, *, describe, remake: 
            probed_on: str = "white noise", as_json: bool = False) -> int:
     """Stage 2 of every family: read the contract back out of the graph and say in one line what it
     is (`describe(contract)`), build the engine and gate the simulator against fp32 on `probe`'s
-    inputs in the same child (rkstudy.engine.convert; white noise and engine.ALIVE_GATE when not
+    inputs in the same child (rkstudy.toolkit.convert.convert; white noise and engine.ALIVE_GATE when not
     given), write the compiled contract beside the engine, and print the summary line a person
     reads, or with `as_json` the row alone. Returns 0; a failed build or gate raises (exit 1)."""
     from . import graph
     from .contract import from_metadata
-    from .engine import ALIVE_GATE, convert
+    from .toolkit.convert import ALIVE_GATE, convert
 
     gate = gate or ALIVE_GATE
     contract = from_metadata(graph.metadata(onnx_path), where=Path(onnx_path).name, remake=remake)

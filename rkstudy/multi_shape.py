@@ -27,8 +27,8 @@ from . import gates
 from .cache import cache_dir, digest
 from .errors import one_line
 from .paths import RESULTS
-from .results import HOST, read_table
 from .runtime import OrtRunner, SimulatorRunner
+from .tables.results import HOST, read_table
 from .toolkit.log import memory_plans
 
 MULTI = "one multi-shape engine"

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from . import cache, claims, gates, results
+from . import cache, gates
 from .paths import REPO, results_root
+from .tables import claims, results
 
 CLIP_SECONDS = 5.0  # audio embedded in an executed notebook; the full render goes to the cache
 MAX_STATEMENTS = 10  # a conclusion a reader takes in at once; more belongs in the tables
@@ -140,7 +141,7 @@ class Study:
     def headline(self, name: str, value, unit: str = "", seeds: str = "", comparable: str = "") -> None:
         """Record one headline number, with the reference figure it is shown beside (by its exact
         text) and whether the two are the same quantity under the same conditions: `"same"` or
-        `"differs: <what>"` (rkstudy.results.record_headlines refuses a figure without it)."""
+        `"differs: <what>"` (rkstudy.tables.results.record_headlines refuses a figure without it)."""
         self.headline_values[name] = {"value": value, "unit": unit, "seeds": seeds, "comparable": comparable}
 
     def reference_claims(self) -> list[dict]:

@@ -23,11 +23,12 @@ def main() -> int:
     ap.add_argument("--target", default="rk3588")
     args = ap.parse_args()
 
-    from rkstudy import gates, results
+    from rkstudy import gates
     from rkstudy.families.kokoro_generator import head
     from rkstudy.families.kokoro_generator import study as ks
     from rkstudy.families.kokoro_generator.producer import DEFAULT_CONTEXT, DEFAULT_FRAMES, load_model
     from rkstudy.runtime import OrtRunner
+    from rkstudy.tables import results
 
     model = load_model()
     utt = model.utterance(args.utterance)

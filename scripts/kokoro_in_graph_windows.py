@@ -22,7 +22,7 @@ def main() -> int:
     ap.add_argument("--target", default="rk3588")
     args = ap.parse_args()
 
-    from rkstudy import gates, results
+    from rkstudy import gates
     from rkstudy.families.kokoro_generator import generator
     from rkstudy.families.kokoro_generator import study as ks
     from rkstudy.families.kokoro_generator.generator import FINE
@@ -36,7 +36,8 @@ def main() -> int:
         window_feed,
     )
     from rkstudy.runtime import OrtRunner
-    from rkstudy.window import plan_windows
+    from rkstudy.tables import results
+    from rkstudy.walk.window import plan_windows
 
     frames, max_axis, context = 256, FINE * 134 + 1, DEFAULT_CONTEXT
     inner = inner_frames(max_axis)

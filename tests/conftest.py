@@ -5,8 +5,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from rkstudy import build
 from rkstudy.families.piper_decoder import DEFAULT_CONTEXT, DEFAULT_EMIT
+from rkstudy.toolkit import build
 
 # The fast tier (`make test-fast`, `-m "not simulator ..."`) stays fast only if every test that starts a
 # toolkit child says so. A test without the `simulator` mark that reaches EngineProcess fails, cold cache
@@ -14,7 +14,8 @@ from rkstudy.families.piper_decoder import DEFAULT_CONTEXT, DEFAULT_EMIT
 # patched constructor, in a command it runs as a subprocess through build.NO_CHILD_ENV.
 _engine_allowed = {"now": True}
 _start_engine = build.EngineProcess.__init__
-UNMARKED = "a test not marked @pytest.mark.simulator may not start a toolkit child (rkstudy.build.EngineProcess)"
+UNMARKED = ("a test not marked @pytest.mark.simulator may not start a toolkit child "
+            "(rkstudy.toolkit.build.EngineProcess)")
 BUILDERS = ("simulator", "notebooks")  # a quick-mode notebook builds engines in its kernel
 
 

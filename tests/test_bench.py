@@ -2,7 +2,7 @@
 
 import csv
 
-from rkstudy import bench
+from rkstudy.tables import bench
 
 
 def test_walker_row_is_measured_and_stamped(tmp_path, monkeypatch):

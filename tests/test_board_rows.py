@@ -7,9 +7,9 @@ import subprocess
 
 import pytest
 
-from rkstudy import results
 from rkstudy.board import run
 from rkstudy.errors import InputError
+from rkstudy.tables import results
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
 

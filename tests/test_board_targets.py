@@ -7,9 +7,10 @@ import re
 import numpy as np
 import pytest
 
-from rkstudy import build, contract
-from rkstudy.build import Calibration
+from rkstudy import contract
 from rkstudy.errors import UsageError
+from rkstudy.toolkit import build
+from rkstudy.toolkit.build import Calibration
 
 
 @pytest.mark.parametrize("target", contract.QUANTIZED_ONLY)

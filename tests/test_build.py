@@ -8,9 +8,10 @@ import numpy as np
 import onnx
 import pytest
 
-from rkstudy import build, graph
+from rkstudy import graph
 from rkstudy.errors import InputError, UsageError
 from rkstudy.families.toolchain import probes as toolchain
+from rkstudy.toolkit import build
 
 pytestmark = pytest.mark.simulator
 
@@ -47,8 +48,8 @@ def test_reuse_returns_the_recorded_build(probe, tmp_path):
 def test_one_build_per_content_key_whoever_asks(tmp_path, monkeypatch):
     # a simulator run through the cache builds once; a build, a second simulator run on the same input and
     # the same graph saved under another name (as the lint study saves it) read that build back
-    from rkstudy import engine
     from rkstudy.lint import compiler
+    from rkstudy.toolkit import convert as engine
 
     monkeypatch.setenv("RKSTUDY_CACHE", str(tmp_path / "cache"))
     path = toolchain.save_probe(toolchain.vocoder_probe(), "vocoder_probe_t64")
@@ -286,7 +287,7 @@ def test_a_build_runs_in_the_chosen_environments_interpreter(probe, tmp_path, mo
     assert build.toolkit_env("2.5.0").python == sys.executable  # the version installed here is this one
     here = build.build_engine(probe, "rk3588")
     there = build.build_engine(probe, "rk3588", toolkit="9.9.9")
-    assert "rkstudy._engine_child" in marker.read_text()  # the child ran under the chosen interpreter
+    assert "rkstudy.toolkit._child" in marker.read_text()  # the child ran under the chosen interpreter
     assert here.ok and there.ok and here.engine != there.engine  # the toolkit keys the cache
     # the version a report names is the one the child imported, not the one its environment's name claims
     assert there.toolkit_version == here.toolkit_version == "rknn-toolkit2 2.5.0"
@@ -310,7 +311,7 @@ def test_toolkit_2_3_2_builds_and_simulates_in_its_own_environment(probe, tmp_pa
     import json
 
     from rkstudy import cli
-    from rkstudy.engine import simulator_vs_fp32
+    from rkstudy.toolkit.convert import simulator_vs_fp32
 
     report = build.build_engine(probe, "rk3588", out=tmp_path / "probe-2.3.2.rknn", reuse=False, toolkit="2.3.2")
     assert report.ok and report.toolkit_version == "rknn-toolkit2 2.3.2"

@@ -9,10 +9,10 @@ import math
 
 import pytest
 
-from rkstudy import claims, results
 from rkstudy.notebook import Study
 from rkstudy.paths import NOTEBOOKS, RESULTS
-from rkstudy.results import Origin
+from rkstudy.tables import claims, results
+from rkstudy.tables.results import Origin
 
 STUDY = "piper_decoder"  # its reference figures are real rows of data/reference/seeds.csv
 INTERIOR_93 = "interior window SNR vs full-length decode at 93 (45+24+24)"

@@ -8,10 +8,11 @@ import re
 import onnx
 import pytest
 
-from rkstudy import build, graph
+from rkstudy import graph
 from rkstudy.cli import main, parse_shapes
 from rkstudy.errors import UsageError
 from rkstudy.families.toolchain.probes import long_axis_probe, vocoder_probe
+from rkstudy.toolkit import build
 
 
 def test_parse_shapes():
@@ -208,7 +209,7 @@ def test_every_gate_has_a_name_of_its_own():
 
     gates = {}
     for m in pkgutil.walk_packages(rkstudy.__path__, "rkstudy."):
-        if m.name.endswith("__main__") or m.name == "rkstudy._engine_child":
+        if m.name.endswith("__main__") or m.name == "rkstudy.toolkit._child":
             continue
         for value in vars(importlib.import_module(m.name)).values():
             if isinstance(value, Gate):

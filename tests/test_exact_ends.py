@@ -21,8 +21,8 @@ from rkstudy.graph.validity import mask_conv_inputs
 from rkstudy.port import architectures
 from rkstudy.port.architectures import INPUT, MELS, SPEAKER
 from rkstudy.runtime import OrtRunner
-from rkstudy.stream import StatefulWalker
-from rkstudy.window import Rate, walk
+from rkstudy.walk.stateful import StatefulWalker
+from rkstudy.walk.window import Rate, walk
 
 EXACT_DB = 250.0     # float64 rounding is ~280-320 dB here; any boundary error is below 60 dB
 ENDS = 20            # frames at each end scored on their own

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from rkstudy import fits
-from rkstudy.results import read_table
+from rkstudy.tables.results import read_table
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 
@@ -69,7 +69,7 @@ def test_flow_estimator_growth_refit_from_committed_builds():
 def test_flow_estimator_reference_fit_matches_committed_table():
     from rkstudy.families.flow_estimator import study
     from rkstudy.families.flow_estimator.reference_memory import reference_memory_model
-    from rkstudy.results import seed_figure
+    from rkstudy.tables.results import seed_figure
 
     committed = read_table(RESULTS / "flow_estimator" / "seeds_fit.csv")
     dma = int(seed_figure("flow_estimator", "dma map refused at rknn_init (dmesg line)")["value"])  # as notebook 05

@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rkstudy import results
 from rkstudy.families.flow_estimator import study
 from rkstudy.families.flow_estimator.reference_memory import reference_memory_model
+from rkstudy.tables import results
 
 torch = pytest.importorskip("torch")
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -135,7 +135,7 @@ def test_a_build_row_says_when_the_window_is_walked_inside_the_graph(model):
     distinct windows, labelled beside the monolithic rows."""
     from types import SimpleNamespace
 
-    from rkstudy.build import BuildReport
+    from rkstudy.toolkit.build import BuildReport
 
     report = BuildReport(status="failed", target="rk3588", onnx="", engine=None, engine_bytes=0, seconds=1.0,
                          regtask=0, toolkit_version="", log="")

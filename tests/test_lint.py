@@ -11,7 +11,8 @@ from onnx import TensorProto, helper, numpy_helper
 from rkstudy import cli, graph
 from rkstudy.errors import InputError, UsageError
 from rkstudy.graph import decmask, relshift, sine
-from rkstudy.lint import honesty, lint, load_rules, opsupport, parse_input, rule, view
+from rkstudy.lint import against_toolkit, lint, load_rules, opsupport, parse_input, rule, view
+from rkstudy.lint.against_toolkit import _f32, _model, _vi
 from rkstudy.lint.rules.unsupported import variant
 from rkstudy.runtime import OrtRunner
 
@@ -55,10 +56,10 @@ def test_parse_input():
 
 # --- one rule each: a graph with the hazard, one without --------------------------------------------------
 def test_shape_plumbing():
-    f = only(lint(honesty.shape_chain()), "RK101")
+    f = only(lint(against_toolkit.shape_chain()), "RK101")
     assert f.severity == "warning" and f.nodes == ("shape", "sized") and f.detail["foldable"]
     assert "rkstudy fold" in f.fix and "(seeds, host, rk3588)" in f.why
-    folded = graph.fold(honesty.shape_chain(), {"x": [1, 4, 16]})
+    folded = graph.fold(against_toolkit.shape_chain(), {"x": [1, 4, 16]})
     assert not [f for f in lint(folded).findings if f.code == "RK101"]
 
 
@@ -70,30 +71,30 @@ def test_range_and_expand_from_a_shape_are_plumbing_too():
              helper.make_node("Expand", ["rf", "s"], ["e"], name="expand"),
              helper.make_node("Add", ["x", "e"], ["y"], name="add")]
     inits = [numpy_helper.from_array(np.array(v, np.int64), k) for k, v in (("two", 2), ("zero", 0), ("one", 1))]
-    m = honesty._model(nodes, [honesty._vi("x", [1, 4, "T"])], [honesty._vi("y", None)], inits)
+    m = _model(nodes, [_vi("x", [1, 4, "T"])], [_vi("y", None)], inits)
     found = [f for f in lint(m, {"x": (1, 4, 16)}).findings if f.code == "RK101"]
     assert [f.detail["op"] for f in found] == ["Range", "Expand"]
     assert found[0].nodes == ("shape", "len", "positions")
 
 
 def test_foreign_op():
-    f = only(lint(honesty.fused_matmul()), "RK102")
+    f = only(lint(against_toolkit.fused_matmul()), "RK102")
     assert f.severity == "warning" and f.nodes == ("matmul",) and "CPU" in f.why
-    assert not codes(lint(honesty.fused_matmul(foreign=False)))
+    assert not codes(lint(against_toolkit.fused_matmul(foreign=False)))
 
 
 def test_empty_output_and_its_fix():
-    f = only(lint(honesty.empty_output()), "RK103")
+    f = only(lint(against_toolkit.empty_output()), "RK103")
     assert f.severity == "error" and f.nodes == ("drop",) and "trim_outputs" in f.fix
-    trimmed = graph.trim_outputs(honesty.empty_output())
+    trimmed = graph.trim_outputs(against_toolkit.empty_output())
     assert not codes(lint(trimmed))
     assert list(trimmed.graph.node[0].output) == ["d"]
 
 
 def test_trim_outputs_names_an_empty_output_before_a_used_one():
     node = helper.make_node("LayerNormalization", ["x", "g", "b"], ["y", "", "rstd"], axis=-1, name="ln")
-    m = honesty._model([node], [honesty._vi("x", [1, 8, 32])], [honesty._vi("y", [1, 8, 32])],
-                       [honesty._f32("g", np.ones(32)), honesty._f32("b", np.zeros(32))])
+    m = _model([node], [_vi("x", [1, 8, 32])], [_vi("y", [1, 8, 32])],
+                       [_f32("g", np.ones(32)), _f32("b", np.zeros(32))])
     trimmed = graph.trim_outputs(m)
     assert list(trimmed.graph.node[0].output) == ["y", "ln_unused_output_1", "rstd"]
     assert not [f for f in lint(trimmed).findings if f.code == "RK103"]
@@ -102,17 +103,17 @@ def test_trim_outputs_names_an_empty_output_before_a_used_one():
 
 
 def test_relshift_chains():
-    report = lint(honesty.attention())
+    report = lint(against_toolkit.attention())
     found = [f for f in report.findings if f.code == "RK201"]
     assert [f.severity for f in found] == ["error", "error"]
     assert [f.detail["kind"] for f in found] == ["rel_to_abs", "abs_to_rel"]
     assert "rewrite_relshift" in found[0].fix and "0.4 dB (seeds, board, rk3588)" in found[0].why
     assert "mode='banded' applies" in found[0].fix  # the probe's tables are banded (window 4)
-    assert not [f for f in lint(relshift.rewrite_relshift(honesty.attention())).findings if f.code == "RK201"]
+    assert not [f for f in lint(relshift.rewrite_relshift(against_toolkit.attention())).findings if f.code == "RK201"]
 
 
 def test_a_relshift_chain_that_cannot_be_rewritten_says_so():
-    m = honesty.attention()
+    m = against_toolkit.attention()
     pad = next(i for i in m.graph.initializer if i.name == "p2")  # the flat tail padded in front: onnxslim's mis-fold
     pad.CopyFrom(numpy_helper.from_array(np.array([0, 0, 5, 0, 0, 0], np.int64), "p2"))
     f = next(f for f in lint(m).findings if f.code == "RK201" and f.detail["kind"] == "rel_to_abs")
@@ -120,14 +121,14 @@ def test_a_relshift_chain_that_cannot_be_rewritten_says_so():
 
 
 def test_sin_on_the_cpu_and_the_polynomial():
-    f = only(lint(honesty.snake_sin()), "RK202")
+    f = only(lint(against_toolkit.snake_sin()), "RK202")
     assert f.severity == "warning" and f.nodes == ("sin",) and "reduce_sin" in f.fix and "41 (350 of 846 ms)" in f.why
     for fold in (True, False):
-        rewritten = sine.reduce_sin(honesty.snake_sin(), fold=fold)
+        rewritten = sine.reduce_sin(against_toolkit.snake_sin(), fold=fold)
         assert "Sin" not in {n.op_type for n in rewritten.graph.node}
         assert not [f for f in lint(rewritten).findings if f.code == "RK202"]
     # the fold's Floor is judged by the op table like any other op
-    floor = [f for f in lint(sine.reduce_sin(honesty.snake_sin())).findings if f.code == "RK304"]
+    floor = [f for f in lint(sine.reduce_sin(against_toolkit.snake_sin())).findings if f.code == "RK304"]
     support = opsupport.load()["targets"]["rk3588"]["Floor"]["support"]
     assert [f.detail["key"] for f in floor] == ([] if support == "npu" else ["Floor"])
 
@@ -138,8 +139,8 @@ def test_reduce_sin_tracks_the_sine_over_many_periods(degree, floor_db):
 
     x = (np.random.default_rng(0).standard_normal((1, 8, 32)) * 20).astype(np.float32)
     cos = helper.make_node("Cos", ["x"], ["c"], name="cos")
-    m = honesty._model([helper.make_node("Sin", ["x"], ["s"], name="sin"), cos],
-                       [honesty._vi("x", [1, 8, 32])], [honesty._vi("s", [1, 8, 32]), honesty._vi("c", [1, 8, 32])])
+    m = _model([helper.make_node("Sin", ["x"], ["s"], name="sin"), cos],
+                       [_vi("x", [1, 8, 32])], [_vi("s", [1, 8, 32]), _vi("c", [1, 8, 32])])
     s, c = OrtRunner(sine.reduce_sin(m, degree)).run({"x": x})
     assert snr_db(np.sin(x), s) > floor_db and snr_db(np.cos(x), c) > floor_db - 1
     np.testing.assert_allclose(s, sine.evaluate(x.astype(np.float64), degree), atol=1e-4)
@@ -151,18 +152,19 @@ def test_reduce_sin_tracks_the_sine_over_many_periods(degree, floor_db):
 
 
 def test_resize_mask_upsampler_and_its_rewrite():
-    f = only(lint(honesty.mask_upsample()), "RK203")
+    f = only(lint(against_toolkit.mask_upsample()), "RK203")
     assert f.severity == "error" and f.detail["mask"] and "-7.9 dB (seeds, board, rk3588)" in f.why
-    fixed = decmask.resize_to_convtranspose(honesty.mask_upsample())
+    fixed = decmask.resize_to_convtranspose(against_toolkit.mask_upsample())
     assert [n.op_type for n in fixed.graph.node] == ["ConvTranspose", "Mul"]
     assert not [f for f in lint(fixed).findings if f.code == "RK203"]
     feeds = {"h": np.random.default_rng(0).standard_normal((1, 4, 128)).astype(np.float32),
              "y_mask": (np.arange(16) < 11).astype(np.float32).reshape(1, 1, 16)}
-    np.testing.assert_array_equal(OrtRunner(honesty.mask_upsample()).run(feeds)[0], OrtRunner(fixed).run(feeds)[0])
+    np.testing.assert_array_equal(OrtRunner(against_toolkit.mask_upsample()).run(feeds)[0],
+                                  OrtRunner(fixed).run(feeds)[0])
 
 
 def test_a_resize_that_is_not_nearest_repetition_is_left_alone():
-    m = honesty.mask_upsample()
+    m = against_toolkit.mask_upsample()
     mode = next(a for a in m.graph.node[0].attribute if a.name == "coordinate_transformation_mode")
     mode.s = b"align_corners"  # not a repetition of each frame
     assert [n.op_type for n in decmask.resize_to_convtranspose(m).graph.node] == ["Resize", "Mul"]
@@ -170,31 +172,31 @@ def test_a_resize_that_is_not_nearest_repetition_is_left_alone():
 
 def test_a_resize_of_features_is_a_warning():
     node = helper.make_node("Resize", ["x", "", "sc"], ["y"], name="up", mode="nearest")
-    m = honesty._model([node], [honesty._vi("x", [1, 8, 16])], [honesty._vi("y", [1, 8, 32])],
+    m = _model([node], [_vi("x", [1, 8, 16])], [_vi("y", [1, 8, 32])],
                        [numpy_helper.from_array(np.array([1, 1, 2], np.float32), "sc")])
     f = only(lint(m), "RK203")
     assert f.severity == "warning" and not f.detail["mask"]
 
 
 def test_weight_norm():
-    f = only(lint(honesty.weight_norm_conv()), "RK204")
+    f = only(lint(against_toolkit.weight_norm_conv()), "RK204")
     assert f.severity == "warning" and f.detail["constant_input"] and "51 nodes (seeds" in f.why
-    assert not [f for f in lint(graph.fold(honesty.weight_norm_conv(), {"x": [1, 4, 16]})).findings
+    assert not [f for f in lint(graph.fold(against_toolkit.weight_norm_conv(), {"x": [1, 4, 16]})).findings
                 if f.code == "RK204"]
     act = helper.make_node("ReduceL2", ["x"], ["n"], axes=[1], keepdims=1, name="l2")
     div = helper.make_node("Div", ["x", "n"], ["y"], name="div")
-    m = honesty._model([act, div], [honesty._vi("x", [1, 8, 32])], [honesty._vi("y", [1, 8, 32])])
+    m = _model([act, div], [_vi("x", [1, 8, 32])], [_vi("y", [1, 8, 32])])
     assert only(lint(m), "RK204").severity == "info"
 
 
 def test_register_field_reports_the_axis_length():
-    f = only(lint(honesty.long_conv(8192, channels=4)), "RK301")
+    f = only(lint(against_toolkit.long_conv(8192, channels=4)), "RK301")
     assert f.severity == "warning" and f.detail["axis"] == 8192 and f.nodes == ("conv",)
     assert "800000 lines (seeds" in f.why
-    assert not codes(lint(honesty.long_conv(8191, channels=4)))
+    assert not codes(lint(against_toolkit.long_conv(8191, channels=4)))
     # through a pinned dynamic input, and a reduction over the long axis
     red = helper.make_node("ReduceSum", ["x", "ax"], ["y"], keepdims=1, name="sum")
-    m = honesty._model([red], [honesty._vi("x", [1, 4, "T"])], [honesty._vi("y", None)],
+    m = _model([red], [_vi("x", [1, 4, "T"])], [_vi("y", None)],
                        [numpy_helper.from_array(np.array([2], np.int64), "ax")])
     found = [f for f in lint(m, {"x": (1, 4, 30720)}).findings if f.code == "RK301"]
     assert [(f.detail["axis"], f.detail.get("reduction", False)) for f in found] == [(30720, False), (30720, True)]
@@ -204,24 +206,24 @@ def test_convtranspose_stride_follows_the_measured_table():
     table = opsupport.load()["targets"]["rk3588"]
     for stride in (3, 4):
         key = f"ConvTranspose/stride={stride}"
-        found = [f for f in lint(honesty.upsampler(stride)).findings if f.code == "RK302"]
+        found = [f for f in lint(against_toolkit.upsampler(stride)).findings if f.code == "RK302"]
         expected = {"npu": [], "cpu": ["warning"], "fails": ["error"], "inaccurate": ["error"]}[table[key]["support"]]
         assert [f.severity for f in found] == expected, key
 
 
 def test_clip_with_an_empty_min():
-    f = only(lint(honesty.clip(with_min=False)), "RK303")
+    f = only(lint(against_toolkit.clip(with_min=False)), "RK303")
     assert f.nodes == ("clip",) and f.severity in ("info", "warning", "error")
-    assert not codes(lint(honesty.clip(with_min=True)))
+    assert not codes(lint(against_toolkit.clip(with_min=True)))
 
 
 def test_op_support_from_the_measured_table():
     table = opsupport.load()["targets"]["rk3588"]
     severity = {"npu": None, "cpu": "warning", "fails": "error", "inaccurate": "error"}
     for op in ("RandomNormalLike", "Atan", "Tanh"):
-        found = [f.severity for f in lint(honesty.one_op(op)).findings if f.code == "RK304"]
+        found = [f.severity for f in lint(against_toolkit.one_op(op)).findings if f.code == "RK304"]
         assert found == ([severity[table[op]["support"]]] if severity[table[op]["support"]] else []), op
-    flip = [f for f in lint(honesty.flip(True)).findings if f.code == "RK304"]
+    flip = [f for f in lint(against_toolkit.flip(True)).findings if f.code == "RK304"]
     assert [f.detail["key"] for f in flip] == (["Slice/negative-step"]
                                                if table["Slice/negative-step"]["support"] != "npu" else [])
 
@@ -229,24 +231,24 @@ def test_op_support_from_the_measured_table():
 def test_layer_norm_is_told_apart_by_its_epsilon_attribute():
     """The toolkit's LayerNorm fuse rule reads the epsilon attribute: without it the build fails (the
     one-op probe), with it (as torch writes it, the DiT stand-in's five LayerNorms) it lands on the NPU."""
-    f = only(lint(honesty.layer_norm(epsilon_written=False)), "RK304")
+    f = only(lint(against_toolkit.layer_norm(epsilon_written=False)), "RK304")
     assert f.severity == "error" and f.detail["key"] == "LayerNormalization/no-epsilon" and "epsilon" in f.fix
-    assert not [f for f in lint(honesty.layer_norm(epsilon_written=True)).findings if f.code == "RK304"]
+    assert not [f for f in lint(against_toolkit.layer_norm(epsilon_written=True)).findings if f.code == "RK304"]
 
 
 def test_expand_is_told_apart_by_the_axis_it_grows():
     """The probes measured a batch-growing Expand on the CPU and a broadcast along channels on the NPU
     (the DiT stand-in's mask broadcast, which the compiler kept on the NPU)."""
-    f = only(lint(honesty.expand(batch=True)), "RK304")
+    f = only(lint(against_toolkit.expand(batch=True)), "RK304")
     assert f.severity == "warning" and f.detail["key"] == "Expand/batch"
-    assert not [f for f in lint(honesty.expand(batch=False)).findings if f.code == "RK304"]
+    assert not [f for f in lint(against_toolkit.expand(batch=False)).findings if f.code == "RK304"]
 
 
 def test_a_reciprocal_written_as_div_is_its_own_key():
     """1 / x (an AdaIN's 1/std in the Kokoro trunk) lands on the CPU; x / y stays on the NPU."""
     one_over = helper.make_node("Div", ["one", "x"], ["y"], name="one_over")
-    m = honesty._model([one_over], [honesty._vi("x", [1, 8, 32])], [honesty._vi("y", [1, 8, 32])],
-                       [honesty._f32("one", 1.0)])
+    m = _model([one_over], [_vi("x", [1, 8, 32])], [_vi("y", [1, 8, 32])],
+                       [_f32("one", 1.0)])
     f = only(lint(m), "RK304")
     assert f.detail["key"] == "Div/const-numerator" and f.severity == "warning"
 
@@ -259,14 +261,14 @@ def test_the_reciprocal_inside_an_rms_norm_is_not_reported():
              helper.make_node("Sqrt", ["v"], ["rms"], name="sqrt"),
              helper.make_node("Div", ["one", "rms"], ["inv"], name="inv"),
              helper.make_node("Mul", ["x", "inv"], ["y"], name="norm")]
-    m = honesty._model(nodes, [honesty._vi("x", [1, 8, 32])], [honesty._vi("y", [1, 8, 32])],
-                       [honesty._f32("one", 1.0), honesty._f32("eps", 1e-6)])
+    m = _model(nodes, [_vi("x", [1, 8, 32])], [_vi("y", [1, 8, 32])],
+                       [_f32("one", 1.0), _f32("eps", 1e-6)])
     assert not [f for f in lint(m).findings if f.code == "RK304" and f.detail.get("key") == "Div/const-numerator"]
 
 
 def test_an_unprobed_op_is_reported_as_info():
     det = helper.make_node("Det", ["x"], ["d"], name="det")
-    m = honesty._model([det], [honesty._vi("x", [2, 4, 4])], [honesty._vi("d", [2])])
+    m = _model([det], [_vi("x", [2, 4, 4])], [_vi("d", [2])])
     f = only(lint(m), "RK304")
     assert f.severity == "info" and f.detail["keys"] == "Det"
 
@@ -275,38 +277,38 @@ def test_constant_subgraphs_are_not_reported():
     """An op on constants only is folded by the toolkit before any kernel sees it."""
     nodes = [helper.make_node("Atan", ["c"], ["ac"], name="atan_const"),
              helper.make_node("Add", ["x", "ac"], ["y"], name="add")]
-    m = honesty._model(nodes, [honesty._vi("x", [1, 8, 32])], [honesty._vi("y", [1, 8, 32])],
+    m = _model(nodes, [_vi("x", [1, 8, 32])], [_vi("y", [1, 8, 32])],
                        [numpy_helper.from_array(np.ones((1, 8, 32), np.float32), "c")])
     assert not [f for f in lint(m).findings if f.code == "RK304"]
 
 
 def test_dynamic_inputs():
-    f = only(lint(honesty.dynamic_conv(pinned=False)), "RK401")
+    f = only(lint(against_toolkit.dynamic_conv(pinned=False)), "RK401")
     assert f.severity == "error" and f.nodes == ("x",) and "--input x=" in f.fix
-    assert not codes(lint(honesty.dynamic_conv(pinned=True)))
-    pinned = only(lint(honesty.dynamic_conv(pinned=False), {"x": (1, 4, 16)}), "RK401")
+    assert not codes(lint(against_toolkit.dynamic_conv(pinned=True)))
+    pinned = only(lint(against_toolkit.dynamic_conv(pinned=False), {"x": (1, 4, 16)}), "RK401")
     assert pinned.severity == "info" and "x:1,4,16" in pinned.fix
 
 
 def test_fp16_range_with_a_sample():
     x = {"x": np.random.default_rng(1).standard_normal((1, 8, 64)).astype(np.float32)}
-    f = only(lint(honesty.squared(300.0), sample=x), "RK501")
+    f = only(lint(against_toolkit.squared(300.0), sample=x), "RK501")
     assert f.severity == "error" and f.detail["first"] == "square" and f.nodes[0] == "square"
     assert f.detail["largest_max_abs"] > 65504 and f.detail["largest"] == "square"
     assert "612487 abs (seeds" in f.why
-    clean = lint(honesty.squared(3.0), sample=x)
+    clean = lint(against_toolkit.squared(3.0), sample=x)
     assert not [f for f in clean.findings if f.code == "RK501"]
     head = only(clean, "RK502")
     assert head.severity == "info" and head.detail["max_abs"] < 65504
     # without a sample the range rules do not run at all
-    assert not [f for f in lint(honesty.squared(300.0)).findings if f.code in ("RK501", "RK502")]
+    assert not [f for f in lint(against_toolkit.squared(300.0)).findings if f.code in ("RK501", "RK502")]
 
 
 def test_node_maxima_are_in_graph_order_and_exact():
     from rkstudy.lint.rules.fp16_range import node_maxima
 
     x = np.random.default_rng(1).standard_normal((1, 8, 64)).astype(np.float32)
-    rows = node_maxima(honesty.squared(300.0), {"x": x})
+    rows = node_maxima(against_toolkit.squared(300.0), {"x": x})
     assert [r["node"] for r in rows] == ["scale_up", "square", "scale_down", "sin", "add"]
     assert rows[1]["max_abs"] == pytest.approx(float(np.max((300.0 * x.astype(np.float64)) ** 2)), rel=1e-5)
 
@@ -339,7 +341,7 @@ def test_an_op_row_is_the_simulators_only_when_the_simulator_ran():
 
 
 def test_input_checks_are_usage_errors():
-    m = honesty.dynamic_conv(pinned=False)
+    m = against_toolkit.dynamic_conv(pinned=False)
     with pytest.raises(UsageError, match="no graph input named z; inputs are x"):
         lint(m, {"z": (1, 4, 16)})
     with pytest.raises(UsageError, match="has rank 3"):
@@ -358,13 +360,13 @@ def test_input_checks_are_usage_errors():
 
 def test_a_sample_pins_a_dynamic_input():
     x = np.zeros((1, 4, 16), np.float32)
-    report = lint(honesty.dynamic_conv(pinned=False), sample={"x": x})
+    report = lint(against_toolkit.dynamic_conv(pinned=False), sample={"x": x})
     assert report.pinned == {"x": (1, 4, 16)} and report.sampled
     assert only(report, "RK401").severity == "info"
 
 
 def test_report_json_round_trip():
-    report = lint(honesty.snake_sin())
+    report = lint(against_toolkit.snake_sin())
     data = json.loads(json.dumps(report.to_json()))
     assert data["exit_code"] == 0 and data["counts"] == {"error": 0, "warning": 1, "info": 0}
     assert data["findings"][0]["code"] == "RK202" and data["findings"][0]["nodes"] == ["sin"]
@@ -377,9 +379,9 @@ def graphs(tmp_path):
     """Graphs on disk for the CLI: clean, with an error, dynamic, corrupt, empty."""
     paths = {"clean": tmp_path / "clean.onnx", "error": tmp_path / "error.onnx", "dynamic": tmp_path / "dyn.onnx",
              "corrupt": tmp_path / "corrupt.onnx", "empty": tmp_path / "empty.onnx"}
-    onnx.save(honesty.one_op("Tanh"), paths["clean"])
-    onnx.save(honesty.empty_output(), paths["error"])
-    onnx.save(honesty.dynamic_conv(pinned=False), paths["dynamic"])
+    onnx.save(against_toolkit.one_op("Tanh"), paths["clean"])
+    onnx.save(against_toolkit.empty_output(), paths["error"])
+    onnx.save(against_toolkit.dynamic_conv(pinned=False), paths["dynamic"])
     paths["corrupt"].write_bytes(paths["clean"].read_bytes()[:40])
     paths["empty"].write_bytes(b"")
     return paths
@@ -436,11 +438,11 @@ def test_load_sample_errors(tmp_path):
 
 # --- lint against the real compiler (the toolkit builds each graph) --------------------------------------------
 @pytest.mark.simulator
-@pytest.mark.parametrize("case", honesty.cases(), ids=lambda c: f"{c.code}-{c.graph}")
+@pytest.mark.parametrize("case", against_toolkit.cases(), ids=lambda c: f"{c.code}-{c.graph}")
 def test_lint_agrees_with_the_compiler(case):
     """Where the toolkit can show a hazard, lint's verdict matches it; where it cannot, the case says why,
     and then lint flags a graph the compiler passes (never the other way round)."""
-    out = honesty.evaluate(case, "rk3588")
+    out = against_toolkit.evaluate(case, "rk3588")
     if out.agree:
         return
     assert case.blind, f"{case.graph}: lint said {out.lint_said}, compiler: {out.compiler_did}"
@@ -449,11 +451,11 @@ def test_lint_agrees_with_the_compiler(case):
 
 @pytest.mark.simulator
 def test_fp16_findings_match_the_toolkits_per_layer_report():
-    hot = honesty.numerics(next(c for c in honesty.cases() if c.code == "RK501" and c.has_hazard))
+    hot = against_toolkit.numerics(next(c for c in against_toolkit.cases() if c.code == "RK501" and c.has_hazard))
     assert hot["first_agrees"] and hot["lint_over_fp16"] == "square"
     assert hot["accuracy_analysis_q_inf"].startswith("square")
     assert hot["sin_single_cos"] > 0.999  # the Sin left on the CPU computes right: its cost is time, not accuracy
-    cool = honesty.numerics(next(c for c in honesty.cases() if c.code == "RK501" and not c.has_hazard))
+    cool = against_toolkit.numerics(next(c for c in against_toolkit.cases() if c.code == "RK501" and not c.has_hazard))
     assert cool["lint_over_fp16"] == "-" and cool["accuracy_analysis_q_inf"] == "-"
 
 

@@ -12,10 +12,10 @@ import pytest
 from onnx import TensorProto, helper
 
 from rkstudy import contract as contracts
-from rkstudy.build import shape_sets_for
 from rkstudy.contract import Contract, Digest, Tensor
 from rkstudy.errors import EngineMismatch, UsageError
 from rkstudy.paths import REPO
+from rkstudy.toolkit.build import shape_sets_for
 
 FIXTURES = REPO / "tests" / "fixtures"
 SOURCE = Digest(file="model.onnx", sha256="0" * 64)
@@ -250,7 +250,7 @@ def test_convert_writes_a_contract_that_lists_the_shape_sets(tmp_path):
     """Stage 2 with shape_sets: one engine, probed at the contract's own shapes, whose contract beside it
     lists every set, and loads back through for_engine."""
     from rkstudy import graph
-    from rkstudy.engine import convert
+    from rkstudy.toolkit.convert import convert
 
     g = helper.make_graph([helper.make_node("Neg", ["x"], ["y"])], "neg",
                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, "T"])],
@@ -270,7 +270,7 @@ def test_convert_writes_a_contract_that_lists_the_shape_sets(tmp_path):
 
 def test_the_committed_row_is_read_back_with_its_numbers(tmp_path):
     from rkstudy import multi_shape as ms
-    from rkstudy import results
+    from rkstudy.tables import results
 
     rows = [{"graph": "conv stack", "widths": "32,16", **measured(), "choice": ms.MULTI, "why": "",
              "where": "host", "target": "rk3588"},

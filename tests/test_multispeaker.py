@@ -10,12 +10,12 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from rkstudy import gates, graph
-from rkstudy.engine import ALIVE_GATE, convert
 from rkstudy.families.piper.voice import DecoderModel
 from rkstudy.families.piper_decoder import study
 from rkstudy.families.piper_decoder.producer import produce_for_voice
 from rkstudy.paths import REPO
 from rkstudy.runtime import OrtRunner
+from rkstudy.toolkit.convert import ALIVE_GATE, convert
 
 C, GIN, HOP = 4, 8, 4
 

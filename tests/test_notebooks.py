@@ -10,8 +10,8 @@ import math
 
 import pytest
 
-from rkstudy import results
 from rkstudy.paths import NOTEBOOKS, QUICK_RESULTS, REPO
+from rkstudy.tables import results
 
 pytestmark = pytest.mark.notebooks
 

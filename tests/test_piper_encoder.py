@@ -5,13 +5,14 @@ import numpy as np
 import onnx
 import pytest
 
-from rkstudy import cli, contract, gates, results
+from rkstudy import cli, contract, gates
 from rkstudy.board.memory import smallest_rung
 from rkstudy.errors import EngineMismatch
 from rkstudy.families.piper import voice as piper
 from rkstudy.families.piper_encoder import producer, seam, sidecar, study, tokens
-from rkstudy.results import HOST
 from rkstudy.runtime import OrtRunner, SimulatorRunner
+from rkstudy.tables import results
+from rkstudy.tables.results import HOST
 
 W = 32
 
@@ -172,7 +173,7 @@ def _size(mode, frames, engine_bytes, peak_mb, peak_from=study.SIMULATOR_PEAK):
 
 
 def test_relshift_growth_gives_each_place_its_own_row_and_scores_the_size_goals():
-    from rkstudy import provenance
+    from rkstudy.tables import provenance
 
     sizes = [_size("banded", 128, 16_000_000, 512.0), _size("banded", 320, 21_000_000, 3500.0),
              _size("banded", 512, 401_000_000, 1000.0), _size("gather", 128, 137_000_000, 1900.0)]

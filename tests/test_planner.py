@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from rkstudy import planner
 from rkstudy.runtime import OrtRunner
-from rkstudy.window import plan_windows
+from rkstudy.walk import planner
+from rkstudy.walk.window import plan_windows
 
 
 def conv_chain(kernels=(3, 5), channels=4, seed=0) -> OrtRunner:

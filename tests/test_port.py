@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 import pytest
 
-from rkstudy import gates, planner, results
+from rkstudy import gates
 from rkstudy.families.port import producer
 from rkstudy.families.port.sidecar import PortSidecar, input_names, load_inputs
 from rkstudy.families.port.study import EXACT_GATE, exactness_f64, plan_target
@@ -21,6 +21,8 @@ from rkstudy.graph.delays import NotStreamable
 from rkstudy.paths import REPO
 from rkstudy.port import architectures
 from rkstudy.runtime import OrtRunner
+from rkstudy.tables import results
+from rkstudy.walk import planner
 
 FRAMES = 48   # the compiled window
 EMIT = 16     # the step

@@ -4,8 +4,9 @@ Piper decoder's calibration windows held apart from its evaluation texts."""
 import numpy as np
 import pytest
 
-from rkstudy import gates, quantize
+from rkstudy import gates
 from rkstudy.families.toolchain import probes as toolchain
+from rkstudy.toolkit import quantize
 from rkstudy.toolkit.log import Layer, layer_table
 
 # the probe's convs: conv_pre 16x64 outputs x 16 x 7, up (ConvTranspose) 16x64 inputs x 16 x 8,
@@ -60,7 +61,7 @@ def test_the_layer_table_keeps_each_layers_dtype():
 def test_calibration_windows_are_what_the_walker_feeds_and_never_the_evaluation_texts(voice, slice_once):
     from rkstudy.families.piper.voice import read_text
     from rkstudy.families.piper_decoder.study import quantization_stage
-    from rkstudy.window import plan_windows
+    from rkstudy.walk.window import plan_windows
 
     stage = quantization_stage(voice, calibration_texts=("phone",), evaluation_texts=("short",))
     frames = [lat.frames for lat in voice.latents(read_text("phone"))]
@@ -115,7 +116,7 @@ def test_evenly_spreads_a_cut_calibration_set_over_every_source():
 def test_the_calibration_set_is_written_and_read_back_in_input_order(tmp_path):
     """What the toolkit loads: one dataset line per feed, that feed's .npy paths in the graph's
     input order, each array as given (int64 ids stay int64)."""
-    from rkstudy.build import Calibration
+    from rkstudy.toolkit.build import Calibration
 
     feeds = [{"input_lengths": np.array([k + 2], np.int64), "input": np.arange(k, k + 4, dtype=np.int64)[None]}
              for k in range(3)]
@@ -135,7 +136,7 @@ def test_the_hybrid_config_keeps_the_named_layers_in_float16_and_everything_else
     refused with names it does (the toolkit would ignore it silently)."""
     import yaml
 
-    from rkstudy._engine_child import keep_in_float16
+    from rkstudy.toolkit._child import keep_in_float16
 
     cfg = {"custom_quantize_layers": {"h0": "float16"},
            "quantize_parameters": {"h1": {"dtype": "asymmetric_quantized", "min": [-1.0]},

@@ -16,13 +16,14 @@ import sys
 import numpy as np
 import pytest
 
-from rkstudy import gates, results
+from rkstudy import gates
 from rkstudy.contract import from_json
 from rkstudy.errors import EngineMismatch
 from rkstudy.families.qwen3_vocoder import producer, sidecar, step, study
 from rkstudy.families.qwen3_vocoder.model import SAMPLES_PER_TOKEN, full_decode
 from rkstudy.paths import REPO
 from rkstudy.runtime import OrtRunner
+from rkstudy.tables import results
 
 # measured on the tiny widths: stepwise vs full 132.5-132.9 dB, the zeroed-cache control 24.5 dB
 EXACT_DB = 120.0

@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from rkstudy import results
 from rkstudy.paths import REPO, RESULTS
+from rkstudy.tables import results
 
 README = (REPO / "README.md").read_text(encoding="utf-8")
 # The prose sections whose every measured number must be a claim below.

@@ -9,7 +9,6 @@ import sys
 import numpy as np
 import pytest
 
-from rkstudy import results
 from rkstudy.cli import main
 from rkstudy.families.piper import latents as latent_files
 from rkstudy.families.piper_decoder.producer import read_contract
@@ -17,6 +16,7 @@ from rkstudy.families.piper_decoder.sidecar import DecoderSidecar
 from rkstudy.families.piper_encoder.sidecar import Ladder, LadderEngine
 from rkstudy.paths import REPO
 from rkstudy.runtime import OrtRunner
+from rkstudy.tables import results
 
 TEXT = "Call me at 555 0142, extension 7. Thank you."
 
@@ -175,7 +175,7 @@ def test_board_run_kokoro_generator_equals_the_fp32_walk(tmp_path):
     from rkstudy.families.kokoro_generator import head, inputs
     from rkstudy.families.kokoro_generator.producer import read_contract as kokoro_contract
     from rkstudy.families.kokoro_generator.sidecar import GeneratorSidecar
-    from rkstudy.results import toolkit_version
+    from rkstudy.tables.results import toolkit_version
 
     graph = tmp_path / "generator_w32.onnx"
     # the two host commands run in this process: they share one read of the model (load_model is cached per

@@ -3,9 +3,10 @@ generator writes from the committed results."""
 
 import json
 
-from rkstudy import report, results
 from rkstudy.paths import RESULTS
-from rkstudy.results import Origin
+from rkstudy.tables import index as report
+from rkstudy.tables import results
+from rkstudy.tables.results import Origin
 
 
 def test_the_committed_index_is_what_the_generator_writes():

@@ -1,4 +1,4 @@
-"""`make reproduce` orchestration (rkstudy.reproduce) in a temporary git repository, with a fake
+"""`make reproduce` orchestration (rkstudy.tables.reproduce) in a temporary git repository, with a fake
 notebook runner that writes what a notebook would: no real notebook runs here."""
 
 import json
@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from rkstudy import reproduce, results
 from rkstudy.errors import Failed, UsageError
+from rkstudy.tables import reproduce, results
 
 
 def git(repo, *args):
@@ -301,8 +301,8 @@ def test_a_second_job_waits_when_the_recorded_peaks_do_not_fit_in_memory(repo):
 def test_every_notebook_defaults_to_quick_mode_and_reads_the_committed_tables_only():
     """papermill's `-p QUICK False` needs a `parameters` cell, and `pytest --nbmake notebooks/` (which
     passes no parameters) must run each notebook in quick mode, whose tables go to build/quick-results."""
-    from rkstudy import provenance
     from rkstudy.paths import NOTEBOOKS
+    from rkstudy.tables import provenance
 
     notebooks = sorted(NOTEBOOKS.glob("*.ipynb"))
     assert len(notebooks) >= 8

@@ -5,8 +5,9 @@ import stat
 
 import pytest
 
-from rkstudy import __version__, results
-from rkstudy.results import HOST, Origin
+from rkstudy import __version__
+from rkstudy.tables import results
+from rkstudy.tables.results import HOST, Origin
 
 
 def rows():
@@ -31,7 +32,7 @@ def test_where_comes_from_the_producer_never_a_literal():
 
     assert results.stamp({"x": 1}, FakeRunner())["where"] == "replay"
     assert results.stamp({"x": 1}, HOST)["where"] == "host"
-    with pytest.raises(ValueError, match="pass the runner, BuildReport or rkstudy.results.HOST"):
+    with pytest.raises(ValueError, match="pass the runner, BuildReport or rkstudy.tables.results.HOST"):
         results.stamp({"x": 1})  # nothing says where it ran
     with pytest.raises(ValueError, match="fp32, simulator, board"):
         results.stamp({"x": 1}, Origin("npu", "rk3588"))

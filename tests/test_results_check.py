@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from rkstudy import provenance, results
+from rkstudy.tables import provenance, results
 
 
 def git(repo, *args):
@@ -225,7 +225,7 @@ def test_units_that_convert_pass(repo):
 
 def test_benchmarks_are_one_table_per_run_and_board_rows_accumulate(repo):
     first = head(repo)
-    write(repo, "rkstudy/bench.py", "from . import shared\n")
+    write(repo, "rkstudy/tables/bench.py", "from . import shared\n")
     git(repo, "add", ".")
     git(repo, "commit", "-q", "-m", "bench")
     second = head(repo)
@@ -249,7 +249,7 @@ def test_one_line_per_problem_a_summary_and_json(repo, capsys):
         f"results/alpha/a.csv: dirty: rows 1-2 stamped {c}-dirty: made from a tree with uncommitted code; "
         "rerun them from a clean tree",
         "results/alpha/bare.csv: unstamped: no rkstudy_version, commit, toolkit_version, target, where, date "
-        "column; write it with rkstudy.results.write_table from stamped rows"]
+        "column; write it with rkstudy.tables.results.write_table from stamped rows"]
     assert lines[-1] == "results check: 2 problems in 2 tables, 3 rows in 1 studies (dirty 1, unstamped 1)"
     assert provenance.main(repo, as_json=True) == 1
     got = json.loads(capsys.readouterr().out)

@@ -5,8 +5,9 @@ import json
 
 import pytest
 
-from rkstudy import results, results_diff
-from rkstudy.results_diff import column_rule, name_rule
+from rkstudy.tables import diff as results_diff
+from rkstudy.tables import results
+from rkstudy.tables.diff import column_rule, name_rule
 
 
 def stamped(commit="aaaaaaaaaaaa", target="rk3588", where="simulator", **values):

@@ -3,10 +3,10 @@ import onnx
 import pytest
 
 from rkstudy import gates, graph
-from rkstudy.build import BuildFailed
 from rkstudy.families.toolchain import probes as toolchain
 from rkstudy.runtime import BoardRunner, BoardUnavailable, OrtRunner, SimulatorRunner, board_available
-from rkstudy.window import walk_windows
+from rkstudy.toolkit.build import BuildFailed
+from rkstudy.walk.window import walk_windows
 
 
 @pytest.fixture(scope="module")

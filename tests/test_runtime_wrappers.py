@@ -8,7 +8,7 @@ import numpy as np
 
 from rkstudy.contract import Contract, Digest, Tensor
 from rkstudy.runtime import ContractDtypes, Recording
-from rkstudy.stream import StatefulWalker, carried_feeds
+from rkstudy.walk.stateful import StatefulWalker, carried_feeds
 
 
 class Doubler:

@@ -1,5 +1,5 @@
 """Graph surgery into a stateful step (rkstudy.graph.delays, rkstudy.graph.stateful) and the stateful
-walker (rkstudy.stream), on a small VITS-shaped decoder: the step equals a full-length decode at every
+walker (rkstudy.walk.stateful), on a small VITS-shaped decoder: the step equals a full-length decode at every
 step size, length and chunking, in float64 to its rounding and in fp32 to 120 dB."""
 
 import numpy as np
@@ -15,7 +15,7 @@ from rkstudy.families.piper_decoder_stateful.producer import stamped, step_contr
 from rkstudy.graph.delays import NotStreamable, conv_macs, delay_map, name_nodes
 from rkstudy.graph.stateful import make_step
 from rkstudy.runtime import OrtRunner
-from rkstudy.stream import StatefulWalker
+from rkstudy.walk.stateful import StatefulWalker
 
 C = 4
 

@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rkstudy.window import Rate, plan_windows, raised_cosine, walk, walk_windows, window_inputs
+from rkstudy.walk.window import Rate, plan_windows, raised_cosine, walk, walk_windows, window_inputs
 
 shapes = st.tuples(st.integers(1, 700), st.integers(1, 64), st.integers(0, 32))
 

@@ -137,7 +137,7 @@ def _mhz(hz: int | None) -> str:
 
 def seeds_npu_hz() -> int:
     """The NPU clock the seeds' figures were taken at (data/reference/seeds.csv)."""
-    from ..results import seed_figure
+    from ..tables.results import seed_figure
 
     return int(seed_figure("flow_estimator", "NPU clock under load (cur_freq)")["value"])
 

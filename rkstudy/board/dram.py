@@ -74,7 +74,7 @@ class DramReading:
 
     def row(self) -> dict:
         """The reading as a results row (where/target are stamped by the caller: a host run is
-        rkstudy.results.HOST, a board run says board)."""
+        rkstudy.tables.results.HOST, a board run says board)."""
         return {"label": self.label, "threads": self.threads, "gb_per_s_best": self.gb_per_s,
                 "gb_per_s_median": self.median_gb_per_s, "gb_per_cpu_s": self.cpu_gb_per_s,
                 "working_set_mib": self.working_set_bytes / 2**20,

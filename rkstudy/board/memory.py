@@ -49,7 +49,7 @@ class Budget:
     @classmethod
     def seeds(cls) -> Budget:
         """The seeds' per-process budget (their measurement, their board), with the 32-bit ceiling."""
-        from ..results import seed_figure
+        from ..tables.results import seed_figure
 
         row = seed_figure(SEEDS_STUDY, "per-process budget of resident contexts")
         return cls(float(row["value"]), source=f"seeds {row['seed_file']}, {row['section']}")

@@ -26,11 +26,12 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import atomic, results
+from .. import atomic
 from ..cache import sha256_file
 from ..contract import Contract, beside, for_engine
 from ..errors import InputError, UsageError
 from ..runtime.board import BoardUnavailable, after_init, board_available
+from ..tables import results
 from . import load, sysfs
 
 NO_BOARD = ("`rkstudy board run` runs on an RKNPU2 board (RK3588, RK3576, RK3566/RK3568, RK3562) with "

@@ -43,7 +43,7 @@ class Family:
     cli: str | None = None                 # "module:function(subparsers)" adding the stage command
     board: str | None = None               # "module:function(subparsers)" adding `board run <name>`
     requires: tuple[str, ...] = ()         # modules its host side needs beyond the converter (doctor checks)
-    planner: str | None = None             # "module:function() -> rkstudy.planner.PlanTarget" (walked decoders)
+    planner: str | None = None             # "module:function() -> rkstudy.walk.planner.PlanTarget" (walked decoders)
     lint_graphs: str | None = None         # "module:function(quick) -> [rkstudy.lint.study.FamilyGraph]" (notebook 06)
 
     @property

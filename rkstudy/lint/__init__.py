@@ -31,7 +31,7 @@ from .. import graph
 from ..contract import TARGETS
 from ..errors import InputError, UsageError, one_line
 from ..graph.index import Index
-from ..results import seed_figure
+from ..tables.results import seed_figure
 
 SEVERITIES = ("error", "warning", "info")
 FP16_MAX = 65504.0  # the largest finite float16

@@ -3,7 +3,7 @@ layer landed (NPU or CPU, read from the verbose build log's layer table) and, wh
 the simulator against onnxruntime fp32 on the same input.
 
 lint's rules predict; this module asks the real toolkit. The op-support probes
-(rkstudy.lint.opsupport) and the lint-vs-compiler matrix (rkstudy.lint.honesty) both use it.
+(rkstudy.lint.opsupport) and the lint-vs-compiler matrix (rkstudy.lint.against_toolkit) both use it.
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def save(model: onnx.ModelProto, name: str) -> Path:
 
 def _key(path: Path, target: str, feeds, shapes) -> str:
     from ..cache import digest
-    from ..results import toolkit_version
+    from ..tables.results import toolkit_version
 
     arrays = [(k, np.ascontiguousarray(v).tobytes()) for k, v in sorted((feeds or {}).items())]
     return digest(path, target, toolkit_version(), None if shapes is None else dict(shapes), arrays, VERDICT_VERSION)
@@ -98,7 +98,7 @@ def ask(model, target: str, feeds: Mapping[str, np.ndarray] | None = None, *,
         shapes: Mapping[str, Sequence[int]] | None = None, name: str = "probe", reuse: bool = True) -> Verdict:
     """Build `model` (a ModelProto or a path) for `target` in a verbose toolkit child and, when it
     builds and `feeds` are given, run the simulator on them against onnxruntime fp32
-    (rkstudy.engine.simulator_vs_fp32). `shapes={}` hands the toolkit no input shapes at all, which
+    (rkstudy.toolkit.convert.simulator_vs_fp32). `shapes={}` hands the toolkit no input shapes at all, which
     is how a dynamic graph reaches it unpinned.
 
     With `reuse`, a verdict already recorded for the same graph bytes, target, toolkit, shapes and
@@ -123,8 +123,8 @@ def ask(model, target: str, feeds: Mapping[str, np.ndarray] | None = None, *,
 def _ask(path: Path, target: str, feeds, shapes) -> Verdict:
     """One verbose build through the shared engine cache (with `feeds`, in a simulator child whose outputs
     the cache keeps too), so a graph another study already built at the same key is not built again."""
-    from ..build import BuildFailed, build_engine
-    from ..engine import simulator_vs_fp32
+    from ..toolkit.build import BuildFailed, build_engine
+    from ..toolkit.convert import simulator_vs_fp32
 
     kwargs = {"verbose": True, **({"shapes": dict(shapes)} if shapes is not None else {})}
     snr = None

@@ -285,7 +285,7 @@ def table_rows(table: dict, targets: Iterable[str]) -> list[dict]:
 def save(table: dict, path: Path = TABLE) -> Path:
     """Write the measured table with its provenance (toolkit version, date, the command)."""
     from .. import atomic
-    from ..results import toolkit_version
+    from ..tables.results import toolkit_version
 
     payload = {"source": "measured: one-op graphs built with the installed compiler (verbose layer table) "
                          "and run in its simulator against onnxruntime fp32; the toolkit wheel ships no op list",

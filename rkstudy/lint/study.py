@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
-from ..results import HOST
+from ..tables.results import HOST
 from . import Report, lint
 
 

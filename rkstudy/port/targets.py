@@ -3,7 +3,7 @@ register field on a one-conv probe, and engine size, REGTASK lines and the simul
 for the stages the families compile (the Piper decoder window and stateful step, a Kokoro window).
 
 A family notebook already builds rk3588 and rk3566 engines of these stages; their rows here come
-from the content-keyed build cache (rkstudy.build.build_engine) and name the family table that holds
+from the content-keyed build cache (rkstudy.toolkit.build.build_engine) and name the family table that holds
 their simulator measurement, so no engine is built twice. The other targets are built once, in a
 simulator child, which gives the build row and the simulator SNR together.
 
@@ -19,10 +19,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from .. import gates
-from ..build import _check_target, build_engine
 from ..contract import QUANTIZED_ONLY, REGISTER_FIELD_BITS, TARGETS
 from ..errors import UsageError
-from ..results import HOST
+from ..tables.results import HOST
+from ..toolkit.build import _check_target, build_engine
 
 FP16_TARGETS = tuple(t for t in TARGETS if t not in QUANTIZED_ONLY)
 PROBE_CHANNELS = 64
@@ -95,7 +95,7 @@ def simulated_stage(stage: str, onnx_path: Path, target: str, out: Path, items: 
                     run: Callable) -> dict:
     """A stage on a target no family builds: one build in a simulator child, the walk of each item
     through it against the same walk in onnxruntime fp32 (the fp16 cost alone), worst item."""
-    from ..engine import simulator_vs_fp32
+    from ..toolkit.convert import simulator_vs_fp32
 
     sim = simulator_vs_fp32(onnx_path, target, items, run=run, out=out,
                             compare=lambda ref, test, item: {"snr_db": gates.snr_db(ref[0], test[0])})

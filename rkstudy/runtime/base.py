@@ -12,7 +12,7 @@ import numpy as np
 
 class Runner:
     """Common surface: input names, run(), close(), `with`; `where` and `target` say which place
-    ran the numbers, and every results row takes them from here (rkstudy.results.stamp)."""
+    ran the numbers, and every results row takes them from here (rkstudy.tables.results.stamp)."""
 
     where = "fp32"
     target = "none"

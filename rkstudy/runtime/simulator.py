@@ -1,7 +1,7 @@
 """rknn-toolkit2's PC simulator (host only: the toolkit imports torch and onnx).
 
 The simulator can only run a model built in the same process, so it lives in one long-lived toolkit
-child per engine (rkstudy.build.EngineProcess with serve=True): a walk over many windows builds once.
+child per engine (rkstudy.toolkit.build.EngineProcess with serve=True): a walk over many windows builds once.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ class SimulatorRunner(Runner):
     Raises BuildFailed if the build does not succeed, unless `keep_failed`: then the child is
     stopped and `report` says how the build failed (a REGTASK-limit kill or a timeout is a
     measurement of a sweep, not an error), and `run` must not be called. With `shape_sets` (a
-    build_kwargs entry: see rkstudy.build.shape_sets_for) it runs at any of those sets and refuses
+    build_kwargs entry: see rkstudy.toolkit.build.shape_sets_for) it runs at any of those sets and refuses
     every other shape before the toolkit sees it.
     """
 
@@ -32,7 +32,7 @@ class SimulatorRunner(Runner):
                  shapes: Mapping[str, Sequence[int]] | None = None, out=None, *, keep_failed: bool = False,
                  **build_kwargs):
         from .. import graph
-        from ..build import EngineProcess
+        from ..toolkit.build import EngineProcess
 
         self.target = target
         if shapes is None and not build_kwargs.get("shape_sets"):

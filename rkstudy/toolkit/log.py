@@ -1,7 +1,7 @@
 """What rknn-toolkit2 prints, read once: ANSI colour, REGTASK lines, the layer table, the memory plan
 and the accuracy-analysis report.
 
-The compiler is C++ and writes to the process's fds (rkstudy.build reads them); a verbose build adds
+The compiler is C++ and writes to the process's fds (rkstudy.toolkit.build reads them); a verbose build adds
 the "Network Layer Information Table", one row per compiled layer:
 
     D RKNN: [20:08:25.162] 2    Sin                FLOAT16  CPU    (1,8,1,30)  (1,8,1,30)  0/0/0  0  Sin:/act/Sin

@@ -35,7 +35,7 @@ from rkstudy.families.piper import voice as piper
 from rkstudy.families.piper_encoder.study import carried_sizes
 from rkstudy.graph import relshift
 from rkstudy.paths import RESULTS as REPO_RESULTS
-from rkstudy.results import read_table
+from rkstudy.tables.results import read_table
 
 from . import forms as candidates
 from . import host as study

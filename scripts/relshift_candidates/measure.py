@@ -5,7 +5,7 @@ that resource.getrusage(RUSAGE_CHILDREN) covers exactly this one toolkit child. 
 whole-life peak, a psutil thread polls the child's process tree every 0.1 s and keeps the peak
 of its summed RSS per phase: `build` (config, load_onnx, build, export_rknn: the converter) and
 `runtime` (simulator init and inference, when --refs asks for a simulator run). The phase is the
-last step the child reported, which rkstudy.build.EngineProcess records as `step`.
+last step the child reported, which rkstudy.toolkit.build.EngineProcess records as `step`.
 
 With --refs, the npz holds, per token count n, `feed_input_n` / `feed_lengths_n` (the padded
 engine feed) and `stats_n` / `cond_n` (the fp32 raw slice at exact length): the simulator's
@@ -106,7 +106,7 @@ def _histogram(names: list[str]) -> str:
 
 def measure(onnx_path: Path, engine_out: Path, refs: Path | None, target: str = "rk3588",
             verbose: bool = False) -> dict:
-    from rkstudy.build import EngineProcess
+    from rkstudy.toolkit.build import EngineProcess
 
     load = round(os.getloadavg()[0], 2)  # the machine is shared: wall seconds depend on it, CPU seconds less
     proc = EngineProcess(onnx_path, target, out=engine_out, serve=refs is not None, verbose=verbose)

@@ -44,7 +44,7 @@ def _engines(text: str) -> tuple[str, ...]:
 
 def reference_memory_model() -> ReferenceMemoryModel:
     """The document's figures from data/reference/seeds.csv, each cost naming its file and section."""
-    from ...results import reference
+    from ...tables.results import reference
 
     context: dict[int, tuple[float, str]] = {}
     mapping: dict[int, tuple[int, str]] = {}

@@ -19,10 +19,10 @@ from tqdm.auto import tqdm
 from ... import fits
 from ...board.dmesg import InitRefused
 from ...board.memory import MIB, SINGLE_MAPPING_CEILING, LazyLadder, check_set, smallest_rung
-from ...build import build_engine
 from ...contract import Contract
-from ...engine import simulator_vs_fp32
-from ...results import HOST
+from ...tables.results import HOST
+from ...toolkit.build import build_engine
+from ...toolkit.convert import simulator_vs_fp32
 from ...toolkit.log import layer_table, memory_plan, op_targets
 from . import producer
 from .reference_memory import ReferenceMemoryModel

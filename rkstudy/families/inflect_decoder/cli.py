@@ -32,8 +32,8 @@ def _cmd(args) -> int:
         raise UsageError("give --decode-onnx D (stage 1), --onnx SLICE (stage 2) or --carve [--voice-onnx V]")
     import numpy as np
 
-    from ...families.piper_decoder.study import INTERIOR_GATE
     from ..piper_decoder.producer import produce_for_voice
+    from ..piper_decoder.study import INTERIOR_GATE
     from .carve import DecodeModel
     from .study import SWEEP_FRAMES, context_sweep
 

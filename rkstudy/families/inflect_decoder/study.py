@@ -33,7 +33,7 @@ def context_sweep(decode: DecodeModel, z: np.ndarray, contexts=CONTEXT_SWEEP, em
 
 
 def plan_target():
-    """The Inflect contract as rkstudy.planner sees it: the carved decode.onnx, its own prior samples
+    """The Inflect contract as rkstudy.walk.planner sees it: the carved decode.onnx, its own prior samples
     from the shipped texts as the real latents, today's 256 = 192 + 2 x 32 window, decoder mask on."""
     from ..piper.voice import Voice, read_text
     from ..piper_decoder.study import PLAN_TEXTS

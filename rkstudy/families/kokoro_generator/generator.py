@@ -61,7 +61,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ...window import plan_windows
+from ...walk.window import plan_windows
 
 EPS = 1e-5           # InstanceNorm1d's epsilon (the ONNX adds 1e-5 before Sqrt)
 KERNELS = 3          # resblocks per stage
@@ -483,7 +483,7 @@ class FedStatsTrunk(nn.Module):
 
 class InGraphWalk(nn.Module):
     """The runtime's window walk moved inside the graph (--max-axis): a `frames`-wide window cut into
-    inner windows of `inner` frames with `context` frames each side (rkstudy.window.plan_windows, at
+    inner windows of `inner` frames with `context` frames each side (rkstudy.walk.window.plan_windows, at
     trace time), stacked on the batch axis and run through one copy of the trunk, the emitted columns
     concatenated as the runtime stitches them. Every axis is then at most the inner window's fine
     axis (60 inner + 1), so the compiler's 13-bit field and the statistics' range are those of one

@@ -38,7 +38,7 @@ import torch
 from ... import cache, gates, graph
 from ...contract import METADATA_KEY, Contract, Digest, Tensor, Window, from_metadata
 from ...produced import Produced
-from ...window import plan_windows
+from ...walk.window import plan_windows
 from . import DEFAULT_CONTEXT, DEFAULT_FRAMES, frontend, generator, weights
 from .generator import COARSE, ENGINE, FINE, Rewrites
 from .head import IstftHead

@@ -21,7 +21,7 @@ import numpy as np
 
 from ...contract import Contract, Expect
 from ...errors import EngineMismatch, UsageError
-from ...sidecar import WindowSidecar
+from ...walk.sidecar import WindowSidecar
 
 GAIN_FLOOR = 1e-30  # spectral energy below this is silence: no gain is applied to such a window
 

@@ -24,12 +24,12 @@ import torch
 from tqdm.auto import tqdm
 
 from ... import cache, gates, graph
-from ...build import BUILD_TIMEOUT_S, REGTASK_LIMIT, BuildReport, build_engine
-from ...planner import PlanTarget
-from ...results import HOST
 from ...runtime import OrtRunner, SimulatorRunner
+from ...tables.results import HOST
+from ...toolkit.build import BUILD_TIMEOUT_S, REGTASK_LIMIT, BuildReport, build_engine
 from ...toolkit.log import cpu_ops, layer_table
-from ...window import Rate, plan_windows, walk
+from ...walk.planner import PlanTarget
+from ...walk.window import Rate, plan_windows, walk
 from . import frontend, generator, head, weights
 from .generator import ENGINE, FINE, REFERENCE, Rewrites
 from .producer import (
@@ -557,7 +557,7 @@ def _cut(utt: frontend.Utterance, n: int) -> frontend.Utterance:
 
 # --- global statistics (fp32), and the engine that takes them ---------------------------------------------
 def torch_walk(trunk, utt: frontend.Utterance, frames: int, context: int) -> np.ndarray:
-    """The walk of a torch trunk over `utt` at a `frames`-wide window (rkstudy.window.walk), gen stitched."""
+    """The walk of a torch trunk over `utt` at a `frames`-wide window (rkstudy.walk.window.walk), gen stitched."""
     def run(feed):
         f = {k: feed[k].reshape(1, *feed[k].shape) if feed[k].ndim == 2 else feed[k] for k in feed}
         f["style"] = utt.style
@@ -672,7 +672,7 @@ PLAN_CONTEXTS = (0, 8, 16, 28, 40)
 
 def plan_target(model: KokoroModel | None = None, names: Sequence[str] = ("short", "medium"),
                 contexts: Sequence[int] = PLAN_CONTEXTS) -> PlanTarget:
-    """The generator as rkstudy.planner sees it: the fp32 trunk at full length (audio through the
+    """The generator as rkstudy.walk.planner sees it: the fp32 trunk at full length (audio through the
     numpy head), its walk at any window (the same trunk per window: the compiled graph depends only on
     the window length), real utterances, the seeds' 128 = 72 + 2 x 28 window, and a frozen-statistics
     decode whose receptive field is the convolutions' own reach (the trunk's per-window AdaIN
@@ -741,12 +741,12 @@ def quantization_stage(model: KokoroModel | None = None, frames: int = DEFAULT_F
                        calibration_utterances: Sequence[str] = QUANT_CALIBRATION_UTTERANCES,
                        evaluation_utterances: Sequence[str] = QUANT_EVALUATION_UTTERANCES,
                        calibration_windows: int | None = None):
-    """The `frames`-frame generator window as rkstudy.quantize sees it: the calibration feeds are the
+    """The `frames`-frame generator window as rkstudy.toolkit.quantize sees it: the calibration feeds are the
     windows an fp32 walk feeds the engine over the real Japanese utterances `calibration_utterances`
     (x, har and style from the shipped front end; `calibration_windows` of them evenly spread), the
     evaluation utterances are walked through the sidecar and scored on gen (conv_post's rows, what
     the host's iSTFT head turns into audio) per window's emitted frames and per utterance."""
-    from ...quantize import Stage, evenly, recorded_feeds, span_scores
+    from ...toolkit.quantize import Stage, evenly, recorded_feeds, span_scores
     from ..piper_decoder.study import held_apart
 
     held_apart(calibration_utterances, evaluation_utterances)

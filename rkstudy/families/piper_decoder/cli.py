@@ -20,7 +20,7 @@ def _describe(onnx_path: Path, c) -> str:
 
 def convert_decoder(onnx_path: Path, target: str, out: Path | None, remake: str, as_json: bool = False) -> int:
     """Stage 2 for a windowed decoder (Piper, Inflect): compile, gate the simulator against fp32 on a
-    white-noise window (rkstudy.engine.ALIVE_GATE), write the compiled contract beside the engine."""
+    white-noise window (rkstudy.toolkit.convert.ALIVE_GATE), write the compiled contract beside the engine."""
     from .producer import read_contract
 
     c = read_contract(onnx_path, remake)
@@ -65,7 +65,7 @@ def _latents(args) -> int:
     text = text_to_speak(args)  # before the model loads: bad input is said at once
     from ..piper import latents
     from ..piper.voice import Voice
-    from ..piper_decoder.producer import source_digest
+    from .producer import source_digest
 
     voice = Voice(args.voice_onnx, args.voice_config)
     lats = voice.latents(text, seed=args.seed, speaker=args.speaker)

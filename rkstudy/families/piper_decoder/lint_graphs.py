@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...lint.study import FamilyGraph
-from ...window import Window, window_inputs
+from ...walk.window import Window, window_inputs
 
 
 def first_window_sample(z: np.ndarray, window: int) -> dict[str, np.ndarray]:

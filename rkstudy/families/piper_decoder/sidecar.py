@@ -10,7 +10,7 @@ import numpy as np
 
 from ...contract import Contract, Expect
 from ...errors import EngineMismatch
-from ...sidecar import WindowSidecar
+from ...walk.sidecar import WindowSidecar
 
 
 def check_voice(contract: Contract, *, channels: int, hop: int, speaker_dims: int = 0) -> None:

@@ -16,13 +16,13 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ... import gates, graph
-from ...build import build_engine
-from ...engine import simulator_vs_fp32
 from ...graph.decmask import UPSAMPLERS
 from ...lint.compiler import layer_table
-from ...planner import PlanTarget
 from ...runtime import OrtRunner
-from ...window import WINDOW_KINDS, plan_windows, window_inputs
+from ...toolkit.build import build_engine
+from ...toolkit.convert import simulator_vs_fp32
+from ...walk.planner import PlanTarget
+from ...walk.window import WINDOW_KINDS, plan_windows, window_inputs
 from ..piper.voice import DecoderModel, DecoderSeam, Voice, find_decoder_seam
 from .producer import DEFAULT_CONTEXT, DEFAULT_EMIT, DecoderSlice, decoder_graph, produce_for_voice
 from .sidecar import DecoderSidecar
@@ -56,7 +56,7 @@ class FullDecoder:
 
 def per_window_rows(ref: np.ndarray, test: np.ndarray, n_frames: int, emit: int, context: int,
                     hop: int) -> list[dict]:
-    """SNR of each window's emitted samples, with the window's kind (rkstudy.window.Window.kind) and left
+    """SNR of each window's emitted samples, with the window's kind (rkstudy.walk.window.Window.kind) and left
     context."""
     rows = []
     for i, w in enumerate(plan_windows(n_frames, emit, context)):
@@ -379,12 +379,12 @@ def quantization_stage(model: DecoderModel | None = None, calibration_texts: Seq
                        evaluation_texts: Sequence[str] = EVALUATION_TEXTS, emit: int = DEFAULT_EMIT,
                        context: int = DEFAULT_CONTEXT, evaluation_frames: int | None = None,
                        calibration_windows: int | None = None):
-    """The 93-frame window engine as rkstudy.quantize sees it: calibration windows walked from the
+    """The 93-frame window engine as rkstudy.toolkit.quantize sees it: calibration windows walked from the
     voice's latents of `calibration_texts` (`calibration_windows` of them, evenly spread, when a
     build cannot afford them all), evaluation latents of `evaluation_texts` (no text in both),
     scored per window and per utterance on the sidecar's walk. `evaluation_frames` cuts each
     evaluation latent to its first frames (one window at the window's own length: a quick run)."""
-    from ...quantize import Stage, evenly
+    from ...toolkit.quantize import Stage, evenly
     from ..piper.voice import read_text
 
     held_apart(calibration_texts, evaluation_texts)
@@ -418,7 +418,7 @@ PLAN_TEXTS = ("short", "phone", "paragraph")
 
 def plan_target(model: DecoderModel | None = None, latents=None, texts: Sequence[str] = PLAN_TEXTS,
                 emit: int = DEFAULT_EMIT, context: int = DEFAULT_CONTEXT, dec_mask: bool = False) -> PlanTarget:
-    """The decoder as rkstudy.planner sees it: the dynamic full-length decode, the produced slice at
+    """The decoder as rkstudy.walk.planner sees it: the dynamic full-length decode, the produced slice at
     any window length (compiled engines depend only on the length), real-speech latents from the
     shipped texts, and today's window. Each window is produced with today's context (less when the
     window is too short for it), so today's window is the very slice the study's own builds compile

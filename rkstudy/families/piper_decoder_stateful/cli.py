@@ -11,7 +11,7 @@ from pathlib import Path
 
 def convert_step(onnx_path: Path, target: str, out: Path | None, remake: str, as_json: bool = False) -> int:
     """Stage 2 for a stateful step: compile, gate the simulator against fp32 on a white-noise step with
-    zero state and on one with the state the fp32 graph carried (rkstudy.engine.ALIVE_GATE), write the
+    zero state and on one with the state the fp32 graph carried (rkstudy.toolkit.convert.ALIVE_GATE), write the
     compiled contract beside the engine."""
     from ...cliutil import stage2
     from .producer import state_probe

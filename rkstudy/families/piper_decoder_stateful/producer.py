@@ -138,7 +138,7 @@ def state_probe(onnx_path, contract: Contract, steps: int = 3, seed: int = 0) ->
     `steps` (the state the fp32 graph carried there) on a white-noise latent, so the simulator gate
     covers the cache path too, not only a zero state."""
     from ...runtime import OrtRunner
-    from ...stream import carried_feeds
+    from ...walk.stateful import carried_feeds
 
     rng = np.random.default_rng(seed)
     constants = {t.name: rng.standard_normal(t.shape).astype(np.float32) for t in contract.role("constant")}

@@ -12,7 +12,7 @@ import numpy as np
 
 from ...contract import Contract
 from ...errors import EngineMismatch
-from ...stream import StatefulWalker
+from ...walk.stateful import StatefulWalker
 from ..piper_decoder.sidecar import check_voice
 
 

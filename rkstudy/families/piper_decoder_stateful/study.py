@@ -1,7 +1,7 @@
 """The stateful Piper decoder's measurements (host): what notebook 01b calls.
 
 Every row carries `where` and `target` from what produced its numbers (OrtRunner: fp32,
-SimulatorRunner: simulator, a BuildReport: host, rkstudy.results.HOST for graph counts and the
+SimulatorRunner: simulator, a BuildReport: host, rkstudy.tables.results.HOST for graph counts and the
 float64 reference), so a notebook never types them.
 
 The exactness gate is float64 against float64: the step and the full-length decode, both run by
@@ -21,12 +21,12 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ... import gates, graph
-from ...bench import walker_overhead
-from ...build import build_engine
 from ...graph.delays import conv_macs, delay_table
-from ...results import HOST
 from ...runtime import OrtRunner, Recording, SimulatorRunner
-from ...stream import StatefulWalker
+from ...tables.bench import walker_overhead
+from ...tables.results import HOST
+from ...toolkit.build import build_engine
+from ...walk.stateful import StatefulWalker
 from ..piper.voice import DecoderModel, ids_feed, seed_random_nodes
 from ..piper_decoder import study as pd
 from ..piper_decoder.producer import DEFAULT_CONTEXT, DEFAULT_EMIT, decoder_graph, produce_for_voice
@@ -114,7 +114,7 @@ def utterance_compute_rows(latents: dict, steps: dict[int, StatefulStep], macs: 
     frames, and each step's calls of E, flush included (ceil((N x hop + lookahead) / (E x hop)) steps:
     the flush runs the lookahead's zero frames through the same engine). Ratio = monolithic MACs for
     the N frames / the path's MACs for the utterance."""
-    from ...window import plan_windows
+    from ...walk.window import plan_windows
 
     by = {r["path"]: r for r in macs}
     mono = by["monolithic decode"]["macs_per_frame"]
@@ -388,12 +388,12 @@ def inflect_rows(voice, text: str, emits=(45, 93), seed: int = 1234) -> list[dic
 def quantization_stage(voice: DecoderModel | None = None, emit: int = 45,
                        calibration_texts: Sequence[str] = pd.CALIBRATION_TEXTS,
                        evaluation_texts: Sequence[str] = pd.EVALUATION_TEXTS, calibration_steps: int | None = None):
-    """The stateful step at E = `emit` as rkstudy.quantize sees it: the calibration feeds are the
+    """The stateful step at E = `emit` as rkstudy.toolkit.quantize sees it: the calibration feeds are the
     steps an fp32 walk runs over the voice's latents of `calibration_texts` (the state inputs hold
     what that walk carried, so the quantizer sees the ranges of a real history), `calibration_steps`
     of them evenly spread; the evaluation latents of `evaluation_texts` are walked with the engine
     carrying its own state, scored per step (E x hop samples) and per utterance against the fp32 walk."""
-    from ...quantize import Stage, evenly, recorded_feeds, span_scores
+    from ...toolkit.quantize import Stage, evenly, recorded_feeds, span_scores
     from ..piper.voice import Voice, read_text
 
     pd.held_apart(calibration_texts, evaluation_texts)

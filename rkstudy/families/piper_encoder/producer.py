@@ -26,8 +26,8 @@ from ...contract import METADATA_KEY, Contract, Digest, Tensor
 from ...graph import relshift
 from ...paths import cache_root
 from ...produced import Produced
-from ...results import HOST
 from ...runtime import OrtRunner
+from ...tables.results import HOST
 from ..piper import voice as piper
 from .seam import encoder_slice, shapes_for
 from .tokens import pad_ids, real_tokens

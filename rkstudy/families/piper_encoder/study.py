@@ -16,12 +16,12 @@ from tqdm.auto import tqdm
 
 from ... import fits, gates, graph
 from ...board.memory import smallest_rung
-from ...build import build_engine
 from ...cache import cache_dir, sha256_file
 from ...graph.relshift import BANDED, GATHER
-from ...quantize import evenly
-from ...results import HOST, STAMP, carried, read_table
 from ...runtime import OrtRunner, SimulatorRunner
+from ...tables.results import HOST, STAMP, carried, read_table
+from ...toolkit.build import build_engine
+from ...toolkit.quantize import evenly
 from ..piper import voice as piper
 from .producer import SIM_GATE, EncoderSlice, both, counts_for, produce
 from .seam import encoder_slice, find_encoder_seam
@@ -47,7 +47,7 @@ QUICK_BANDED_WIDTHS = (64, 128)
 BANDED_LADDER = (128, 256)
 BANDED_PLAN = (128, 256, 512)
 # The encoder's size goals: (name, width, quantity, limit); measured <= limit is met. The converter
-# peak is the build rows' own field (rkstudy.build.BuildReport.row: converter_peak_mb).
+# peak is the build rows' own field (rkstudy.toolkit.build.BuildReport.row: converter_peak_mb).
 TARGETS = (("rk3588 engine at width 128", 128, "engine_mb", 30.0),
            ("rk3588 engine at width 512", 512, "engine_mb", 400.0),
            ("converter peak at width 320", 320, "converter_peak_mb", 3000.0))
@@ -598,13 +598,13 @@ def quantization_stage(voice: piper.Voice | None = None, width: int = 64,
                        calibration_texts: Sequence[str] = QUANT_CALIBRATION_TEXTS,
                        evaluation_texts: Sequence[str] = QUANT_EVALUATION_TEXTS, chunk_chars: int = 25,
                        calibration_chunks: int | None = None):
-    """The width-`width` encoder as rkstudy.quantize sees it: the calibration feeds are the padded
+    """The width-`width` encoder as rkstudy.toolkit.quantize sees it: the calibration feeds are the padded
     phoneme ids of `calibration_texts` chunked at `chunk_chars` characters as the runtime chunks
     them (chunks wider than the engine left out; `calibration_chunks` of them evenly spread), the
     evaluation chunks come from `evaluation_texts` (no text in both). Each chunk is scored on its
     real tokens, stats and cond each a window of its own (the durations come from cond, the
     decoder's latent from stats); the utterance column is every chunk's outputs back to back."""
-    from ...quantize import Stage, span_scores
+    from ...toolkit.quantize import Stage, span_scores
     from ..piper_decoder.study import held_apart
 
     held_apart(calibration_texts, evaluation_texts)

@@ -6,7 +6,7 @@ the walked outputs with their samples per frame, and the compiled length.
 
 producer.py (host: the flags, the window graph and its contract, the stateful step) · sidecar.py
 (board side: the window walk or the stateful step, whichever the contract says) · study.py (host:
-the window plan as a rkstudy.planner.PlanTarget, the float64 exactness check, the test
+the window plan as a rkstudy.walk.planner.PlanTarget, the float64 exactness check, the test
 architectures of rkstudy.port.architectures) · cli.py (`rkstudy port lint | fold | plan | step |
 build | all`) · board.py (`rkstudy board run port`). No lint graphs of its own: its graphs are the user's
 own, linted by `rkstudy port lint`.

@@ -97,7 +97,8 @@ def _all(args) -> int:
 
 
 def _plan(args) -> int:
-    from ... import planner, results
+    from ...tables import results
+    from ...walk import planner
     from .sidecar import load_inputs
     from .study import plan_target
 

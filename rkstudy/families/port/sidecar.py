@@ -1,6 +1,6 @@
 """The port sidecar (board side): one utterance of the user's inputs in, the walked outputs out,
 through any runner of a port engine (fp32, simulator, board, replay): the window walk
-(rkstudy.sidecar.WindowSidecar) or the stateful step (rkstudy.stream.StatefulWalker), whichever the
+(rkstudy.walk.sidecar.WindowSidecar) or the stateful step (rkstudy.walk.stateful.StatefulWalker), whichever the
 contract says.
 
 Board side: numpy only.
@@ -15,8 +15,8 @@ import numpy as np
 
 from ...contract import Contract
 from ...errors import EngineMismatch, UsageError
-from ...sidecar import WindowSidecar
-from ...stream import StatefulWalker
+from ...walk.sidecar import WindowSidecar
+from ...walk.stateful import StatefulWalker
 
 
 class PortSidecar:

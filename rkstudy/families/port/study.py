@@ -1,4 +1,4 @@
-"""Host measurements of the port path: the user's model as a rkstudy.planner.PlanTarget (the window
+"""Host measurements of the port path: the user's model as a rkstudy.walk.planner.PlanTarget (the window
 plan on the user's own inputs), the stateful step's exactness at both ends in float64, and the
 simulator probe made of the user's inputs.
 
@@ -16,8 +16,8 @@ import numpy as np
 
 from ... import gates
 from ...errors import UsageError
-from ...planner import PlanTarget
-from ...window import Rate, walk
+from ...walk.planner import PlanTarget
+from ...walk.window import Rate, walk
 from .producer import Port, produce_window
 
 # The float64 gate: the step's walk against the full-length decode, both in float64, every sample.
@@ -93,7 +93,7 @@ def exactness_f64(port: Port, step, utterance: Mapping[str, np.ndarray], edge_fr
     own error, without fp32 rounding): SNR over every sample, over the first and the last
     `edge_frames` frames; with the fp32 full decode against the float64 one beside it."""
     from ...runtime import OrtRunner
-    from ...stream import StatefulWalker
+    from ...walk.stateful import StatefulWalker
     from ..piper_decoder_stateful.f64 import F64Runner, run_f64
     from .producer import folded
 

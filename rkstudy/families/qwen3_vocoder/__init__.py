@@ -10,7 +10,7 @@ from it is an audio-quality figure.
 model.py (host: the package's decoder, the released config, seeded weights) · step.py (host: the
 streaming step and its cache layout) · producer.py (stage 1: the step, made to compile without REGTASK lines by
 rkstudy.graph.longaxis; the contract, the export census) ·
-sidecar.py (board side: offline, 16+64 streaming and the window role over rkstudy.stream) ·
+sidecar.py (board side: offline, 16+64 streaming and the window role over rkstudy.walk.stateful) ·
 study.py (host measurements, notebook 04) · lint_graphs.py (lint study graphs) · cli.py (`rkstudy qwen3
 vocoder`) · board.py (`rkstudy board run qwen3_vocoder`).
 """

@@ -326,7 +326,7 @@ def carried_feeds(onnx_path, steps: int, seed: int, contract: Contract | None = 
     `seed`) from a zeroed cache, the cache carried by onnxruntime fp32: a real cache, whose KV history
     and validity flags describe a past."""
     from ...runtime import OrtRunner
-    from ...stream import carried_feeds as walk_feeds
+    from ...walk.stateful import carried_feeds as walk_feeds
     from .sidecar import random_codes
 
     contract = contract or read_contract(onnx_path)

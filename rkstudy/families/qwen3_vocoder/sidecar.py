@@ -2,7 +2,7 @@
 streaming steps on any runner (fp32, simulator, board, replay).
 
 A step engine voices `codes_length` tokens and carries one flat fp32 cache from `cache_out` back to
-`cache_in` (the contract's one state pair); rkstudy.stream.StatefulWalker walks it. The step is
+`cache_in` (the contract's one state pair); rkstudy.walk.stateful.StatefulWalker walks it. The step is
 causal (no lookahead), so the walker's flush is one zero-padded step: padding after the last real
 token changes none of the real samples. Three ways to run it, as the seeds' runtime has them:
 
@@ -27,7 +27,7 @@ import numpy as np
 from ...contract import Contract
 from ...errors import EngineMismatch
 from ...runtime.wrappers import ContractDtypes
-from ...stream import StatefulWalker
+from ...walk.stateful import StatefulWalker
 
 FAMILY = "qwen3_vocoder"
 SAMPLE_RATE = 24000

@@ -7,7 +7,7 @@ an audio-quality figure.
 
 Every row carries `where` and `target`: torch fp32 rows say fp32 (the same CPU reference class as
 onnxruntime), simulator rows take them from the SimulatorRunner, builds from the BuildReport,
-graph counts from rkstudy.results.HOST.
+graph counts from rkstudy.tables.results.HOST.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from functools import lru_cache
 import numpy as np
 
 from ... import gates
-from ...build import build_engine
-from ...results import HOST
+from ...tables.results import HOST
+from ...toolkit.build import build_engine
 from .sidecar import SAMPLES_PER_TOKEN, random_codes
 
 GATE = gates.Gate("stepwise_vs_full_decode", 40.0)   # the seeds' self-check gate
@@ -157,13 +157,13 @@ def census_rows(products: dict, build_target: str | None = "rk3588", shapes: dic
 
 def engine_rows(onnx_path, targets, out_dir=None, steps: int = 3, keep_last: int | None = None,
                 quantize=None) -> list[dict]:
-    """The fp16 engine (or, with `quantize`, a rkstudy.build.Calibration, the quantized one) for each
+    """The fp16 engine (or, with `quantize`, a rkstudy.toolkit.build.Calibration, the quantized one) for each
     target: REGTASK lines, size, and the simulator against onnxruntime fp32 on each step of a
     carried-cache stream (audio and cache_out SNR, non-finite counts); with `keep_last`, only the
     last steps (a released-width step takes minutes in the simulator)."""
     from pathlib import Path
 
-    from ...engine import compare_outputs, simulator_vs_fp32
+    from ...toolkit.convert import compare_outputs, simulator_vs_fp32
     from .producer import carried_feeds, read_contract
 
     c = read_contract(onnx_path)
@@ -189,7 +189,7 @@ def calibration(onnx_path, steps: int = 4, seed: int = CALIBRATION_SEED):
     random-code stream (codes from `seed`, not the evaluation codes' seed), the cache carried by
     onnxruntime fp32, so the quantizer sees the ranges a stream feeds (a zeroed cache and real
     history), with the toolkit's default settings (w8a8, min/max, per-channel)."""
-    from ...build import Calibration
+    from ...toolkit.build import Calibration
     from .producer import carried_feeds
 
     return Calibration(carried_feeds(onnx_path, steps, seed))
@@ -273,14 +273,14 @@ def uniform(rows: list[dict]) -> list[dict]:
 
 
 def quantization_stage(onnx_path, calibration_steps: int = 4, evaluation_steps: int = 3):
-    """One step engine as rkstudy.quantize sees it, on random codes (the weights are seeded random
+    """One step engine as rkstudy.toolkit.quantize sees it, on random codes (the weights are seeded random
     and no talker runs here, so any codes are as good as a talker's; the table says so): the
     calibration feeds are `calibration_steps` carried steps of the CALIBRATION_SEED stream, the
     evaluation items `evaluation_steps` carried steps of another stream (CODES_SEED + 1), each fed
     the cache onnxruntime fp32 carried into it, scored on audio per step and over the steps."""
     from pathlib import Path
 
-    from ...quantize import Stage, span_scores
+    from ...toolkit.quantize import Stage, span_scores
     from .producer import carried_feeds, read_contract
 
     n = read_contract(onnx_path).params["codes_length"]

@@ -6,9 +6,9 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ... import gates
-from ...build import BuildFailed, build_engine
-from ...engine import simulator_vs_fp32
 from ...graph import REGISTER_FIELD_MAX
+from ...toolkit.build import BuildFailed, build_engine
+from ...toolkit.convert import simulator_vs_fp32
 from .probes import long_axis_probe, save_probe, vocoder_probe
 
 SNR_GATE = gates.Gate("simulator_vs_fp32_probe", 40.0)  # the seeds' export gates sit at 40 dB and up

@@ -69,7 +69,7 @@ def fp16_range(g):
                   f"voiced {seeds('Kokoro W=256 sliced fine axis: non-finite output values in a 14.85 s utterance')}",
               fix="keep intermediates in range: statistics as means or count fractions rather than raw sums, a "
                   "narrower window (fewer frames per reduction), or a rescale before the growth; rkstudy has no "
-                  "automatic rewrite for it. Cross-check with rkstudy.engine.accuracy_analysis (q_inf layers)",
+                  "automatic rewrite for it. Cross-check with rkstudy.toolkit.convert.accuracy_analysis (q_inf layers)",
               detail={"first": first["node"], "first_max_abs": first["max_abs"], "largest": largest["node"],
                       "largest_max_abs": largest["max_abs"], "limit": FP16_MAX})
 

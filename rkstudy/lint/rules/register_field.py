@@ -4,7 +4,7 @@ The compiler encodes tile sizes in 13-bit op-encoding fields (limit 0x1fff); pas
 `REGTASK: The bit width of field value exceeds the limit` lines. A few of them are harmless, a
 flood of them ruins the engine, and which one a graph gets depends on the op and its tiling, not on
 the axis alone: so this rule reports the axis (the cause), and the build's REGTASK count and largest
-value (rkstudy.build.BuildReport) say which regime it is in.
+value (rkstudy.toolkit.build.BuildReport) say which regime it is in.
 """
 
 from __future__ import annotations

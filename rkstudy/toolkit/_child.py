@@ -1,6 +1,6 @@
-"""Child side of rkstudy.build: runs the toolkit in its own process.
+"""Child side of rkstudy.toolkit.build: runs the toolkit in its own process.
 
-`python -m rkstudy._engine_child SPEC_JSON CONTROL_FD` runs config (with the spec's
+`python -m rkstudy.toolkit._child SPEC_JSON CONTROL_FD` runs config (with the spec's
 `dynamic_input` shape sets, when it has them) -> load_onnx -> build (fp16, or
 quantized on the spec's calibration dataset, or hybrid_quantization_step1 -> step2 when layers are to
 stay float16) ->
@@ -20,12 +20,12 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from rkstudy.results import toolkit_version
+from rkstudy.tables.results import toolkit_version
 
 
 def _send(conn: Connection, msg: dict) -> None:
     """Every message carries this process's own peak RSS so far (the parent's only honest source
-    for it: see rkstudy.build.EngineProcess._recv)."""
+    for it: see rkstudy.toolkit.build.EngineProcess._recv)."""
     from rkstudy.board.run import peak_rss_kb
 
     conn.send({**msg, "peak_rss_kb": peak_rss_kb()})
@@ -79,7 +79,7 @@ def main(spec_path: str, fd: str) -> int:
             raise RuntimeError(f"rknn.{name} returned {rc}")
 
     try:
-        # this interpreter's toolkit, which may not be the parent's (rkstudy.build.toolkit_env)
+        # this interpreter's toolkit, which may not be the parent's (rkstudy.toolkit.build.toolkit_env)
         _send(conn, {"event": "start", "step": step, "toolkit": toolkit_version()})
         from rknn.api import RKNN
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import atomic, claims, gates, results
-from .paths import RESULTS
+from .. import atomic, gates
+from ..paths import RESULTS
+from . import claims, results
 
 # Studies that are not families: their folder, what they hold, and the notebook that writes them.
 OTHER_STUDIES = {
@@ -48,7 +49,7 @@ _BUILD_COLUMNS = ("status", "regtask", "dtype", "engine_bytes", "engine_mb", "bu
 
 def _studies() -> list[tuple[str, str, str | None]]:
     """(folder, title, notebook) for every study that has a folder under results/."""
-    from .families import load_all
+    from ..families import load_all
 
     out = [(f.study, f.title, f.notebook) for f in load_all().values()]
     seen = {s for s, _, _ in out}

@@ -5,7 +5,7 @@ runs in int8.
 Why: the NPU is rated for int8, fp16 runs at a fraction of it, and a plain int8 build of a decoder can
 lose it whole (the Piper decoder window at 6-8 dB against fp32). Which layers cost it is what the
 toolkit's per-layer report (rknn.accuracy_analysis) says; keeping the worst of them in float16
-(rkstudy.build.Calibration keep_fp16) and counting the MACs left in int8 shows how much of int8's
+(rkstudy.toolkit.build.Calibration keep_fp16) and counting the MACs left in int8 shows how much of int8's
 speed a given fidelity costs. A family supplies a Stage: its engine graph, calibration feeds from its
 own real data, and evaluation items held apart from them.
 """
@@ -19,11 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
-from . import cache, gates, graph
+from .. import cache, gates, graph
+from ..graph.delays import conv_macs_by_node
+from ..runtime import OrtRunner, Recording, SimulatorRunner
 from .build import Calibration
-from .graph.delays import conv_macs_by_node
-from .runtime import OrtRunner, Recording, SimulatorRunner
-from .toolkit.log import IO_OPS, Layer, layer_table
+from .log import IO_OPS, Layer, layer_table
 
 CONVERT_OPS = ("exDataConvert",)  # the dtype casts a hybrid engine inserts between int8 and fp16 layers
 # what accuracy_analysis reports beside the layers: the graph's inputs and the casts at its inputs and
@@ -130,7 +130,7 @@ def rank_layers(stage: Stage, target: str, calibration: Calibration, feed: int =
     overflowed, then by the cosine of its output computed alone from fp32 inputs (`single_cos`), the
     error that layer adds by itself. The inputs and the casts the report lists beside the layers are
     left out: a hybrid cannot keep them in float16."""
-    from .engine import accuracy_analysis
+    from .convert import accuracy_analysis
 
     names = list(graph.input_shapes(stage.onnx))
     out = cache.cache_dir("analysis") / f"{stage.onnx.stem}-{target}-{calibration.key(names)}-{feed}"

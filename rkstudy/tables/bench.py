@@ -3,7 +3,7 @@
 * walker: the window walker's own per-window cost with a null engine, against a budget of
   0.2 ms per window, 1% of the ~21 ms one Piper window takes on the RK3588 NPU.
 * make-test: the wall time of the whole test suite, against the 30-minute CI budget.
-* reproduce: each study's minutes in `make reproduce` and the total (written by rkstudy.reproduce).
+* reproduce: each study's minutes in `make reproduce` and the total (written by rkstudy.tables.reproduce).
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from . import results, window
-from .paths import REPO
+from ..paths import REPO
+from ..walk import window
+from . import results
 
 WALKER_BUDGET_MS = 0.2
 TEST_BUDGET_S = 30 * 60

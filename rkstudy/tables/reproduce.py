@@ -47,8 +47,9 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import atomic, bench, provenance, results
-from .errors import Failed, UsageError
+from .. import atomic
+from ..errors import Failed, UsageError
+from . import bench, provenance, results
 
 TABLE = "reproduce"
 STATE = Path("build") / "reproduce" / "state.json"
@@ -377,7 +378,7 @@ def reproduce(repo: Path, names: Sequence[str] = (), *, restart: bool = False, r
             raise Failed("`rkstudy results index` failed after the studies ran; run it alone to see why")
         committed = committed_results(repo)
         if committed is not None:
-            from . import results_diff
+            from . import diff as results_diff
 
             text, _ = results_diff.report(committed, repo / "results",
                                           labels=(f"the tables committed at {short}", "this run's"))
@@ -399,6 +400,6 @@ def reproduce(repo: Path, names: Sequence[str] = (), *, restart: bool = False, r
 
 
 def main(names: Sequence[str], restart: bool = False, listing: bool = False, jobs: int = 1) -> int:
-    from .paths import REPO
+    from ..paths import REPO
 
     return reproduce(REPO, names, restart=restart, listing=listing, jobs=jobs)

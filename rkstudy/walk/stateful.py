@@ -24,9 +24,9 @@ from math import ceil
 
 import numpy as np
 
-from .contract import Contract
-from .errors import EngineMismatch
-from .runtime.wrappers import ContractDtypes, Recording
+from ..contract import Contract
+from ..errors import EngineMismatch
+from ..runtime.wrappers import ContractDtypes, Recording
 
 WALKER_ROLES = ("walked", "mask", "constant", "state")
 

@@ -5,7 +5,7 @@ Where a number came from is part of the number, so every row carries its provena
 version and the git commit of the code that made it (`-dirty` when the tree had changes outside
 `results/`), the toolkit version, the target SoC, where it ran and the date; a row carried from an
 earlier run keeps that run's stamp and says so in `carried_from`. `where` and `target`
-come from the thing that produced the numbers (a runner, a BuildReport, or rkstudy.results.HOST
+come from the thing that produced the numbers (a runner, a BuildReport, or rkstudy.tables.results.HOST
 for a host-side computation), never from a literal typed in a notebook.
 
 Board side: standard library only (plus rkstudy.atomic).
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from . import __version__, atomic, contract
-from .paths import REPO, SEEDS, results_root  # noqa: F401  (results_root re-exported for notebooks)
+from .. import __version__, atomic, contract
+from ..paths import REPO, SEEDS, results_root  # noqa: F401  (results_root re-exported for notebooks)
 
 # fp32: onnxruntime on the host CPU; simulator: the toolkit's PC simulator; board: RKNNLite on a
 # real board; replay: the test double of RKNNLite (never a board number); host: a build, a census
@@ -107,7 +107,7 @@ def stamp(row: Mapping, by=None) -> dict:
         missing = [k for k in STAMP if not row.get(k)]
         if missing:
             raise ValueError(f"a row carried from {row[CARRIED]} has no {', '.join(missing)}: keep the stamp of "
-                             "the run that measured it (merge rkstudy.results.carried(old_row, source) into it)")
+                             "the run that measured it (merge rkstudy.tables.results.carried(old_row, source) into it)")
         where, target = row["where"], row["target"]
         kept = {key: row.pop(key) for key in STAMP}
     else:
@@ -122,7 +122,7 @@ def stamp(row: Mapping, by=None) -> dict:
         kept = None
     if where not in WHERE:
         raise ValueError(f"where={where!r}: must be one of {', '.join(WHERE)} (pass the runner, "
-                         "BuildReport or rkstudy.results.HOST that produced the row)")
+                         "BuildReport or rkstudy.tables.results.HOST that produced the row)")
     if target not in TARGETS:
         raise ValueError(f"target={target!r}: must be one of {', '.join(TARGETS)} "
                          "(use 'none' for an fp32 or host row that no SoC produced)")
@@ -151,7 +151,7 @@ def _validate(rows: list[dict], study: str, table: str) -> list[str]:
         missing = [c for c in STAMP if c not in row]
         if missing:
             raise ValueError(f"{study}/{table} row {i} has no {', '.join(missing)}; "
-                             "pass every row through rkstudy.results.stamp()")
+                             "pass every row through rkstudy.tables.results.stamp()")
         if list(row) != columns:
             raise ValueError(f"{study}/{table} row {i} has columns {list(row)}, row 0 has {columns}; "
                              "every row of a table needs the same columns in the same order")

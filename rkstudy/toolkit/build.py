@@ -37,13 +37,13 @@ from pathlib import Path
 
 import numpy as np
 
-from . import atomic, cache, graph
-from .contract import QUANTIZED_ONLY, TARGETS
-from .errors import Failed, NeedsConverter, UsageError, one_line
-from .gates import board_risk
-from .paths import REPO
-from .results import toolkit_version
-from .toolkit import log as toolkit_log
+from .. import atomic, cache, graph
+from ..contract import QUANTIZED_ONLY, TARGETS
+from ..errors import Failed, NeedsConverter, UsageError, one_line
+from ..gates import board_risk
+from ..paths import REPO
+from ..tables.results import toolkit_version
+from . import log as toolkit_log
 
 REGTASK_LIMIT = 100_000  # past this, the overflow is the ~800k-line regime that ruins an engine
 BUILD_TIMEOUT_S = 3 * 3600  # generous: the widest encoder builds here took ~25 min on 2 cores
@@ -201,7 +201,7 @@ class BuildReport:
     log_tail: list[str] = field(default_factory=list)
     shape_sets: list[dict] = field(default_factory=list)  # a multi-shape build's input sets, largest first
 
-    where = "host"  # a build is a host-side measurement (rkstudy.results.stamp reads this)
+    where = "host"  # a build is a host-side measurement (rkstudy.tables.results.stamp reads this)
 
     @property
     def ok(self) -> bool:
@@ -247,7 +247,7 @@ class EngineProcess:
 
     `analysis` ({"inputs": [npy paths in input order], "output_dir": dir}) also runs the toolkit's
     per-layer rknn.accuracy_analysis on the simulator after the build (see
-    rkstudy.engine.accuracy_analysis). `quantize` (a Calibration) makes it a quantized build:
+    rkstudy.toolkit.convert.accuracy_analysis). `quantize` (a Calibration) makes it a quantized build:
     its feeds are written into the child's own directory and calibrate rknn.build."""
 
     def __init__(self, onnx_path, target: str, shapes: Mapping[str, Sequence[int]] | None = None,
@@ -320,7 +320,7 @@ class EngineProcess:
             # another environment's child must run this code, whatever checkout its editable install names
             env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
         self.proc = subprocess.Popen(
-            [self.toolkit.python, "-m", "rkstudy._engine_child", self._spec, str(child_fd)],
+            [self.toolkit.python, "-m", "rkstudy.toolkit._child", self._spec, str(child_fd)],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             pass_fds=(child_fd,), env=env,
             cwd=self._workdir, start_new_session=True)
@@ -515,7 +515,7 @@ def default_engine_path(onnx_path: Path, target: str, key: str) -> Path:
     metadata when there is one (family, compiled width, target), from the file name otherwise,
     and keyed by everything that made the engine; an engine already built under that key is found
     whatever its name."""
-    from . import contract as contracts
+    from .. import contract as contracts
 
     props = graph.metadata(onnx_path)
     if contracts.METADATA_KEY in props:

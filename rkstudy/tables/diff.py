@@ -31,7 +31,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import atomic
+from .. import atomic
 from .results import STAMP, read_table
 
 DB_TOLERANCE = 0.5
@@ -282,7 +282,7 @@ def report(a: Path, b: Path, labels: tuple[str, str] | None = None) -> tuple[str
 
 
 def main(a: Path, b: Path, out: Path | None = None) -> int:
-    from .errors import InputError
+    from ..errors import InputError
 
     for root in (a, b):
         if not Path(root).is_dir():

@@ -1,7 +1,7 @@
 """One engine path for every family (host): gate the simulator against fp32, and stage 2 (convert a
 produced graph: compile, gate, write the compiled contract beside the engine).
 
-Building is rkstudy.build.build_engine (its BuildReport.row() is every family's build row); running
+Building is rkstudy.toolkit.build.build_engine (its BuildReport.row() is every family's build row); running
 on a board is rkstudy.board.run. Families supply only their inputs and, where white noise is not a
 valid input (token ids), a probe of their own.
 """
@@ -14,12 +14,12 @@ from pathlib import Path
 
 import numpy as np
 
-from . import gates, graph
+from .. import gates, graph
+from ..cache import sha256_file
+from ..contract import Contract, from_metadata
+from ..runtime import OrtRunner, SimulatorRunner
 from .build import BuildReport
-from .cache import sha256_file
-from .contract import Contract, from_metadata
-from .runtime import OrtRunner, SimulatorRunner
-from .toolkit.log import parse_accuracy_analysis
+from .log import parse_accuracy_analysis
 
 # Stage 2 of a decoder probed with white noise: the engine is alive (the fp16 noise floor sits at 22-36 dB on
 # real decoders, a broken engine far below)
@@ -64,9 +64,9 @@ def simulator_vs_fp32(onnx_path: Path | str, target: str, items: Iterable, *,
     family walks a latent through its sidecar here); `compare(ref, test, item) -> row` scores a
     pair (default: compare_outputs). Each row carries where/target from the simulator; with
     `gate`, the worst row's `snr_db` is checked (GateFailed names both numbers). `build_kwargs` go to
-    the build (rkstudy.build.EngineProcess: shapes, verbose for the layer table, regtask_limit, ...).
+    the build (rkstudy.toolkit.build.EngineProcess: shapes, verbose for the layer table, regtask_limit, ...).
 
-    With `cache` (plain items only, no `run`): the build is the engine cache's own (rkstudy.build.
+    With `cache` (plain items only, no `run`): the build is the engine cache's own (rkstudy.toolkit.build.
     engine_key; the engine, its log and its report land where build_engine reads them), and the
     simulator outputs are kept by the engine key and the items' bytes, so the same graph, target and
     inputs are built and simulated once, whoever asks (only the onnxruntime side runs again).
@@ -109,9 +109,9 @@ def _simulated_once(onnx_path: Path, target: str, items: list, *, compare: Calla
     import time
     from dataclasses import asdict
 
-    from . import atomic
+    from .. import atomic
+    from ..cache import cache_dir, digest
     from .build import BuildReport, cached_report, default_engine_path, engine_key, record_report
-    from .cache import cache_dir, digest
 
     unknown = sorted(set(build_kwargs) - set(CACHED_BUILD_KWARGS))
     if unknown:
@@ -183,8 +183,8 @@ def accuracy_analysis(onnx_path: Path | str, target: str, feeds: dict, out_dir: 
     (rknn.accuracy_analysis, target=None) for one input set: cosine and Euclidean error of every layer
     against the toolkit's fp32 golden run, accumulated ('entire') and alone ('single'), and 'q_inf'
     where a layer's range left fp16. This is the per-layer comparer; rkstudy does not write another."""
+    from ..cache import cache_dir, digest
     from .build import EngineProcess
-    from .cache import cache_dir, digest
 
     onnx_path = Path(onnx_path)
     shapes = graph.input_shapes(onnx_path)
@@ -240,9 +240,9 @@ def convert(onnx_path: Path | str, target: str, out: Path | str | None = None, *
     the engine and, in the same child, gate the simulator against fp32 on the probe inputs, then
     write the compiled contract (target, toolkit, graph and engine digests) beside the engine.
     `toolkit` ('2.3.2', for a board whose runtime is that version) builds in that version's
-    environment (rkstudy.build.toolkit_env); the contract names the toolkit the build child imported.
+    environment (rkstudy.toolkit.build.toolkit_env); the contract names the toolkit the build child imported.
     `shape_sets` ({input: shape} each, the contract's own shapes among them) makes one multi-shape
-    engine (rkstudy.build.shape_sets_for), probed at the contract's shapes; its contract lists the sets."""
+    engine (rkstudy.toolkit.build.shape_sets_for), probed at the contract's shapes; its contract lists the sets."""
     from .build import shape_sets_for
 
     onnx_path = Path(onnx_path)

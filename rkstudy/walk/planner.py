@@ -14,7 +14,7 @@ Three measurements, each generic over any walked decoder a family adapts (rkstud
   grow with the window, so the search predicts the widest window within the budget from a straight-line
   fit (rkstudy.fits) of the builds it has, then builds the predicted window and the next one up to
   confirm it: the answer is always two measured builds, one within and one over, and the fit only
-  chooses which two. Builds go through rkstudy.build.build_engine, whose cache is keyed by the ONNX
+  chooses which two. Builds go through rkstudy.toolkit.build.build_engine, whose cache is keyed by the ONNX
   bytes, so a window another cell has built is not built again. The engine's graph depends only on the
   window length, not on how it splits into emit and context.
 
@@ -36,8 +36,8 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from . import fits, gates
-from .results import HOST
+from .. import fits, gates
+from ..tables.results import HOST
 from .window import interior_windows
 
 RF_LEVEL_DB = -120.0
@@ -116,7 +116,7 @@ def receptive_field(decode: Callable[[Any], np.ndarray], z, hop: int, *,
 def worst_interior_snr(decode: Callable[[Any], np.ndarray], latents: Sequence[Any], hop: int,
                        emit: int, context: int, *, walk: Callable | None = None,
                        n_frames: Callable | None = None, references: Sequence[np.ndarray] | None = None) -> float:
-    """Worst per-window SNR of the interior windows (rkstudy.window.Window.kind) of a walk (fp32, the
+    """Worst per-window SNR of the interior windows (rkstudy.walk.window.Window.kind) of a walk (fp32, the
     dynamic graph at the window's length) against full-length decodes; inf when no latent has an
     interior window. `references` are the full-length decodes when the caller has them (one per
     latent, shared by every context). A single latent array decodes only its interior windows, each
@@ -230,7 +230,7 @@ def largest_clean_window(engine: Callable[[int], object], target: str, budget: t
     asking it and steps up or bisects, so the worst case is a few builds more than bisection, never a
     scan. Every build and prediction is a row (`source` built, known or predicted), so a board user can
     move the budget."""
-    from .build import build_engine
+    from ..toolkit.build import build_engine
 
     build = build or (lambda path: build_engine(path, target))
     builds, rows, known = {}, [], dict(known or {})
@@ -366,9 +366,9 @@ def plan(pt: PlanTarget, targets: Sequence[str], snr_targets: Sequence[float], *
 
     The default budget per target is today's window's own build (the engine the reference documents ran
     clean on a board): no more REGTASK lines and no larger field value than it logs. `build(onnx_path,
-    target)` replaces rkstudy.build.build_engine; `known` maps (window, target) to the report of a build
+    target)` replaces rkstudy.toolkit.build.build_engine; `known` maps (window, target) to the report of a build
     another cell made (the search takes it as measured, and fits from it before building anything)."""
-    from .build import build_engine
+    from ..toolkit.build import build_engine
 
     build = build or build_engine
     known = dict(known or {})

@@ -4,7 +4,7 @@ A table is only worth committing when its rows say which commit made them and th
 is still the code that would make them. The check reads every `results/<study>/*.csv` (and each
 study's headlines.json) and fails on:
 
-* unstamped: a table, or a row, without the stamp columns (rkstudy.results.STAMP);
+* unstamped: a table, or a row, without the stamp columns (rkstudy.tables.results.STAMP);
 * dirty: a `-dirty` commit (made from a tree with uncommitted code);
 * unknown-commit / not-ancestor: a commit the repository does not have, or one HEAD does not descend from;
 * mixed-commits: one study stamped by more than one commit (rows carried from an earlier run, which
@@ -36,7 +36,8 @@ from pathlib import Path
 from .results import CARRIED, STAMP, TARGETS, WHERE
 
 # Tables that no notebook writes: the benchmarks, each made by its own module.
-BENCHMARKS = {"walker": "rkstudy/bench.py", "make_test": "rkstudy/bench.py", "reproduce": "rkstudy/reproduce.py"}
+BENCHMARKS = {"walker": "rkstudy/tables/bench.py", "make_test": "rkstudy/tables/bench.py",
+              "reproduce": "rkstudy/tables/reproduce.py"}
 # Rows appended one run at a time by `rkstudy board run <family>`: each row is its own run.
 BOARD = "board"
 
@@ -340,7 +341,7 @@ def check(repo: Path, root: Path | None = None) -> tuple[list[Problem], dict]:
             missing = [c for c in STAMP if c not in columns]
             if missing:
                 problems.append(Problem("unstamped", rel, f"no {', '.join(missing)} column; write it with "
-                                        "rkstudy.results.write_table from stamped rows"))
+                                        "rkstudy.tables.results.write_table from stamped rows"))
                 continue
             unit = study if study not in ("benchmarks", BOARD) else f"{study}/{csv_path.stem}"
             by_commit: dict[tuple[str, bool], list[int]] = defaultdict(list)
@@ -348,7 +349,7 @@ def check(repo: Path, root: Path | None = None) -> tuple[list[Problem], dict]:
             for n, row in enumerate(rows, start=1):
                 empty = [c for c in STAMP if not row.get(c)]
                 if empty:
-                    fix = f"no {', '.join(empty)}; pass the row through rkstudy.results.stamp()"
+                    fix = f"no {', '.join(empty)}; pass the row through rkstudy.tables.results.stamp()"
                     detail[("unstamped", fix)].append(n)
                     continue
                 carried = bool(row.get(CARRIED))

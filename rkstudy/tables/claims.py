@@ -21,9 +21,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
+from ..errors import InputError
+from ..paths import REFERENCE, REPO
 from . import results
-from .errors import InputError
-from .paths import REFERENCE, REPO
 
 CLAIMS = REFERENCE / "claims.csv"
 RULES = ("tolerance", "differs", "board only", "not measured")

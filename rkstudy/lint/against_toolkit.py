@@ -9,7 +9,7 @@ returns non-finite values where fp32 does not (`nonfinite`). Some hazards it can
 mask upsampler), or the seeds measured them on another toolkit version. Those rows disagree by
 construction, and each such Case says why (`blind`). Numerics findings (the fp16 range, a Sin left
 on the CPU) are also cross-checked against the toolkit's own per-layer accuracy_analysis
-(rkstudy.engine.accuracy_analysis), not a second per-layer comparer.
+(rkstudy.toolkit.convert.accuracy_analysis), not a second per-layer comparer.
 """
 
 from __future__ import annotations
@@ -419,7 +419,7 @@ def _tensor(layer: str) -> str:
 def numerics(case: Case, target: str = "rk3588") -> dict:
     """A numerics finding against the toolkit's own per-layer report: the nodes lint's fp16 rule puts past
     65504 on the sample against the layers accuracy_analysis marks q_inf, and the Sin layer's own error."""
-    from ..engine import accuracy_analysis
+    from ..toolkit.convert import accuracy_analysis
     from .rules.fp16_range import node_maxima
 
     model = case.make()

@@ -5,7 +5,7 @@ Why: the reference documents built with 2.3.2 and their boards run librknnrt 2.3
 builds with 2.5.0. Where our build logs differ from theirs (REGTASK lines on the Piper 93-frame window,
 the widest Kokoro window the 13-bit field allows), building the same bytes with both versions says
 whether the version explains the difference. Each build runs in its version's own environment
-(rkstudy.build.toolkit_env), and every row names the toolkit its build child imported.
+(rkstudy.toolkit.build.toolkit_env), and every row names the toolkit its build child imported.
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from pathlib import Path
 
 import numpy as np
 
-from . import cache
+from .. import cache
+from ..errors import NeedsConverter
+from ..paths import REPO
+from ..tables.results import reference
 from .build import BuildFailed, Toolkit, toolkit_env
-from .engine import simulator_vs_fp32
-from .errors import NeedsConverter
-from .paths import REPO
-from .results import reference
+from .convert import simulator_vs_fp32
 
 VERSIONS = ("2.5.0", "2.3.2")  # when pyproject.toml is not beside the code (an installed package)
 
@@ -61,7 +61,7 @@ class Engine:
 
 def toolchain_probe(targets: Sequence[str] = ("rk3588", "rk3566"), frames: int = 64) -> Engine:
     """Notebook 00's vocoder probe (Conv1d, ConvTranspose1d, Snake with Sin) on seeded noise."""
-    from .families.toolchain.probes import save_probe, vocoder_probe
+    from ..families.toolchain.probes import save_probe, vocoder_probe
 
     x = np.random.default_rng(1).standard_normal((1, 16, 1, frames)).astype(np.float32)
     return Engine("toolchain probe", save_probe(vocoder_probe(frames=frames), f"vocoder_probe_t{frames}"),
@@ -71,9 +71,9 @@ def toolchain_probe(targets: Sequence[str] = ("rk3588", "rk3566"), frames: int =
 def piper_decoder_window(targets: Sequence[str] = ("rk3588", "rk3566"), text: str = "short") -> Engine:
     """The joe voice's decoder pinned to the 93-frame window (45 emitted + 2 x 24 context), on the
     first 93 frames of the first sentence's real latent (zero-padded, mask off, where it is shorter)."""
-    from .families.piper.voice import Voice, read_text
-    from .families.piper_decoder.producer import produce_for_voice
-    from .families.piper_decoder.study import padded_window
+    from ..families.piper.voice import Voice, read_text
+    from ..families.piper_decoder.producer import produce_for_voice
+    from ..families.piper_decoder.study import padded_window
 
     voice = Voice()
     produced = produce_for_voice(voice)
@@ -88,7 +88,7 @@ def piper_decoder_window(targets: Sequence[str] = ("rk3588", "rk3566"), text: st
 def kokoro_window(frames: int = 136, targets: Sequence[str] = ("rk3588",)) -> Engine:
     """The Kokoro generator engine graph at `frames` (notebook 03's producer), on stage 2's probe
     (the last window of the walk over the short utterance)."""
-    from .families.kokoro_generator.producer import probe, produce
+    from ..families.kokoro_generator.producer import probe, produce
 
     produced = produce(frames)
     return Engine(f"Kokoro generator W={frames}", produced.path, probe(produced.contract), tuple(targets))

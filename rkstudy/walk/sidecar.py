@@ -14,8 +14,8 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from .contract import Contract
-from .errors import EngineMismatch, UsageError
+from ..contract import Contract
+from ..errors import EngineMismatch, UsageError
 from .window import Rate, walk
 
 
@@ -44,7 +44,7 @@ class WindowSidecar:
 
         `walked` maps each walked input to its full-length array without the batch axis (frame axis
         last, `rate * n_frames + extra` long); `constants` maps each constant input to its value.
-        `overlap` and `adjust` are rkstudy.window.walk's (shared frames blended with a raised cosine;
+        `overlap` and `adjust` are rkstudy.walk.window.walk's (shared frames blended with a raised cosine;
         a per-window correction of the outputs, without the batch axis, before they are stitched).
         """
         c, constants = self.contract, dict(constants or {})
