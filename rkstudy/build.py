@@ -113,7 +113,11 @@ class Calibration:
     `keep_fp16` (tensor names, as rknn.accuracy_analysis names its layers) runs the toolkit's
     hybrid_quantization_step1 / step2 with those layers' outputs set to float16 in its quantization
     config; `auto_hybrid_cos` runs rknn.build(auto_hybrid=True) with that cosine threshold
-    (config's auto_hybrid_cos_thresh), letting the toolkit choose."""
+    (config's auto_hybrid_cos_thresh), letting the toolkit choose.
+
+    `int16_overflow` makes it a float build instead (rknn.build(do_quantization=False, dataset=...,
+    auto_hybrid=True), rknn-toolkit2 >= 2.3.2): the toolkit runs the feeds to find each layer's range
+    and computes in int16 the layers whose range exceeds float16's; the rest stays float16."""
 
     feeds: Sequence[Mapping[str, object]]
     dtype: str = "w8a8"
@@ -121,12 +125,16 @@ class Calibration:
     method: str = "channel"
     keep_fp16: Sequence[str] = ()
     auto_hybrid_cos: float | None = None
+    int16_overflow: bool = False
 
     def __post_init__(self):
         if not self.feeds:
             raise UsageError("a quantized build needs at least one calibration feed; pass Calibration([{name: array}])")
         if self.keep_fp16 and self.auto_hybrid_cos is not None:
             raise UsageError("keep_fp16 and auto_hybrid_cos are two ways to choose the float16 layers; pass one")
+        if self.int16_overflow and (self.keep_fp16 or self.auto_hybrid_cos is not None):
+            raise UsageError("int16_overflow is a float build (nothing quantized to int8); drop keep_fp16 and "
+                             "auto_hybrid_cos, or drop int16_overflow for an int8 build")
         object.__setattr__(self, "keep_fp16", tuple(dict.fromkeys(self.keep_fp16)))
 
     @property
@@ -134,6 +142,8 @@ class Calibration:
         """The dtype column of a quantized build: 'int8 w8a8' (the bits of the weights name it), then the
         calibration algorithm unless it is the default ('int8 w8a8 mmse'), then ' hybrid (12 layers
         fp16)' or ' auto-hybrid cos 0.99' when part of it stays float16."""
+        if self.int16_overflow:
+            return "fp16 auto-hybrid int16"
         bits = re.match(r"w(\d+)", self.dtype)
         label = f"int{bits.group(1) if bits else '?'} {self.dtype}"
         if self.algorithm != "normal":  # the toolkit's min/max default goes unnamed
@@ -150,6 +160,7 @@ class Calibration:
         arrays = [np.ascontiguousarray(feed[n]) for feed in self.feeds for n in names]
         hybrid = [("keep_fp16", sorted(self.keep_fp16))] if self.keep_fp16 else []
         hybrid += [("auto_hybrid_cos", float(self.auto_hybrid_cos))] if self.auto_hybrid_cos is not None else []
+        hybrid += [("int16_overflow", True)] if self.int16_overflow else []
         return cache.digest(self.dtype, self.algorithm, self.method, *hybrid,  # plain int8 keys stay as they were
                             [(str(a.dtype), a.shape) for a in arrays], *[a.tobytes() for a in arrays])
 
@@ -174,7 +185,7 @@ class Calibration:
     def spec(self, dataset: Path) -> dict:
         return {"dataset": str(dataset), "quantized_dtype": self.dtype, "quantized_algorithm": self.algorithm,
                 "quantized_method": self.method, "keep_fp16": list(self.keep_fp16),
-                "auto_hybrid_cos": self.auto_hybrid_cos}
+                "auto_hybrid_cos": self.auto_hybrid_cos, "int16_overflow": self.int16_overflow}
 
 
 @dataclass
@@ -480,6 +491,15 @@ def default_engine_path(onnx_path: Path, target: str, key: str) -> Path:
     return cache.cache_dir("engines") / name
 
 
+def engine_key(onnx_path, target: str, shapes: Mapping[str, Sequence[int]], *, optimization_level: int = 3,
+               quantize: Calibration | None = None, toolkit: str | None = None) -> str:
+    """What keys an engine in the cache: the ONNX bytes, target, shapes, level, toolkit version and
+    (for a quantized build) the calibration set and settings; the one key every build path shares."""
+    shapes = {k: [int(d) for d in v] for k, v in shapes.items()}
+    return cache.digest(Path(onnx_path), target, shapes, optimization_level, toolkit_env(toolkit).version,
+                        *([quantize.key(list(shapes))] if quantize else []))  # an fp16 key has no calibration term
+
+
 def build_engine(onnx_path, target: str, shapes: Mapping[str, Sequence[int]] | None = None,
                  out=None, *, optimization_level: int = 3, regtask_limit: int = REGTASK_LIMIT,
                  reuse: bool = True, verbose: bool = False, timeout: float = BUILD_TIMEOUT_S,
@@ -501,9 +521,8 @@ def build_engine(onnx_path, target: str, shapes: Mapping[str, Sequence[int]] | N
     graph.load(onnx_path)  # an unreadable graph is an input error, said before a child starts
     shapes = {k: [int(d) for d in v] for k, v in
               (shapes if shapes is not None else graph.input_shapes(onnx_path)).items()}
-    env = toolkit_env(toolkit)
-    key = cache.digest(onnx_path, target, shapes, optimization_level, env.version,
-                       *([quantize.key(list(shapes))] if quantize else []))  # an fp16 key has no calibration term
+    key = engine_key(onnx_path, target, shapes, optimization_level=optimization_level, quantize=quantize,
+                     toolkit=toolkit)
     out = Path(out) if out else default_engine_path(onnx_path, target, key)
     record = out.with_suffix(".json")
     if reuse and out.exists() and record.exists():
