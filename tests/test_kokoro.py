@@ -12,7 +12,7 @@ import torch
 
 from rkstudy import gates
 from rkstudy.errors import EngineMismatch, UsageError
-from rkstudy.families.kokoro_generator import generator, producer, study
+from rkstudy.families.kokoro_generator import generator, planning, producer, study
 from rkstudy.families.kokoro_generator.sidecar import GeneratorSidecar
 
 
@@ -144,12 +144,14 @@ def test_a_build_row_says_when_the_window_is_walked_inside_the_graph(model):
         c = producer.generator_contract(frames=256, context=28, rw=generator.ENGINE, max_axis=max_axis,
                                         source=model.source, head=model.head)
         produced = producer.Produced(path=None, contract=c, census=SimpleNamespace(longest_axis=0))
-        rows[max_axis] = study.build_row(produced, SimpleNamespace(report=report, target="rk3588"), None)
+        rows[max_axis] = study.build_row(produced, report)
     assert (rows[None]["graph"], rows[None]["inner_windows"], rows[None]["max_axis"]) == ("one window", 1, 0)
     walked = rows[8041]
     assert walked["graph"] == "in-graph walk: 3 windows of 134, batched"
     assert (walked["inner_frames"], walked["inner_windows"], walked["max_axis"]) == (134, 3, 8041)
-    assert walked["nonfinite"] == -1 and math.isnan(walked["snr_vs_fp32_db"])  # no engine: no simulator columns
+    # no engine: no simulator columns, and a host row (a simulator score would make it a simulator row)
+    assert (walked["nonfinite"], walked["sim_rms"], walked["snr_vs_fp32_db"]) == (None, None, None)
+    assert walked["where"] == "host"
 
 
 def test_the_in_graph_walk_is_the_window_walk_batched(model, short):
@@ -180,10 +182,33 @@ def test_known_builds_answer_the_planner_from_the_sweep_rows_only(model, monkeyp
     row = {"window": 128, "target": "rk3588", "rewrites": generator.ENGINE.tag(), "max_axis": 0, "status": "ok",
            "regtask": 0, "regtask_max_value": 0, "engine_mb": 54.46, "build_s": 615.0}
     built = []
-    monkeypatch.setattr(study, "build_engine", lambda p, t: built.append((p, t)) or "built")
+    monkeypatch.setattr(planning, "build_engine", lambda p, t: built.append((p, t)) or "built")
     got = study.known_builds([row])(path, "rk3588")
     assert (got.status, got.regtask, got.regtask_max, got.engine_bytes, built) == ("ok", 0, 0, 54_460_000, [])
     others = [{**row, "max_axis": 8041}, {"window": 128, "target": "rk3588", "status": "not built: BUILDS = False",
                                           "rewrites": "", "max_axis": 0, "engine_mb": ""}]
     assert study.known_builds(others)(path, "rk3588") == "built" and built == [(path, "rk3588")]
     assert study.known_builds([row])(path, "rk3566") == "built"
+
+
+def test_a_walk_replays_the_windows_one_build_recorded(model, short):
+    """Section 9's path without a toolkit: the windows of the short utterance's walk are recorded on the
+    fp32 walk (walk_feeds), a Simulated holding onnxruntime's outputs for exactly those windows replays
+    them, so the 'simulator' walk equals the fp32 walk (220 frames at W = 128: four windows)."""
+    from rkstudy.build import BuildReport
+    from rkstudy.runtime import OrtRunner
+    from rkstudy.runtime.simulator import Simulated
+
+    produced = producer.produce(128, 28, model=model)
+    feeds = study.walk_feeds(produced, [short])
+    ort = OrtRunner(produced.path)
+    names = produced.contract.input_names
+    ordered = [[np.ascontiguousarray(f[n], np.float32) for n in names] for f in feeds]
+    report = BuildReport(status="ok", target="rk3588", onnx="", engine=None, engine_bytes=0, seconds=1.0,
+                         regtask=0, toolkit_version="", log="")
+    sim = Simulated(report, ordered, [ort.run(f) for f in feeds], [0.5] * len(feeds), 0.0)
+    rows, windows, _ = study.simulator_walk_rows(model, produced, sim, [short])
+    assert len(feeds) == 4 and [r["windows"] for r in rows] == [4, 4]
+    walk = next(r for r in rows if r["reference"] == "fp32 walk")
+    assert walk["gen_snr_db"] > 120 and (walk["where"], walk["target"]) == ("simulator", "rk3588")
+    assert walk["sim_s_per_window"] == 0.5
