@@ -212,3 +212,28 @@ def test_a_walk_replays_the_windows_one_build_recorded(model, short):
     walk = next(r for r in rows if r["reference"] == "fp32 walk")
     assert walk["gen_snr_db"] > 120 and (walk["where"], walk["target"]) == ("simulator", "rk3588")
     assert walk["sim_s_per_window"] == 0.5
+
+
+def test_an_int16_row_keeps_the_toolkits_refusal_and_counts_what_ran():
+    """notebook 08's int16 rows: a build the toolkit refuses is a host row with the toolkit's message and
+    no numbers; a build that ran is a simulator row counting its non-finite outputs (2 of 6 here)."""
+    from rkstudy.build import BuildReport
+    from rkstudy.families.kokoro_generator import overflow
+    from rkstudy.runtime.simulator import Simulated
+
+    def report(status, error=None):
+        return BuildReport(status=status, target="rk3588", onnx="", engine=None, engine_bytes=0, seconds=1.0,
+                           regtask=0, toolkit_version="rknn-toolkit2 2.5.0", log="", error=error,
+                           dtype="fp16 auto-hybrid int16")
+
+    reference = np.arange(6, dtype=np.float32).reshape(1, 2, 3)
+    failed = Simulated(report("failed", "ValueError: negative shift count"), [], [], [], 0.0)
+    row = overflow._row("W = 256, one window", "raw sums", "int16", failed, None, reference, 1)
+    assert (row["status"], row["where"], row["nonfinite"], row["error"]) == \
+        ("failed", "host", None, "ValueError: negative shift count")
+    assert row["built_with"] == "rknn-toolkit2 2.5.0" and row["board"].startswith("board-only")
+    got = reference.copy()
+    got[0, 0, :2] = [np.inf, np.nan]
+    ran = Simulated(report("ok"), [], [[got]], [0.1], 0.0)
+    row = overflow._row("W = 256, one window", "raw sums", "fp16", ran, got, reference, 1)
+    assert (row["where"], row["nonfinite"], row["outputs"]) == ("simulator", 2, 6) and np.isnan(row["snr_vs_fp32_db"])

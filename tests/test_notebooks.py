@@ -162,7 +162,10 @@ EXPECT = {
         "quantization, Piper decoder window rk3588, hybrid 2: conv MACs in int8": (0.9, 1),
         "quantization, Piper decoder window rk3588, hybrid 2: layers in fp16": (2, 4),
         "quantization: conv MACs the layer table accounts for, worst row": (1, 1),
-        "quantization: largest int8 MAC share at >= 35 dB worst window": (0, 0)}),
+        "quantization: largest int8 MAC share at >= 35 dB worst window": (0, 0),
+        # the int16 section's quick stand-in: the Kokoro raw-sum W = 128 graph on the short utterance's
+        # window, fp32 (measured 2026-12-01: 3 of 1,750 nodes past fp16, the largest 624,654)
+        "Kokoro raw-sum W = 128: nodes past fp16 (fp32)": (1, 20)}),
 }
 
 
