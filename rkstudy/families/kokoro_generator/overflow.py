@@ -11,8 +11,6 @@ layer's range, and those are the ranges these windows reach.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
 
 from ... import gates
@@ -30,7 +28,7 @@ INT16 = "fp16 + int16 where fp16 overflows (auto-hybrid)"
 
 
 def _mode(calibration: Calibration | None, report) -> str:
-    """fp16, or the int16 mode with the toolkit that built it (two versions may be tried)."""
+    """fp16, or the int16 mode with the toolkit that built it."""
     return "fp16" if calibration is None else f"{INT16}, {report.toolkit_version}"
 
 
@@ -56,26 +54,22 @@ def _row(graph: str, rewrite: str, mode: str, sim, got, reference, windows: int)
 
 
 def int16_overflow_rows(model: KokoroModel, window_utt: frontend.Utterance, walk_utt: frontend.Utterance,
-                        target: str = "rk3588", raw_sum_toolkits: Sequence[str | None] = (None,)) -> list[dict]:
+                        target: str = "rk3588") -> list[dict]:
     """One row per graph and mode: the raw-sum W = 256 graph in fp16 and through the int16 mode, the
     count-fraction W = 256 engine (the project's fix) in fp16, all on the last window of the walk over
     `window_utt` (notebook 03's sweep window); the global-statistics W = 128 engine in fp16 and through
     the int16 mode, walked over `walk_utt` (notebook 03's global-statistics simulator walk). Non-finite
     outputs, SNR against onnxruntime fp32 on the same graph, engine bytes and the build's outcome (its
-    error when it fails). `raw_sum_toolkits` are the toolkit versions the raw-sum graph's int16 build is
-    tried with (None: the one installed here; "2.3.2", the version that added the mode, builds in its
-    own environment)."""
+    error when it fails)."""
     rows = []
     for rewrite, rw in (("raw sums", RAW_SUMS), ("count fractions (the project's fix)", generator.ENGINE)):
         case = Case(256, target, rw=rw)
         produced = case_graph(model, case)
         feed = probe_feed(window_utt, produced)
         reference = OrtRunner(produced.path).run(feed)[0]
-        modes = [(None, None)] + ([(Calibration([feed], int16_overflow=True), toolkit) for toolkit in raw_sum_toolkits]
-                                  if rw == RAW_SUMS else [])
-        for calibration, toolkit in modes:
+        for calibration in [None] + ([Calibration([feed], int16_overflow=True)] if rw == RAW_SUMS else []):
             sim = simulate_case(produced, case, [feed]) if calibration is None else \
-                simulate(produced.path, target, [feed], verbose=True, quantize=calibration, toolkit=toolkit)
+                simulate(produced.path, target, [feed], verbose=True, quantize=calibration)
             got = sim.outputs[0][0] if sim.outputs else None
             rows.append(_row("W = 256, one window", rewrite, _mode(calibration, sim.report), sim, got, reference, 1))
     _, renders = global_statistics(model, walk_utt)
