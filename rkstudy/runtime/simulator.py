@@ -144,7 +144,7 @@ def simulate(onnx_path, target: str, feeds: Sequence, *, verbose: bool = False, 
             record = json.loads(str(saved["record"]))
             outputs = [[saved[f"out_{i}_{j}"] for j in range(record["n_outputs"][i])] for i in range(len(ordered))]
         return Simulated(BuildReport(**record["report"]), ordered, outputs, record["run_s"], record["peak_rss_mb"],
-                         record["inference_error"])
+                         record.get("inference_error"))
     out = default_engine_path(onnx_path, target, build_key)
     eng = SimulatorRunner(onnx_path, target, shapes, out, keep_failed=True, verbose=verbose, **build_kwargs)
     outputs, run_s, refused = [], [], None
