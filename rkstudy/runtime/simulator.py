@@ -142,7 +142,8 @@ def simulate(onnx_path, target: str, feeds: Sequence, *, verbose: bool = False, 
     if path.exists():
         with np.load(path) as saved:
             record = json.loads(str(saved["record"]))
-            outputs = [[saved[f"out_{i}_{j}"] for j in range(record["n_outputs"][i])] for i in range(len(ordered))]
+            # a failed or refused build recorded no outputs (every n_outputs entry 0)
+            outputs = [[saved[f"out_{i}_{j}"] for j in range(n)] for i, n in enumerate(record["n_outputs"]) if n]
         return Simulated(BuildReport(**record["report"]), ordered, outputs, record["run_s"], record["peak_rss_mb"],
                          record.get("inference_error"))
     out = default_engine_path(onnx_path, target, build_key)
