@@ -322,3 +322,40 @@ def test_toolkit_2_3_2_builds_and_simulates_in_its_own_environment(probe, tmp_pa
     assert cli.main(["build", str(probe), "--toolkit", "2.3.2", "--out", str(tmp_path / "cli.rknn")]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["toolkit_version"] == "rknn-toolkit2 2.3.2" and printed["status"] == "ok"
+
+
+def test_a_simulation_is_made_once_per_content_key(probe, tmp_path, monkeypatch):
+    """simulate() builds and runs once; the same graph, target and feeds asked again are answered from
+    the cache with no toolkit child (one is refused here), and so is a plain build_engine of that graph.
+    The replayed runner answers the recorded feeds, bit for bit, and refuses any other."""
+    from rkstudy.runtime.simulator import simulate
+
+    monkeypatch.setenv("RKSTUDY_CACHE", str(tmp_path / "cache"))
+    feeds = [{"x": np.random.default_rng(s).standard_normal((1, 16, 1, 64)).astype(np.float32)} for s in (1, 2)]
+    first = simulate(probe, "rk3588", feeds)
+    assert first.report.ok and len(first.outputs) == 2 and len(first.run_s) == 2 and first.peak_rss_mb > 50
+    monkeypatch.setenv(build.NO_CHILD_ENV, "answered from the cache")
+    again = simulate(probe, "rk3588", feeds)
+    assert again.report == first.report and again.run_s == first.run_s
+    assert all(np.array_equal(a[0], b[0]) for a, b in zip(first.outputs, again.outputs))
+    assert build.build_engine(probe, "rk3588") == first.report
+    replay = again.replay(["x"])
+    assert (replay.where, replay.target) == ("simulator", "rk3588")
+    assert np.array_equal(replay.run(feeds[1])[0], first.outputs[1][0])
+    with pytest.raises(KeyError, match="not one the simulator ran"):
+        replay.run({"x": feeds[0]["x"] + 1})
+    with pytest.raises(UsageError, match="starts no toolkit child"):
+        simulate(probe, "rk3588", feeds[:1])  # other feeds: another key, which would build
+
+
+def test_the_int16_overflow_mode_is_a_float_build_keyed_apart(probe, tmp_path):
+    """Calibration(int16_overflow=True) is rknn.build(do_quantization=False, auto_hybrid=True): a float
+    engine (fp16 everywhere the range allows), labelled as such and keyed apart from the plain fp16 build."""
+    int16 = _calibration(range(2), int16_overflow=True)
+    assert int16.label == "fp16 auto-hybrid int16" and int16.key(["x"]) != _calibration(range(2)).key(["x"])
+    with pytest.raises(UsageError, match="int16_overflow is a float build"):
+        _calibration(range(2), int16_overflow=True, keep_fp16=["h2"])
+    report = build.build_engine(probe, "rk3588", out=tmp_path / "i16.rknn", quantize=int16)
+    fp16 = build.build_engine(probe, "rk3588", out=tmp_path / "f16.rknn")
+    assert report.ok, report.error
+    assert report.dtype == "fp16 auto-hybrid int16" and report.engine != fp16.engine

@@ -144,12 +144,14 @@ def test_a_build_row_says_when_the_window_is_walked_inside_the_graph(model):
         c = producer.generator_contract(frames=256, context=28, rw=generator.ENGINE, max_axis=max_axis,
                                         source=model.source, head=model.head)
         produced = producer.Produced(path=None, contract=c, census=SimpleNamespace(longest_axis=0))
-        rows[max_axis] = study.build_row(produced, SimpleNamespace(report=report, target="rk3588"), None)
+        rows[max_axis] = study.build_row(produced, report)
     assert (rows[None]["graph"], rows[None]["inner_windows"], rows[None]["max_axis"]) == ("one window", 1, 0)
     walked = rows[8041]
     assert walked["graph"] == "in-graph walk: 3 windows of 134, batched"
     assert (walked["inner_frames"], walked["inner_windows"], walked["max_axis"]) == (134, 3, 8041)
-    assert walked["nonfinite"] == -1 and math.isnan(walked["snr_vs_fp32_db"])  # no engine: no simulator columns
+    # no engine: no simulator columns, and a host row (a simulator score would make it a simulator row)
+    assert (walked["nonfinite"], walked["sim_rms"], walked["snr_vs_fp32_db"]) == (None, None, None)
+    assert walked["where"] == "host"
 
 
 def test_the_in_graph_walk_is_the_window_walk_batched(model, short):
@@ -186,3 +188,51 @@ def test_known_builds_are_the_sweep_rows_of_one_window_engines_only():
                                           "rewrites": "", "max_axis": 0, "engine_mb": ""},
               {**row, "rewrites": generator.Rewrites(stats="sum").tag()}]
     assert study.known_builds(others) == {}
+
+
+def test_a_walk_replays_the_windows_one_build_recorded(model, short):
+    """Section 9's path without a toolkit: the windows of the short utterance's walk are recorded on the
+    fp32 walk (walk_feeds), a Simulated holding onnxruntime's outputs for exactly those windows replays
+    them, so the 'simulator' walk equals the fp32 walk (220 frames at W = 128: four windows)."""
+    from rkstudy.runtime import OrtRunner
+    from rkstudy.runtime.simulator import Simulated
+    from rkstudy.toolkit.build import BuildReport
+
+    produced = producer.produce(128, 28, model=model)
+    feeds = study.walk_feeds(produced, [short])
+    ort = OrtRunner(produced.path)
+    names = produced.contract.input_names
+    ordered = [[np.ascontiguousarray(f[n], np.float32) for n in names] for f in feeds]
+    report = BuildReport(status="ok", target="rk3588", onnx="", engine=None, engine_bytes=0, seconds=1.0,
+                         regtask=0, toolkit_version="", log="")
+    sim = Simulated(report, ordered, [ort.run(f) for f in feeds], [0.5] * len(feeds), 0.0)
+    rows, windows, _ = study.simulator_walk_rows(model, produced, sim, [short])
+    assert len(feeds) == 4 and [r["windows"] for r in rows] == [4, 4]
+    walk = next(r for r in rows if r["reference"] == "fp32 walk")
+    assert walk["gen_snr_db"] > 120 and (walk["where"], walk["target"]) == ("simulator", "rk3588")
+    assert walk["sim_s_per_window"] == 0.5
+
+
+def test_an_int16_row_keeps_the_toolkits_refusal_and_counts_what_ran():
+    """notebook 08's int16 rows: a build the toolkit refuses is a host row with the toolkit's message and
+    no numbers; a build that ran is a simulator row counting its non-finite outputs (2 of 6 here)."""
+    from rkstudy.families.kokoro_generator import overflow
+    from rkstudy.runtime.simulator import Simulated
+    from rkstudy.toolkit.build import BuildReport
+
+    def report(status, error=None):
+        return BuildReport(status=status, target="rk3588", onnx="", engine=None, engine_bytes=0, seconds=1.0,
+                           regtask=0, toolkit_version="rknn-toolkit2 2.5.0", log="", error=error,
+                           dtype="fp16 auto-hybrid int16")
+
+    reference = np.arange(6, dtype=np.float32).reshape(1, 2, 3)
+    failed = Simulated(report("failed", "ValueError: negative shift count"), [], [], [], 0.0)
+    row = overflow._row("W = 256, one window", "raw sums", "int16", failed, None, reference, 1)
+    assert (row["status"], row["where"], row["nonfinite"], row["error"]) == \
+        ("failed", "host", None, "ValueError: negative shift count")
+    assert row["built_with"] == "rknn-toolkit2 2.5.0" and row["board"].startswith("board-only")
+    got = reference.copy()
+    got[0, 0, :2] = [np.inf, np.nan]
+    ran = Simulated(report("ok"), [], [[got]], [0.1], 0.0)
+    row = overflow._row("W = 256, one window", "raw sums", "fp16", ran, got, reference, 1)
+    assert (row["where"], row["nonfinite"], row["outputs"]) == ("simulator", 2, 6) and np.isnan(row["snr_vs_fp32_db"])

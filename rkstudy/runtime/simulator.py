@@ -6,13 +6,19 @@ child per engine (rkstudy.toolkit.build.EngineProcess with serve=True): a walk o
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..contract import refuse_unlisted
 from .base import Runner
+
+if TYPE_CHECKING:
+    from ..toolkit.build import BuildReport
 
 
 class SimulatorRunner(Runner):
@@ -68,3 +74,115 @@ class SimulatorRunner(Runner):
         self._proc.close()
         if not self.report.peak_rss_mb:
             self.report.peak_rss_mb = self._proc.peak_rss_mb
+
+
+@dataclass
+class Simulated:
+    """One build and the simulator's outputs on each of its feeds: `outputs[i]` is feed i's outputs
+    (output order), `run_s[i]` its inference seconds, `peak_rss_mb` the child's whole-life peak (build
+    and every run). `where`/`target` make it the origin of the rows it scores (rkstudy.tables.results.stamp).
+    `inference_error` is the simulator's message when it built the engine but refused to run it (then
+    `outputs` is empty): like a failed build, a measurement."""
+
+    report: BuildReport
+    feeds: list[list[np.ndarray]]
+    outputs: list[list[np.ndarray]]
+    run_s: list[float]
+    peak_rss_mb: float
+    inference_error: str | None = None
+
+    where = "simulator"
+
+    @property
+    def target(self) -> str:
+        return self.report.target
+
+    def replay(self, input_names: Sequence[str]) -> Runner:
+        """A runner that answers each of these feeds with its recorded outputs (a walk over the same
+        windows runs without the toolkit); any other feed is refused."""
+        return _Replayed(self, list(input_names))
+
+
+class _Replayed(Runner):
+    where = "simulator"
+
+    def __init__(self, simulated: Simulated, input_names: list[str]):
+        self.input_names, self.target = input_names, simulated.target
+        self._answers = {_feed_digest(f): o for f, o in zip(simulated.feeds, simulated.outputs)}
+
+    def run(self, inputs) -> list[np.ndarray]:
+        got = self._answers.get(_feed_digest(self._ordered(inputs)))
+        if got is None:
+            raise KeyError("this feed is not one the simulator ran; add it to the feeds given to simulate()")
+        return [np.array(o) for o in got]
+
+
+def _feed_digest(arrays: Sequence[np.ndarray]) -> str:
+    from .. import cache
+
+    return cache.digest(*[(str(a.dtype), list(a.shape)) for a in arrays], *[a.tobytes() for a in arrays])
+
+
+def simulate(onnx_path, target: str, feeds: Sequence, *, verbose: bool = False, **build_kwargs) -> Simulated:
+    """Build `onnx_path` for `target` and run the simulator on every feed ({name: array} or lists in
+    input order), once per content key: the engine's key (rkstudy.toolkit.build.engine_key), the
+    REGTASK limit, verbosity and the feeds' bytes. Whoever asks again (another cell, another study)
+    reads the recorded report and outputs instead of building again; the engine and its build record
+    are written where rkstudy.toolkit.build.build_engine looks, so a plain build of the same graph is
+    answered without a child too. A build that fails is recorded like one that succeeds (a
+    REGTASK-limit kill is a measurement), a timeout is not (a slower machine might finish it)."""
+    import json
+    from dataclasses import asdict
+
+    from .. import atomic, cache
+    from ..errors import one_line
+    from ..toolkit.build import REGTASK_LIMIT, BuildFailed, BuildReport, default_engine_path, engine_key, record_report
+
+    onnx_path = Path(onnx_path)
+    build_key, shapes = engine_key(onnx_path, target, build_kwargs.pop("shapes", None),
+                                   optimization_level=build_kwargs.get("optimization_level", 3),
+                                   quantize=build_kwargs.get("quantize"), toolkit=build_kwargs.get("toolkit"))
+    names = list(shapes)
+    ordered = [Runner._ordered(_Named(names), f) for f in feeds]
+    key = cache.digest(build_key, build_kwargs.get("regtask_limit", REGTASK_LIMIT), verbose,
+                       *[_feed_digest(f) for f in ordered])
+    path = cache.entry("simulated", onnx_path.stem, key, ".npz")
+    with cache.locked(path):  # two studies side by side asking for one run: the second reads the first's
+        if path.exists():
+            with np.load(path) as saved:
+                record = json.loads(str(saved["record"]))
+                # a failed or refused build recorded no outputs (every n_outputs entry 0)
+                outputs = [[saved[f"out_{i}_{j}"] for j in range(n)] for i, n in enumerate(record["n_outputs"]) if n]
+            return Simulated(BuildReport(**record["report"]), ordered, outputs, record["run_s"],
+                             record["peak_rss_mb"], record.get("inference_error"))
+        out = default_engine_path(onnx_path, target, build_key)
+        eng = SimulatorRunner(onnx_path, target, shapes, out, keep_failed=True, verbose=verbose, **build_kwargs)
+        outputs, run_s, refused = [], [], None
+        try:
+            if eng.report.ok:
+                for f in ordered:
+                    t0 = time.perf_counter()
+                    outputs.append(eng.run(f))
+                    run_s.append(time.perf_counter() - t0)
+        except (RuntimeError, BuildFailed) as exc:  # built, but the simulator would not run it: say why
+            outputs, run_s, refused = [], [], one_line(str(exc), 600)
+        finally:
+            eng.close()
+        done = Simulated(eng.report, ordered, outputs, run_s, eng.peak_rss_mb or eng.report.peak_rss_mb, refused)
+        if eng.report.status == "timeout":
+            return done
+        record_report(out, build_key, eng.report, verbose=verbose)  # what build_engine(reuse=True) reads back
+        record = {"report": asdict(eng.report), "run_s": run_s, "peak_rss_mb": done.peak_rss_mb,
+                  "inference_error": refused,
+                  "n_outputs": [len(o) for o in outputs] + [0] * (len(ordered) - len(outputs))}
+        with atomic.replacing(path) as tmp, open(tmp, "wb") as fh:
+            np.savez(fh, record=np.array(json.dumps(record)),
+                     **{f"out_{i}_{j}": o for i, outs in enumerate(outputs) for j, o in enumerate(outs)})
+        return done
+
+
+class _Named:
+    """The input order Runner._ordered needs, for feeds checked before any runner exists."""
+
+    def __init__(self, names: list[str]):
+        self.input_names = names

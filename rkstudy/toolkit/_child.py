@@ -115,8 +115,12 @@ def main(spec_path: str, fd: str) -> int:
                 str(cfg.with_name(cfg.name.removesuffix(".quantization.cfg") + ".model")),
                 str(cfg.with_name(cfg.name.removesuffix(".quantization.cfg") + ".data")), str(cfg)))
         else:
-            run("build", lambda: rknn.build(do_quantization=bool(quantize), dataset=quantize.get("dataset"),
-                                            auto_hybrid=quantize.get("auto_hybrid_cos") is not None))
+            # int16_overflow: a float build whose layers past the fp16 range compute in int16 (the dataset
+            # gives the ranges); otherwise a quantized build, auto-hybrid when a cosine threshold is set
+            float_build = bool(quantize.get("int16_overflow"))
+            run("build", lambda: rknn.build(do_quantization=bool(quantize) and not float_build,
+                                            dataset=quantize.get("dataset"),
+                                            auto_hybrid=float_build or quantize.get("auto_hybrid_cos") is not None))
         if spec.get("analysis"):
             run("accuracy_analysis", lambda: rknn.accuracy_analysis(inputs=spec["analysis"]["inputs"],
                                                                     output_dir=spec["analysis"]["output_dir"],

@@ -113,7 +113,11 @@ class Calibration:
     `keep_fp16` (tensor names, as rknn.accuracy_analysis names its layers) runs the toolkit's
     hybrid_quantization_step1 / step2 with those layers' outputs set to float16 in its quantization
     config; `auto_hybrid_cos` runs rknn.build(auto_hybrid=True) with that cosine threshold
-    (config's auto_hybrid_cos_thresh), letting the toolkit choose."""
+    (config's auto_hybrid_cos_thresh), letting the toolkit choose.
+
+    `int16_overflow` makes it a float build instead (rknn.build(do_quantization=False, dataset=...,
+    auto_hybrid=True), rknn-toolkit2 >= 2.3.2): the toolkit runs the feeds to find each layer's range
+    and computes in int16 the layers whose range exceeds float16's; the rest stays float16."""
 
     feeds: Sequence[Mapping[str, object]]
     dtype: str = "w8a8"
@@ -121,12 +125,16 @@ class Calibration:
     method: str = "channel"
     keep_fp16: Sequence[str] = ()
     auto_hybrid_cos: float | None = None
+    int16_overflow: bool = False
 
     def __post_init__(self):
         if not self.feeds:
             raise UsageError("a quantized build needs at least one calibration feed; pass Calibration([{name: array}])")
         if self.keep_fp16 and self.auto_hybrid_cos is not None:
             raise UsageError("keep_fp16 and auto_hybrid_cos are two ways to choose the float16 layers; pass one")
+        if self.int16_overflow and (self.keep_fp16 or self.auto_hybrid_cos is not None):
+            raise UsageError("int16_overflow is a float build (nothing quantized to int8); drop keep_fp16 and "
+                             "auto_hybrid_cos, or drop int16_overflow for an int8 build")
         object.__setattr__(self, "keep_fp16", tuple(dict.fromkeys(self.keep_fp16)))
 
     @property
@@ -134,6 +142,8 @@ class Calibration:
         """The dtype column of a quantized build: 'int8 w8a8' (the bits of the weights name it), then the
         calibration algorithm unless it is the default ('int8 w8a8 mmse'), then ' hybrid (12 layers
         fp16)' or ' auto-hybrid cos 0.99' when part of it stays float16."""
+        if self.int16_overflow:
+            return "fp16 auto-hybrid int16"
         bits = re.match(r"w(\d+)", self.dtype)
         label = f"int{bits.group(1) if bits else '?'} {self.dtype}"
         if self.algorithm != "normal":  # the toolkit's min/max default goes unnamed
@@ -150,6 +160,7 @@ class Calibration:
         arrays = [np.ascontiguousarray(feed[n]) for feed in self.feeds for n in names]
         hybrid = [("keep_fp16", sorted(self.keep_fp16))] if self.keep_fp16 else []
         hybrid += [("auto_hybrid_cos", float(self.auto_hybrid_cos))] if self.auto_hybrid_cos is not None else []
+        hybrid += [("int16_overflow", True)] if self.int16_overflow else []
         return cache.digest(self.dtype, self.algorithm, self.method, *hybrid,  # plain int8 keys stay as they were
                             [(str(a.dtype), a.shape) for a in arrays], *[a.tobytes() for a in arrays])
 
@@ -174,7 +185,7 @@ class Calibration:
     def spec(self, dataset: Path) -> dict:
         return {"dataset": str(dataset), "quantized_dtype": self.dtype, "quantized_algorithm": self.algorithm,
                 "quantized_method": self.method, "keep_fp16": list(self.keep_fp16),
-                "auto_hybrid_cos": self.auto_hybrid_cos}
+                "auto_hybrid_cos": self.auto_hybrid_cos, "int16_overflow": self.int16_overflow}
 
 
 @dataclass

@@ -98,62 +98,24 @@ def simulator_vs_fp32(onnx_path: Path | str, target: str, items: Iterable, *,
     return result
 
 
-CACHED_BUILD_KWARGS = ("shapes", "verbose", "optimization_level", "toolkit", "regtask_limit", "timeout")
-
-
 def _simulated_once(onnx_path: Path, target: str, items: list, *, compare: Callable, out, gate, keep: bool,
                     **build_kwargs) -> Simulated:
-    """simulator_vs_fp32 through the engine cache: the recorded simulator outputs of the same engine key and
-    input bytes when there are some, else one simulator child whose build is recorded as the engine's."""
-    import json
-    import time
-    from dataclasses import asdict
+    """simulator_vs_fp32 through the one simulator record (rkstudy.runtime.simulator.simulate): the
+    recorded outputs of the same engine key and input bytes when there are some, else one simulator
+    child whose build is recorded as the engine's. Only the onnxruntime side runs again."""
+    from ..runtime.simulator import simulate
 
-    from .. import atomic
-    from ..cache import cache_dir, digest
-    from .build import BuildReport, cached_report, default_engine_path, engine_key, record_report
-
-    unknown = sorted(set(build_kwargs) - set(CACHED_BUILD_KWARGS))
-    if unknown:
-        raise ValueError(f"cache=True does not key {', '.join(unknown)}; build without the cache")
-    verbose = bool(build_kwargs.get("verbose"))
-    key, shapes = engine_key(onnx_path, target, build_kwargs.get("shapes"),
-                             optimization_level=build_kwargs.get("optimization_level", 3),
-                             toolkit=build_kwargs.get("toolkit"))
+    if out is not None:
+        raise ValueError("cache=True builds into the engine cache; drop `out` or build without the cache")
+    sim = simulate(onnx_path, target, items, **build_kwargs)
+    sim.report.raise_for_status()
+    if sim.inference_error:
+        raise RuntimeError(f"{target} simulator refused to run {onnx_path.name}: {sim.inference_error}")
     ref_runner = OrtRunner(onnx_path)
-    names = list(shapes)
-    ordered = [[np.ascontiguousarray(x, np.float32) for x in
-                ([item[n] for n in names] if isinstance(item, Mapping) else item)] for item in items]
-    outputs_key = digest(key, [[(a.shape, a.tobytes()) for a in arrays] for arrays in ordered])
-    record = cache_dir("simulator") / f"{onnx_path.stem}-{target}-{outputs_key}.npz"
-    record = next(iter(sorted(record.parent.glob(f"*-{target}-{outputs_key}.npz"))), record)  # whatever its name
-    engine = Path(out) if out else default_engine_path(onnx_path, target, key)
-    report = cached_report(engine, key, verbose=verbose)
-    saved = None
-    if report is not None and record.exists() and record.with_suffix(".json").exists():
-        meta = json.loads(record.with_suffix(".json").read_text())
-        if meta.get("key") == key and (meta.get("verbose") or not verbose):
-            with np.load(record) as npz:
-                saved = [[npz[f"{i}_{j}"] for j in range(n)] for i, n in enumerate(meta["outputs"])]
-            report, seconds = BuildReport(**meta["report"]), meta["seconds"]
-    if saved is None:
-        saved, seconds = [], []
-        with SimulatorRunner(onnx_path, target, out=engine, **build_kwargs) as sim:
-            report = sim.report
-            for arrays in ordered:
-                t0 = time.perf_counter()
-                saved.append(sim.run(arrays))
-                seconds.append(time.perf_counter() - t0)
-        record_report(engine, key, report, verbose=verbose)
-        with atomic.replacing(record) as tmp, open(tmp, "wb") as fh:
-            np.savez(fh, **{f"{i}_{j}": o for i, outs in enumerate(saved) for j, o in enumerate(outs)})
-        atomic.write_text(record.with_suffix(".json"), json.dumps(
-            {"key": key, "verbose": verbose, "outputs": [len(o) for o in saved], "seconds": seconds,
-             "report": asdict(report)}))
-    result = Simulated(rows=[], report=report, seconds=list(seconds))
-    for item, test in zip(items, saved):
+    result = Simulated(rows=[], report=sim.report, seconds=list(sim.run_s))
+    for item, test in zip(items, sim.outputs):
         ref = ref_runner.run(item)  # the item as given: onnxruntime keeps integer inputs integer
-        result.rows.append({**compare(ref, test, item), "where": SimulatorRunner.where, "target": target})
+        result.rows.append({**compare(ref, test, item), "where": sim.where, "target": target})
         if keep:
             result.fp32.append(ref)
             result.simulator.append(test)
