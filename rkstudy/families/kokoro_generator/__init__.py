@@ -9,8 +9,8 @@ by notebook 03 section, gathered in study.py: recovery.py (the weights, the seam
 (the rewrites, the Snake sine), producer_gates.py, compiler.py (probes, the REGTASK sweep, the in-graph
 pieces), fp16_range.py, walks.py (fp32 and simulator walks), global_statistics.py, planning.py (the
 window planner's target), rows.py (where a row's numbers came from) · overflow.py (notebook 08's int16
-rows) · lint_graphs.py (lint study graphs) · cli.py (`rkstudy kokoro generator`, `rkstudy kokoro
-inputs`) · board.py (`rkstudy board run kokoro_generator`).
+rows), quantization.py (notebook 08's quantization stage) · lint_graphs.py (lint study graphs) · cli.py
+(`rkstudy kokoro generator`, `rkstudy kokoro inputs`) · board.py (`rkstudy board run kokoro_generator`).
 """
 
 from .. import Family, register

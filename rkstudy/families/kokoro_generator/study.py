@@ -8,8 +8,48 @@ rows), quantization (notebook 08's quantization stage). Every row carries `where
 the runner that made its numbers (rows.py).
 """
 
+from .compiler import (  # noqa: F401
+    PROBES,
+    QUICK_PROBES,
+    Case,
+    build_row,
+    in_graph_pieces,
+    sweep,
+    toolkit_probes,
+)
 from .fp16_range import FP16_MAX, node_maxima, range_summary  # noqa: F401
+from .global_statistics import (  # noqa: F401
+    fed_stats_graph,
+    fed_stats_walk,
+    global_statistics,
+    global_statistics_simulator,
+    torch_walk,
+)
 from .planning import PLAN_CONTEXTS, Seam, known_builds, plan_target  # noqa: F401
 from .producer_gates import census_row, export_gate_rows, padded_window_rows  # noqa: F401
-from .quantization import QUANT_CALIBRATION_UTTERANCES, QUANT_EVALUATION_UTTERANCES, quantization_stage  # noqa: F401
+from .quantization import (  # noqa: F401
+    QUANT_CALIBRATION_UTTERANCES,
+    QUANT_EVALUATION_UTTERANCES,
+    quantization_stage,
+)
 from .recovery import frontend_rows, int8_floor, versus_int8, weights_row  # noqa: F401
+from .rewrite_checks import (  # noqa: F401
+    REWRITE_SETS,
+    SineStats,
+    rewrite_rows,
+    sine_arguments,
+    sine_fit_rows,
+    sine_rows,
+    weight_norm_rows,
+)
+from .walks import (  # noqa: F401
+    OVERLAP,
+    full_decode,
+    loudness,
+    short_utterance_rows,
+    sidecar,
+    simulator_walk_rows,
+    walk_feeds,
+    walk_gen,
+    window_loudness,
+)
