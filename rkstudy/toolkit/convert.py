@@ -40,6 +40,20 @@ class Simulated:
     def worst_snr_db(self) -> float:
         return min((r["snr_db"] for r in self.rows), default=float("inf"))
 
+    def score(self, row: dict, ref, test, target: str, keep: bool) -> None:
+        """One item's row (stamped as the simulator's on `target`), and with `keep` both sides' outputs."""
+        self.rows.append({**row, "where": SimulatorRunner.where, "target": target})
+        if keep:
+            self.fp32.append(ref)
+            self.simulator.append(test)
+
+    def check(self, gate: gates.Gate | None) -> Simulated:
+        """Itself, once `gate` (if any) holds on the worst row's `snr_db` (GateFailed names both numbers)."""
+        if gate is not None:
+            target = self.report.target if self.report else "simulator"
+            gate.check(self.worst_snr_db, context=f"{target} simulator vs fp32, worst of {len(self.rows)}")
+        return self
+
 
 def compare_outputs(ref: Sequence[np.ndarray], test: Sequence[np.ndarray], names: Sequence[str] | None = None) -> dict:
     """SNR, max |diff|, non-finite count and RMS ratio of each output pair, and the worst SNR."""
@@ -89,13 +103,8 @@ def simulator_vs_fp32(onnx_path: Path | str, target: str, items: Iterable, *,
             t0 = time.perf_counter()
             test = run(sim, item)
             result.seconds.append(time.perf_counter() - t0)
-            result.rows.append({**compare(ref, test, item), "where": sim.where, "target": sim.target})
-            if keep:
-                result.fp32.append(ref)
-                result.simulator.append(test)
-    if gate is not None:
-        gate.check(result.worst_snr_db, context=f"{target} simulator vs fp32, worst of {len(result.rows)}")
-    return result
+            result.score(compare(ref, test, item), ref, test, sim.target, keep)
+    return result.check(gate)
 
 
 def _simulated_once(onnx_path: Path, target: str, items: list, *, compare: Callable, out, gate, keep: bool,
@@ -115,13 +124,8 @@ def _simulated_once(onnx_path: Path, target: str, items: list, *, compare: Calla
     result = Simulated(rows=[], report=sim.report, seconds=list(sim.run_s))
     for item, test in zip(items, sim.outputs):
         ref = ref_runner.run(item)  # the item as given: onnxruntime keeps integer inputs integer
-        result.rows.append({**compare(ref, test, item), "where": sim.where, "target": target})
-        if keep:
-            result.fp32.append(ref)
-            result.simulator.append(test)
-    if gate is not None:
-        gate.check(result.worst_snr_db, context=f"{target} simulator vs fp32, worst of {len(result.rows)}")
-    return result
+        result.score(compare(ref, test, item), ref, test, target, keep)
+    return result.check(gate)
 
 
 @dataclass
