@@ -188,7 +188,7 @@ def run_notebook(name: str) -> None:
                                cwd=str(NOTEBOOKS), kernel_name="rkstudy", progress_bar=False)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # a worker runs tests of other modules between two studies of one notebook
 def executed():
     done = set()
 

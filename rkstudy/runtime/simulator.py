@@ -44,8 +44,8 @@ class SimulatorRunner(Runner):
         if shapes is None and not build_kwargs.get("shape_sets"):
             shapes = graph.input_shapes(Path(onnx_path))
         self._proc = EngineProcess(onnx_path, target, shapes, out, serve=True, **build_kwargs)
-        self.shapes = self._proc.shapes  # a multi-shape build's largest set
-        self.shape_sets = self._proc.shape_sets or [self.shapes]
+        self.shapes = {k: tuple(v) for k, v in self._proc.shapes.items()}  # a multi-shape build's largest set
+        self.shape_sets = [{k: tuple(v) for k, v in set_.items()} for set_ in self._proc.shape_sets] or [self.shapes]
         self.input_names = list(self.shapes)
         self.report = self._proc.wait_built()
         if not self.report.ok:
