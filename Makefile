@@ -73,12 +73,12 @@ doctor: venv
 # The second toolkit's environment too: notebook 08 and the interpreter-choice tests build with it.
 # Every run ends with its 25 slowest tests, so a test that grows past the 30-minute budget shows itself.
 test: models toolkit-venv lite-wheel
-	$(PY) -m pytest -n $(TEST_JOBS) --dist loadgroup --durations=25 tests
+	$(PY) -m pytest -n $(TEST_JOBS) --durations=25 tests
 
 # Everything that starts no toolkit child, runs no notebook and starts no JupyterLab (a few minutes);
 # tests/conftest.py fails any test that builds an engine without the `simulator` mark.
 test-fast: models
-	$(PY) -m pytest -n $(TEST_JOBS) --dist loadgroup -m "not simulator and not notebooks and not lab" tests
+	$(PY) -m pytest -n $(TEST_JOBS) -m "not simulator and not notebooks and not lab" tests
 
 # Every committed table stamped by a clean ancestor commit whose producing code is HEAD's, with a
 # where/target and units that fit its numbers (`make test` runs it once the tables are re-made).
