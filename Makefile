@@ -69,7 +69,7 @@ doctor: venv
 	$(PY) -m rkstudy doctor
 
 # Unit tests and every notebook in quick mode (papermill; each test checks the numbers its notebook recorded),
-# on TEST_JOBS workers (a notebook and the tests of one xdist group stay on one worker).
+# on TEST_JOBS workers (one test per notebook, so a notebook of two studies runs once).
 # The second toolkit's environment too: notebook 08 and the interpreter-choice tests build with it.
 # Every run ends with its 25 slowest tests, so a test that grows past the 30-minute budget shows itself.
 test: models toolkit-venv lite-wheel
