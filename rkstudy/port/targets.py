@@ -21,6 +21,7 @@ from pathlib import Path
 from .. import gates
 from ..contract import QUANTIZED_ONLY, REGISTER_FIELD_BITS, TARGETS
 from ..errors import UsageError
+from ..runtime.simulator import SimulatorRunner
 from ..tables.results import HOST
 from ..toolkit.build import _check_target, build_engine
 
@@ -76,19 +77,21 @@ def field_probe_rows(targets: Sequence[str] = TARGETS, lengths: Sequence[int] = 
     return rows
 
 
-def stage_row(stage: str, target: str, build: dict, snr_db: float | None, simulator_in: str = "") -> dict:
+def stage_row(stage: str, target: str, build: dict, snr_db: float | None, scored_in: str = "") -> dict:
     """One stage on one target: its build (a BuildReport.row(), or a family's build row) and, where
-    this notebook ran it, the simulator against fp32; `simulator_in` names the table that did."""
+    this notebook ran it, the simulator against fp32 (then the row is the simulator's); `scored_in`
+    names the table that scored it otherwise, and the row holds the build alone (a host row)."""
     return {"stage": stage, "target": target, **{k: build.get(k, "") for k in
                                                 ("status", "engine_mb", "regtask", "regtask_max_value", "build_s")},
-            "simulator_vs_fp32_db": round(snr_db, 2) if snr_db is not None else float("nan"),
-            "simulator_in": simulator_in or ("this table" if snr_db is not None else ""), "where": HOST.where}
+            "simulator_vs_fp32_db": round(snr_db, 2) if snr_db is not None else "",
+            "scored_in": scored_in or ("this table" if snr_db is not None else ""),
+            "where": SimulatorRunner.where if snr_db is not None else HOST.where}
 
 
-def cached_stage(stage: str, onnx_path: Path, target: str, simulator_in: str) -> dict:
+def cached_stage(stage: str, onnx_path: Path, target: str, scored_in: str) -> dict:
     """A stage a family notebook builds for `target`: its engine from the build cache (built here
     only when the family has not run), the simulator measurement left to the family's table."""
-    return stage_row(stage, target, build_engine(onnx_path, target).raise_for_status().row(), None, simulator_in)
+    return stage_row(stage, target, build_engine(onnx_path, target).raise_for_status().row(), None, scored_in)
 
 
 def simulated_stage(stage: str, onnx_path: Path, target: str, out: Path, items: Sequence,
