@@ -262,3 +262,16 @@ def test_the_command_line_has_it():
 
     args = parser().parse_args(["results", "check", "--json"])
     assert args.json and args.func.__name__ == "_cmd_results_check"
+
+
+def test_the_committed_tables_pass():
+    """The tree as committed: every table `make reproduce` wrote is stamped by a clean ancestor commit
+    whose producing code is HEAD's, so changing a study's code without re-making its tables fails here."""
+    from rkstudy.paths import REPO
+
+    shallow = git(REPO, "rev-parse", "--is-shallow-repository")
+    if shallow == "true":
+        pytest.skip("a shallow clone lacks the commits the tables are stamped with: git fetch --unshallow")
+    problems, counts = provenance.check(REPO)
+    assert counts["tables"] >= 100 and counts["studies"] >= 11, counts
+    assert not problems, "\n".join([p.line() for p in problems] + [provenance.summary(problems, counts)])
