@@ -189,7 +189,7 @@ def run_notebook(name: str) -> None:
 
 
 # one test per notebook, so a notebook with two studies runs once whichever worker takes it (xdist 3.8's
-# `xdist_group` has no effect under pytest 9.2: its nodeid rewrite is lost, and notebook 01 ran twice)
+# `xdist_group` has no effect under pytest 9.2: the nodeid field it rewrites is no longer read)
 STUDIES = {nb: [s for s, (n, _) in EXPECT.items() if n == nb] for nb, _ in EXPECT.values()}
 
 
