@@ -69,11 +69,13 @@ doctor: venv
 	$(PY) -m rkstudy doctor
 
 # Unit tests and every notebook in quick mode (papermill; each test checks the numbers its notebook recorded),
-# on TEST_JOBS workers (one test per notebook, so a notebook of two studies runs once).
+# on TEST_JOBS workers (one test per notebook, so a notebook of two studies runs once). The notebook
+# tests are collected first, longest first, and an idle worker steals queued tests from a busy one, so
+# no worker is left running a long notebook alone at the end.
 # The second toolkit's environment too: notebook 08 and the interpreter-choice tests build with it.
 # Every run ends with its 25 slowest tests, so a test that grows past the 30-minute budget shows itself.
 test: models toolkit-venv lite-wheel
-	$(PY) -m pytest -n $(TEST_JOBS) --durations=25 tests
+	$(PY) -m pytest -n $(TEST_JOBS) --dist worksteal --durations=25 tests
 
 # Everything that starts no toolkit child, runs no notebook and starts no JupyterLab (a few minutes);
 # tests/conftest.py fails any test that builds an engine without the `simulator` mark.

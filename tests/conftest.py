@@ -38,6 +38,11 @@ def pytest_runtest_setup(item):
         os.environ[build.NO_CHILD_ENV] = UNMARKED
 
 
+def pytest_collection_modifyitems(config, items):
+    # the notebook runs take minutes each: they go first, in the order test_notebooks gives them
+    items.sort(key=lambda item: getattr(item, "originalname", "") != "test_notebook_headlines")
+
+
 def make_model(nodes, inputs, outputs, inits=()):
     g = helper.make_graph(nodes, "t", inputs, outputs, list(inits))
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])

@@ -193,7 +193,20 @@ def run_notebook(name: str) -> None:
 STUDIES = {nb: [s for s, (n, _) in EXPECT.items() if n == nb] for nb, _ in EXPECT.values()}
 
 
-@pytest.mark.parametrize("notebook", sorted(STUDIES))
+def longest_first(notebooks) -> list[str]:
+    """The notebooks by their minutes in the last recorded `make reproduce`, longest first (unrecorded
+    ones last, by name). conftest puts these tests before all others, and `make test` schedules with
+    `--dist worksteal`: an idle worker takes queued tests from the end of the busy one's queue, so the
+    longest runs start first and everything shorter fills in around them, instead of one worker
+    finishing a long notebook alone at the end of the run."""
+    minutes = {}
+    table = REPO / "results" / "benchmarks" / "reproduce.csv"
+    if table.is_file():
+        minutes = {r["step"]: float(r["minutes"]) for r in results.read_table(table) if r["minutes"]}
+    return sorted(notebooks, key=lambda nb: (-minutes.get(nb.removesuffix(".ipynb"), 0.0), nb))
+
+
+@pytest.mark.parametrize("notebook", longest_first(STUDIES))
 def test_notebook_headlines(notebook):
     run_notebook(notebook)
     outside = []
