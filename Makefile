@@ -74,13 +74,18 @@ doctor: venv
 # no worker is left running a long notebook alone at the end.
 # The second toolkit's environment too: notebook 08 and the interpreter-choice tests build with it.
 # Every run ends with its 25 slowest tests, so a test that grows past the 30-minute budget shows itself.
+# Neither tier loads the nbmake plugin (it is for `pytest --nbmake notebooks/`): loading it builds
+# jsonschema's format grammars, seconds in every worker.
 test: models toolkit-venv lite-wheel
-	$(PY) -m pytest -n $(TEST_JOBS) --dist worksteal --durations=25 tests
+	$(PY) -m pytest -p no:nbmake -n $(TEST_JOBS) --dist worksteal --durations=25 tests
 
-# Everything that starts no toolkit child, runs no notebook and starts no JupyterLab (a few minutes);
-# tests/conftest.py fails any test that builds an engine without the `simulator` mark.
+# Everything that starts no toolkit child, runs no notebook and starts no JupyterLab (under 3 minutes);
+# tests/conftest.py fails any test that builds an engine without the `simulator` mark. One OpenMP
+# thread per worker: TEST_JOBS workers each with torch's default pool oversubscribe the cores, and
+# these tests are many short torch calls, where the spinning pool costs more than it gives.
 test-fast: models
-	$(PY) -m pytest -n $(TEST_JOBS) -m "not simulator and not notebooks and not lab" tests
+	OMP_NUM_THREADS=1 $(PY) -m pytest -p no:nbmake -n $(TEST_JOBS) --dist worksteal \
+	  -m "not simulator and not notebooks and not lab" tests
 
 # Every committed table stamped by a clean ancestor commit whose producing code is HEAD's, with a
 # where/target and units that fit its numbers (`make test` runs it once the tables are re-made).
