@@ -15,7 +15,8 @@ results/benchmarks/reproduce_diff.md.
   study's time is one busy core (a compiler or simulator child, or onnxruntime on small windows), so
   two at a time on two cores nearly halve the wall time. A second step starts only when the peaks
   last recorded for it and for the running ones (each step's largest process, default 8 GiB when
-  none is recorded) fit in three quarters of the machine's memory. With more than one job, each
+  none is recorded) fit in three quarters of the machine's memory; when the next in line does not
+  fit, the longest one after it that does takes the slot. With more than one job, each
   step's output goes to build/reproduce/logs/<step>.log instead of the terminal.
 * Recorded: results/benchmarks/reproduce.csv has one row per step (a step not run at this commit
   keeps the row of the run that timed it, marked carried), with its wall minutes (under contention
@@ -290,6 +291,14 @@ def fits(step: Step, running: Sequence[Step], peaks: dict[str, float], memory_gb
     return need <= MEMORY_SHARE * memory_gb
 
 
+def next_fitting(pending: Sequence[Step], running: Sequence[Step], peaks: dict[str, float],
+                 memory_gb: float) -> Step | None:
+    """The first of `pending` (in run order) that fits beside `running`, or None. A step too large for
+    the memory the running ones leave waits for them, and a smaller one takes the free slot meanwhile:
+    waiting in line would leave a core idle for as long as the largest step runs."""
+    return next((s for s in pending if fits(s, running, peaks, memory_gb)), None)
+
+
 def reproduce(repo: Path, names: Sequence[str] = (), *, restart: bool = False, runner: Runner = run_command,
               listing: bool = False, clock: Callable[[], float] = time.monotonic, jobs: int = 1,
               memory_gb: float | None = None) -> int:
@@ -363,9 +372,12 @@ def reproduce(repo: Path, names: Sequence[str] = (), *, restart: bool = False, r
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         while pending or running:
             # a failed step stops new starts; the ones running are let finish and are recorded
-            while pending and not failures and len(running) < jobs and fits(
-                    pending[0], [s for s, _, _ in running.values()], peaks, memory):
-                start(pool, pending.pop(0))
+            while pending and not failures and len(running) < jobs:
+                step = next_fitting(pending, [s for s, _, _ in running.values()], peaks, memory)
+                if step is None:
+                    break
+                pending.remove(step)
+                start(pool, step)
             if not running:
                 break
             for future in wait(list(running), return_when=FIRST_COMPLETED).done:
