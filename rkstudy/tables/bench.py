@@ -69,19 +69,14 @@ def record(rows: dict | list[dict], table: str, title: str | None = None, root: 
                                title=title or f"Benchmark: {rows[0]['benchmark']}")
 
 
-def _shown(path: Path) -> Path:
-    """A table's path as a reader of the clone names it (absolute only outside it, $RKSTUDY_RESULTS)."""
-    return path.relative_to(REPO) if path.is_relative_to(REPO) else path
-
-
 def main(which: str) -> int:
     if which == "walker":
         row = walker_overhead()
         print(f"walker: {row['value']} ms/window over {row['windows']} windows "
-              f"(budget {WALKER_BUDGET_MS} ms) -> {_shown(record(row, 'walker'))}")
+              f"(budget {WALKER_BUDGET_MS} ms) -> {record(row, 'walker')}")
     elif which == "make-test":
         row = make_test_wall()
-        print(f"make test: {row['value']} s (budget {TEST_BUDGET_S} s) -> {_shown(record(row, 'make_test'))}")
+        print(f"make test: {row['value']} s (budget {TEST_BUDGET_S} s) -> {record(row, 'make_test')}")
     else:
         print(f"unknown benchmark {which!r}; choose walker or make-test", file=sys.stderr)
         return 2
