@@ -56,7 +56,7 @@ def dynamic_model():
     """x [1, 4, T] -> Conv(k3) -> "seam" -> Mul by ConstantOfShape(Shape(seam)) * 2 -> y.
 
     The seam sits after the conv; the tail sizes a constant from the runtime length, the
-    Shape -> ConstantOfShape pattern the seeds' exports carry and onnxslim folds away at a
+    Shape -> ConstantOfShape pattern the reference documents' exports carry and onnxslim folds away at a
     pinned length.
     """
     rng = np.random.default_rng(0)

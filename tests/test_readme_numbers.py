@@ -126,8 +126,16 @@ def _pull_request_board():
     return f"ran on a board at {min(values):.1f}–{max(values):.1f} dB"
 
 
+def _reproduce():
+    total = rows("benchmarks/reproduce", step="total")[0]
+    steps, summed = re.match(r"(\d+) of \1 steps at this commit.*?; ([\d.]+) min summed", total["studies"]).groups()
+    assert total["carried_from"] == ""
+    return (f"took {float(total['minutes']):.1f} min for {steps} steps ({float(summed):.1f} min summed over them) "
+            "on\n2 cores")
+
+
 CLAIMS = [_macs, _walk_cost, _exactness, _state, _step_regtask, _window, _gather, _banded, _banded_exact, _ladder,
-          _drift, _pull_request_board]
+          _drift, _pull_request_board, _reproduce]
 
 
 def _flat(text: str) -> str:
