@@ -79,8 +79,9 @@ doctor: venv
 test: models toolkit-venv lite-wheel
 	$(PY) -m pytest -p no:nbmake -n $(TEST_JOBS) --dist worksteal --durations=25 tests
 
-# Everything that starts no toolkit child, runs no notebook and starts no JupyterLab (under 3 minutes
-# once the build cache holds the models' derived files; the first run in a clone fills it, about 4);
+# Everything that starts no toolkit child, runs no notebook and starts no JupyterLab (154-185 s
+# on 2 cores once the build cache holds the models' derived files; the first run in a clone fills it,
+# about 4);
 # tests/conftest.py fails any test that builds an engine without the `simulator` mark. One OpenMP
 # thread per worker: TEST_JOBS workers, each with torch's default pool, oversubscribe the cores.
 test-fast: models
