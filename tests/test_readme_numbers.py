@@ -127,11 +127,11 @@ def _pull_request_board():
 
 
 def _reproduce():
-    total = rows("benchmarks/reproduce", step="total")[0]
-    steps, summed = re.match(r"(\d+) of \1 steps at this commit.*?; ([\d.]+) min summed", total["studies"]).groups()
-    assert total["carried_from"] == ""
-    return (f"took {float(total['minutes']):.1f} min for {steps} steps ({float(summed):.1f} min summed over them) "
-            "on\n2 cores")
+    table = rows("benchmarks/reproduce")
+    assert all(r["carried_from"] == "" for r in table)  # every step timed by the one run the total closes
+    steps = [float(r["minutes"]) for r in table if r["step"] != "total"]
+    total = next(float(r["minutes"]) for r in table if r["step"] == "total")
+    return f"took {total:.1f} min for {len(steps)} steps ({sum(steps):.1f} min summed over them) on\n2 cores"
 
 
 CLAIMS = [_macs, _walk_cost, _exactness, _state, _step_regtask, _window, _gather, _banded, _banded_exact, _ladder,
