@@ -191,22 +191,26 @@ def test_known_builds_are_the_sweep_rows_of_one_window_engines_only():
 
 
 def test_a_walk_replays_the_windows_one_build_recorded(model, short):
-    """Section 9's path without a toolkit: the windows of the short utterance's walk are recorded on the
-    fp32 walk (walk_feeds), a Simulated holding onnxruntime's outputs for exactly those windows replays
-    them, so the 'simulator' walk equals the fp32 walk (220 frames at W = 128: four windows)."""
+    """Section 9's path without a toolkit: the windows of a walk are recorded on the fp32 walk
+    (walk_feeds), a Simulated holding onnxruntime's outputs for exactly those windows replays them, so the
+    'simulator' walk equals the fp32 walk. The short utterance's first 90 frames at W = 32 (emit 24): four
+    windows, the count section 9 walks at W = 128 over the whole utterance, on the graph the board-run
+    test exports too."""
+    from rkstudy.families.kokoro_generator.walks import _cut
     from rkstudy.runtime import OrtRunner
     from rkstudy.runtime.simulator import Simulated
     from rkstudy.toolkit.build import BuildReport
 
-    produced = producer.produce(128, 28, model=model)
-    feeds = study.walk_feeds(produced, [short])
+    produced = producer.produce(32, 4, model=model)
+    part = _cut(short, 90)
+    feeds = study.walk_feeds(produced, [part])
     ort = OrtRunner(produced.path)
     names = produced.contract.input_names
     ordered = [[np.ascontiguousarray(f[n], np.float32) for n in names] for f in feeds]
     report = BuildReport(status="ok", target="rk3588", onnx="", engine=None, engine_bytes=0, seconds=1.0,
                          regtask=0, toolkit_version="", log="")
     sim = Simulated(report, ordered, [ort.run(f) for f in feeds], [0.5] * len(feeds), 0.0)
-    rows, windows, _ = study.simulator_walk_rows(model, produced, sim, [short])
+    rows, windows, _ = study.simulator_walk_rows(model, produced, sim, [part])
     assert len(feeds) == 4 and [r["windows"] for r in rows] == [4, 4]
     walk = next(r for r in rows if r["reference"] == "fp32 walk")
     assert walk["gen_snr_db"] > 120 and (walk["where"], walk["target"]) == ("simulator", "rk3588")
