@@ -193,9 +193,9 @@ def test_known_builds_are_the_sweep_rows_of_one_window_engines_only():
 def test_a_walk_replays_the_windows_one_build_recorded(model, short):
     """Section 9's path without a toolkit: the windows of a walk are recorded on the fp32 walk
     (walk_feeds), a Simulated holding onnxruntime's outputs for exactly those windows replays them, so the
-    'simulator' walk equals the fp32 walk. The short utterance's first 90 frames at W = 32 (emit 24): four
-    windows, the count section 9 walks at W = 128 over the whole utterance, on the graph the board-run
-    test exports too."""
+    'simulator' walk equals the fp32 walk. The short utterance's first 90 frames at W = 32 (emit 24) are
+    four windows, as its 220 frames are at W = 128 (emit 72), at a quarter of the work; the board-run test
+    exports the same graph."""
     from rkstudy.families.kokoro_generator.walks import _cut
     from rkstudy.runtime import OrtRunner
     from rkstudy.runtime.simulator import Simulated
