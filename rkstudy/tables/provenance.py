@@ -31,6 +31,7 @@ import re
 import subprocess
 from collections import defaultdict
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 from .results import CARRIED, STAMP, TARGETS, WHERE
@@ -127,9 +128,15 @@ def _module_file(repo: Path, module: str) -> str | None:
     return None
 
 
-def _imports(tree: ast.AST, package: str) -> set[str]:
-    """Every rkstudy module `tree` names: imports (relative ones resolved against `package`), and
-    string constants naming a module, as `python -m rkstudy.x` children and "module:function" jobs do."""
+@lru_cache(maxsize=4096)
+def _imports(code: str, package: str) -> frozenset[str]:
+    """Every rkstudy module `code` names: imports (relative ones resolved against `package`), and
+    string constants naming a module, as `python -m rkstudy.x` children and "module:function" jobs do.
+    Cached by the text: one check reads each module once for every study that imports it."""
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return frozenset()
     out = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -146,7 +153,7 @@ def _imports(tree: ast.AST, package: str) -> set[str]:
             m = re.fullmatch(r"(rkstudy(?:\.\w+)+)(?::\w+)?", node.value)
             if m:
                 out.add(m.group(1))
-    return {m for m in out if m == "rkstudy" or m.startswith("rkstudy.")}
+    return frozenset(m for m in out if m == "rkstudy" or m.startswith("rkstudy."))
 
 
 # The command-line dispatcher: counted, not followed. Each handler imports its own command's code,
@@ -163,11 +170,7 @@ def import_closure(repo: Path, sources: list[tuple[str, str]]) -> set[str]:
     todo = [(code, package) for code, package in sources]
     while todo:
         code, package = todo.pop()
-        try:
-            tree = ast.parse(code)
-        except SyntaxError:
-            continue
-        for module in _imports(tree, package):
+        for module in _imports(code, package):
             parts = module.split(".")
             for i in range(1, len(parts) + 1):
                 name = ".".join(parts[:i])
