@@ -9,6 +9,11 @@ TEST_JOBS ?= 2
 BOARD_VENV ?= .venv-board
 ENV_STAMP    := $(VENV)/.rkstudy-env
 MODELS_STAMP := $(VENV)/.rkstudy-models
+# Every interpreter a target starts (test workers, command-line subprocesses, notebook kernels) reads
+# the package's bytecode and pytest's rewritten test modules from __pycache__ (git ignores it): where a
+# shell sets PYTHONDONTWRITEBYTECODE, each would compile them from source again, about 5 s a test
+# worker before its first test runs.
+unexport PYTHONDONTWRITEBYTECODE
 TOOLKIT_PIN = $$($(PY) -c 'import tomllib; print(tomllib.load(open("pyproject.toml","rb"))["tool"]["rkstudy"]["toolkit"])')
 NO_DEPS = $$($(PY) -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml","rb"))["tool"]["rkstudy"]["models-no-deps"]))')
 
