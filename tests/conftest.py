@@ -5,7 +5,6 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from rkstudy.families.piper_decoder import DEFAULT_CONTEXT, DEFAULT_EMIT
 from rkstudy.toolkit import build
 
 # The fast tier (`make test-fast`, `-m "not simulator ..."`) stays fast only if every test that starts a
@@ -91,26 +90,35 @@ def one_torch_thread():
     torch.set_num_threads(threads)
 
 
-# the Piper decoder producer's own defaults, so that two spellings of one setting share one slice
-SLICE_DEFAULTS = {"emit": DEFAULT_EMIT, "context": DEFAULT_CONTEXT, "dec_mask": False, "upsampler": "convtranspose"}
+@pytest.fixture(scope="session")
+def _slices_made():
+    return {}
 
 
 @pytest.fixture(scope="module")
-def slice_once():
-    """The Piper decoder's produce_for_voice, made once per voice and setting for a module that asks, the
-    study functions' own calls included: the study makes its slices itself, and each is a fold of the
-    whole decoder (seconds), the same slice for the same setting every time."""
-    from rkstudy.families.piper_decoder import study
-    from rkstudy.families.piper_decoder.producer import produce_for_voice
+def slice_once(_slices_made):
+    """The Piper decoder's `produce`, run once per model and setting in a test worker for every module
+    that asks (the study functions', the command line's and the stateful step's calls included): each is
+    a fold of the whole decoder (seconds) and the same slice for the same setting every time. Every call
+    gets its own copy of the graph, so a test that edits one changes what no other test reads."""
+    import copy
+    import inspect
+    from dataclasses import replace
 
-    made = {}
+    from rkstudy.families.piper_decoder import producer
 
-    def produce_once(voice, **kw):
-        key = (id(voice), tuple(sorted({**SLICE_DEFAULTS, **kw}.items())))
-        if key not in made:
-            made[key] = produce_for_voice(voice, **kw)
-        return made[key]
+    make = producer.produce
+    signature = inspect.signature(make)
+
+    def produce_once(model, **kw):
+        bound = signature.bind(model, **kw)
+        bound.apply_defaults()
+        key = (id(model), repr(sorted((k, v) for k, v in bound.arguments.items() if k != "model")))
+        if key not in _slices_made:
+            _slices_made[key] = (model, make(model, **kw))  # holding the model keeps its id from being reused
+        made = _slices_made[key][1]
+        return replace(made, model=copy.deepcopy(made.model))
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(study, "produce_for_voice", produce_once)
-        yield produce_once
+        patch.setattr(producer, "produce", produce_once)
+        yield producer.produce_for_voice

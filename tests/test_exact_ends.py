@@ -31,7 +31,7 @@ LENGTHS = (7, 37, 64)   # one shorter than a 16-frame step; 37 a multiple of nei
 FOLD_FRAMES = 64
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = pytest.mark.usefixtures("one_torch_thread", "slice_once")
 
 
 @pytest.fixture(scope="module", params=sorted(architectures.BUILDERS))

@@ -8,6 +8,8 @@ from rkstudy.cli import main
 from rkstudy.families.inflect_decoder import carve, study
 from rkstudy.families.piper_decoder.producer import produce_for_voice, read_contract
 
+pytestmark = pytest.mark.usefixtures("slice_once")  # one fold per Piper slice setting
+
 
 @pytest.fixture(scope="module")
 def decode(voice):

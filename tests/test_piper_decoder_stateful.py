@@ -15,6 +15,8 @@ from rkstudy.families.piper_decoder_stateful import study
 from rkstudy.families.piper_decoder_stateful.sidecar import StatefulDecoderSidecar
 from rkstudy.runtime import OrtRunner
 
+pytestmark = pytest.mark.usefixtures("slice_once")  # one fold per Piper slice setting
+
 
 @pytest.fixture(scope="module")
 def steps(voice):
