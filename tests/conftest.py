@@ -2,6 +2,7 @@ import os
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -25,6 +26,23 @@ def _guarded_start(self, *args, **kwargs):
 
 
 build.EngineProcess.__init__ = _guarded_start
+
+# onnxruntime sizes its intra-op pool by the cores and reads no environment variable, so under
+# `OMP_NUM_THREADS=1 pytest -n 2` each worker's sessions would still spin one thread per core and the
+# workers would contend. Where the caller caps OpenMP threads, every session in this process gets the same
+# cap (a thread count changes the schedule, not any op's arithmetic order in the CPU provider's kernels).
+_SESSION_THREADS = int(os.environ.get("OMP_NUM_THREADS") or 0)
+_open_session = ort.InferenceSession.__init__
+
+
+def _capped_session(self, path_or_bytes, sess_options=None, *args, **kwargs):
+    options = sess_options or ort.SessionOptions()
+    options.intra_op_num_threads = _SESSION_THREADS
+    _open_session(self, path_or_bytes, options, *args, **kwargs)
+
+
+if _SESSION_THREADS:
+    ort.InferenceSession.__init__ = _capped_session
 
 
 @pytest.hookimpl(tryfirst=True)
