@@ -163,7 +163,8 @@ def test_board_run_piper_encoder_ladder_equals_fp32(work, voice):
         "n32" if len(i) <= 32 else "fp32 fallback" for i in lat.ids]
 
 
-JA_TEXT = "今日はとても良い天気ですね。散歩に行きましょう。"
+# two short sentences (162 and 134 frames with their silences): each still several 24-frame windows
+JA_TEXT = "良い天気ですね。行きましょう。"
 
 
 def test_board_run_kokoro_generator_equals_the_fp32_walk(tmp_path):
