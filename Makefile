@@ -84,12 +84,12 @@ doctor: venv
 test: models toolkit-venv lite-wheel
 	$(PY) -m pytest -p no:nbmake -n $(TEST_JOBS) --dist worksteal --durations=25 tests
 
-# Everything that starts no toolkit child, runs no notebook and starts no JupyterLab (154-185 s
-# on 2 cores once the build cache holds the models' derived files; the first run in a clone fills it,
-# about 4);
-# tests/conftest.py fails any test that builds an engine without the `simulator` mark. One OpenMP
-# thread per worker: TEST_JOBS workers, each with torch's default pool, oversubscribe the cores.
-test-fast: models
+# Everything that starts no toolkit child, runs no notebook and starts no JupyterLab (150-177 s on
+# 2 cores once the build cache holds the models' derived files; the first run in a clone fills it,
+# about 4.5 min); tests/conftest.py fails any test that builds an engine without the `simulator` mark.
+# One OpenMP thread per worker: TEST_JOBS workers, each with torch's default pool, oversubscribe the
+# cores (tests/conftest.py gives onnxruntime's sessions the same cap, as it reads no variable).
+test-fast: models lite-wheel
 	OMP_NUM_THREADS=1 $(PY) -m pytest -p no:nbmake -n $(TEST_JOBS) --dist worksteal \
 	  -m "not simulator and not notebooks and not lab" tests
 
