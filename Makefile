@@ -86,7 +86,7 @@ test: models toolkit-venv lite-wheel
 
 # Everything that starts no toolkit child, runs no notebook and starts no JupyterLab (150-177 s on
 # 2 cores once the build cache holds the models' derived files; the first run in a clone fills it,
-# about 4.5 min); tests/conftest.py fails any test that builds an engine without the `simulator` mark.
+# about 4.3 min); tests/conftest.py fails any test that builds an engine without the `simulator` mark.
 # One OpenMP thread per worker: TEST_JOBS workers, each with torch's default pool, oversubscribe the
 # cores (tests/conftest.py gives onnxruntime's sessions the same cap, as it reads no variable).
 test-fast: models lite-wheel

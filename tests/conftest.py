@@ -1,4 +1,7 @@
+import copy
+import inspect
 import os
+from dataclasses import replace
 
 import numpy as np
 import onnx
@@ -30,7 +33,8 @@ build.EngineProcess.__init__ = _guarded_start
 # onnxruntime sizes its intra-op pool by the cores and reads no environment variable, so under
 # `OMP_NUM_THREADS=1 pytest -n 2` each worker's sessions would still spin one thread per core and the
 # workers would contend. Where the caller caps OpenMP threads, every session in this process gets the same
-# cap (a thread count changes the schedule, not any op's arithmetic order in the CPU provider's kernels).
+# cap (the Piper decoder, its stateful step, the encoder and the Kokoro generator give bit-equal outputs
+# at one thread and at two).
 _SESSION_THREADS = int(os.environ.get("OMP_NUM_THREADS") or 0)
 _open_session = ort.InferenceSession.__init__
 
@@ -119,10 +123,6 @@ def slice_once(_slices_made):
     that asks (the study functions', the command line's and the stateful step's calls included): each is
     a fold of the whole decoder (seconds) and the same slice for the same setting every time. Every call
     gets its own copy of the graph, so a test that edits one changes what no other test reads."""
-    import copy
-    import inspect
-    from dataclasses import replace
-
     from rkstudy.families.piper_decoder import producer
 
     make = producer.produce
