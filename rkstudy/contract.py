@@ -36,6 +36,18 @@ METADATA_KEY = "rkstudy.contract"
 # ("not support do_quantization = False"), so only a quantized build reaches them (QUANTIZED_ONLY).
 TARGETS = ("rk3588", "rk3566", "rk3568", "rk3576", "rk3562", "rv1103", "rv1106")
 QUANTIZED_ONLY = ("rv1103", "rv1106")
+# Device-tree chip -> the toolkit's target name (rkstudy.board.sysfs reads the chip). rk3588s is an rk3588
+# in a smaller package.
+SOC_TARGETS = {"rk3588": "rk3588", "rk3588s": "rk3588", "rk3576": "rk3576", "rk3568": "rk3568",
+               "rk3566": "rk3566", "rk3562": "rk3562"}
+# Targets whose engines run on one another: rk3566 and rk3568 carry the same NPU.
+SAME_NPU = ({"rk3566", "rk3568"},)
+
+
+def runs_engine_for(soc_name: str, target: str) -> bool:
+    """Whether a board with this SoC runs an engine compiled for `target` (same chip, or same NPU)."""
+    return soc_name == target or any({soc_name, target} <= group for group in SAME_NPU)
+
 # The REGTASK register field per target, in bits, as rknn-toolkit2 2.5.0 prints it ("REGTASK: The bit
 # width of field value exceeds the limit, ..., limit: 0x3fff, value: 0x4000") for one 64-channel k=7
 # Conv1d at 16384 frames (probes.long_axis_probe(16384, channels=64); fp16, int8 w8a8 on the RV110x
@@ -219,8 +231,6 @@ class Contract:
     def check_target(self, soc: str | None) -> None:
         """The engine was compiled for this board's SoC (an .rknn is not portable between NPUs). `soc`
         None means the caller is not on a board and checks nothing."""
-        from .board.sysfs import runs_engine_for
-
         if soc is None or self.target is None or runs_engine_for(soc, self.target):
             return
         if soc not in TARGETS:
@@ -289,10 +299,8 @@ class Contract:
         """The stage-2 command: the producer's own `rkstudy <group> <stage>` (a family whose stage 1
         is a flag of another family's command converts there too), with --onnx and --target."""
         words = self.producer.split()
-        if words[:1] == ["rkstudy"] and len(words) >= 3:
-            cmd = " ".join(words[1:3])
-        else:
-            cmd = command(self.family) or self.family.replace("_", " ", 1)
+        cmd = " ".join(words[1:3]) if words[:1] == ["rkstudy"] and len(words) >= 3 else \
+            self.family.replace("_", " ", 1)
         graph = self.onnx.file if self.onnx else "slice.onnx"
         return f"rkstudy {cmd} --onnx <{graph}> --target {target or self.target or 'rk3588'}"
 
@@ -311,19 +319,11 @@ def refuse_unlisted(names, shapes, shape_sets) -> None:
                              "the engine with this set too")
 
 
-def command(family: str) -> str | None:
-    """The `rkstudy <group> <stage>` words that make a family's graphs (`cosyvoice3 estimator` for
-    flow_estimator), from the family registry; a family made by a flag of another family's command
-    (piper_decoder_stateful) has none of its own, and the top-level help is the honest pointer."""
-    from .families import REGISTRY, load_all
-
-    f = (REGISTRY if family in REGISTRY else load_all()).get(family)
-    return " ".join(f.command) if f is not None and f.command else None
-
-
 def help_for(family: str) -> str:
-    words = command(family)
-    return f"rkstudy {words} --help" if words else "rkstudy --help"
+    """Where to look for the command that makes a `family` engine when no contract is at hand to
+    name its producer: the contract layer knows no family registry (families sit above it), so it
+    points at the top-level help, which lists every family's command."""
+    return f"rkstudy --help (the {family} family's command)"
 
 
 def beside(engine_path: Path | str) -> Path:

@@ -22,8 +22,8 @@ from importlib import metadata
 
 from . import __version__
 from .board import check, sysfs
+from .board.runner import board_available, rknnlite_problem
 from .errors import EngineMismatch
-from .runtime.board import board_available, rknnlite_problem
 
 PACKAGES = ("torch", "numpy", "onnx", "onnxruntime", "onnxslim", "protobuf", "setuptools",
             "rknn-toolkit2", "rknn-toolkit-lite2")
@@ -187,7 +187,7 @@ def family_lines(side: str) -> list[str]:
     """Each registered family and whether its side can run here."""
     import importlib.util
 
-    from .families import load_all
+    from .registry import load_all
 
     lines = ["", "families:"]
     families = load_all()

@@ -3,11 +3,12 @@
 import csv
 
 from rkstudy.tables import bench
+from rkstudy.walk.bench import walker_overhead
 
 
 def test_walker_row_is_measured_and_stamped(tmp_path, monkeypatch):
     monkeypatch.setenv("RKSTUDY_RESULTS", str(tmp_path))
-    row = bench.walker_overhead()
+    row = walker_overhead()
     assert row["unit"] == "ms/window" and row["value"] > 0 and row["windows"] > 10
     path = bench.record(row, "walker")
     written = list(csv.DictReader(open(path)))

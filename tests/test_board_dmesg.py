@@ -71,7 +71,7 @@ def test_lite_failures_read_names_and_numbers():
 
 
 def test_a_named_driver_refusal_is_never_a_core_mask_problem():
-    from rkstudy.runtime.board import mask_refused
+    from rkstudy.board.runner import mask_refused
 
     assert not mask_refused(-1, NAMED_INIT_FAILURE)
     assert not mask_refused(-1, NAMED_INIT_FAILURE.replace("MALLOC_FAIL", "MODEL_INVALID"))
@@ -199,7 +199,7 @@ def board(monkeypatch, tmp_path):
 
 def test_board_runner_names_the_code_init_runtime_hides(board, monkeypatch, capfd):
     """The named-code form, as 2.5.0 writes it: -4 reported as -4, and no AUTO retry."""
-    from rkstudy.runtime.board import BoardRunner
+    from rkstudy.board.runner import BoardRunner
 
     monkeypatch.setenv("RKNNLITE_REPLAY_INIT_CODE", "-4")
     monkeypatch.setattr(dmesg, "read_dmesg", GrowingLog())
@@ -217,7 +217,7 @@ def test_board_runner_names_the_code_init_runtime_hides(board, monkeypatch, capf
 
 
 def test_board_runner_stamps_later_failures_with_the_first_contexts_versions(board, monkeypatch):
-    from rkstudy.runtime.board import BoardRunner, runtime_versions
+    from rkstudy.board.runner import BoardRunner, runtime_versions
 
     monkeypatch.setattr(dmesg, "read_dmesg", lambda: [])
     runner = BoardRunner(board, ["x"])
@@ -231,7 +231,7 @@ def test_board_runner_stamps_later_failures_with_the_first_contexts_versions(boa
 
 
 def test_a_single_core_soc_refuses_the_mask_with_minus_13_and_runs_on_auto(board, monkeypatch, capfd):
-    from rkstudy.runtime.board import BoardRunner
+    from rkstudy.board.runner import BoardRunner
 
     monkeypatch.setattr(dmesg, "read_dmesg", lambda: [])
     monkeypatch.setenv("RKSTUDY_SYSROOT", str(FIXTURES / "boards" / "rk3566-orangepi-3b"))
@@ -243,7 +243,7 @@ def test_a_single_core_soc_refuses_the_mask_with_minus_13_and_runs_on_auto(board
 
 
 def test_a_board_without_librknnrt_fails_once_and_names_the_fix(board, monkeypatch, capfd):
-    from rkstudy.runtime.board import BoardRunner
+    from rkstudy.board.runner import BoardRunner
 
     monkeypatch.setattr(dmesg, "read_dmesg", lambda: [])
     monkeypatch.setenv("RKSTUDY_SYSROOT", str(FIXTURES / "boards" / "rk3566"))  # the tree with no librknnrt
@@ -256,7 +256,7 @@ def test_a_board_without_librknnrt_fails_once_and_names_the_fix(board, monkeypat
 
 
 def test_rk3576_records_the_two_cores_it_granted(board, monkeypatch):
-    from rkstudy.runtime.board import BoardRunner
+    from rkstudy.board.runner import BoardRunner
 
     monkeypatch.setattr(dmesg, "read_dmesg", lambda: [])
     monkeypatch.setenv("RKSTUDY_SYSROOT", str(FIXTURES / "boards" / "rk3576"))
@@ -266,7 +266,7 @@ def test_rk3576_records_the_two_cores_it_granted(board, monkeypatch):
 def test_a_silent_minus_one_is_reported_as_such_and_not_retried(board, monkeypatch):
     from rknnlite.api import RKNNLite
 
-    from rkstudy.runtime.board import BoardRunner
+    from rkstudy.board.runner import BoardRunner
 
     monkeypatch.setattr(dmesg, "read_dmesg", lambda: [])
     calls = []
@@ -278,7 +278,7 @@ def test_a_silent_minus_one_is_reported_as_such_and_not_retried(board, monkeypat
 
 
 def test_a_load_failure_is_not_a_refusal(board):
-    from rkstudy.runtime.board import BoardRunner
+    from rkstudy.board.runner import BoardRunner
 
     with pytest.raises(dmesg.RknnError, match=r"load_rknn\(gone.rknn\) failed with code -1") as err:
         BoardRunner(board.parent / "gone.rknn", ["x"])
@@ -286,7 +286,7 @@ def test_a_load_failure_is_not_a_refusal(board):
 
 
 def test_an_engine_the_runtime_cannot_read_fails_at_init(board):
-    from rkstudy.runtime.board import BoardRunner
+    from rkstudy.board.runner import BoardRunner
 
     (board.parent / "neg.onnx").write_bytes(b"changed")  # the double now has no graph behind the engine
     with pytest.raises(InitRefused, match=r"code -6 \(RKNN_ERR_MODEL_INVALID"):
@@ -310,7 +310,7 @@ def _int64_engine(folder):
 def test_int64_inputs_reach_the_runtime_as_int64(board, monkeypatch, capfd):
     from rknnlite.api import RKNNLite
 
-    from rkstudy.runtime.board import BoardRunner
+    from rkstudy.board.runner import BoardRunner
 
     monkeypatch.setattr(dmesg, "read_dmesg", lambda: [])
     runner = BoardRunner(_int64_engine(board.parent), ["ids"])
@@ -328,8 +328,8 @@ def test_int64_inputs_reach_the_runtime_as_int64(board, monkeypatch, capfd):
 def test_the_sampler_hook_runs_once_after_the_first_init(board, monkeypatch):
     from rknnlite.api import RKNNLite
 
-    from rkstudy.runtime import board as runtime_board
-    from rkstudy.runtime.board import BoardRunner, after_init
+    from rkstudy.board import runner as runtime_board
+    from rkstudy.board.runner import BoardRunner, after_init
 
     monkeypatch.setattr(dmesg, "read_dmesg", lambda: [])
     inits, seen = [], []

@@ -56,9 +56,9 @@ def test_the_board_side_is_derived_from_the_registry_and_the_docstrings():
     """The derivation finds what a board certainly runs, so an empty or broken one cannot pass."""
     jobs = {f.board.partition(":")[0] for f in families.load_all().values() if f.board}
     assert len(jobs) >= 6 and jobs <= set(BOARD_MODULES)
-    assert {"rkstudy.board", "rkstudy.board.run", "rkstudy.walk.window", "rkstudy.contract", "rkstudy.runtime.board",
+    assert {"rkstudy.board", "rkstudy.board.run", "rkstudy.walk.window", "rkstudy.contract", "rkstudy.board.runner",
             "rkstudy.families.port.sidecar"} <= set(BOARD_MODULES)
-    assert not {"rkstudy.toolkit.build", "rkstudy.graph.index", "rkstudy.runtime.simulator"} & set(BOARD_MODULES)
+    assert not {"rkstudy.toolkit.build", "rkstudy.graph.index", "rkstudy.toolkit.simulator"} & set(BOARD_MODULES)
 
 # A meta-path finder that refuses the converter's packages, as a board without them would.
 GUARD = f"""

@@ -31,7 +31,7 @@ def test_a_target_the_toolkit_does_not_build_for_is_refused():
 @pytest.mark.simulator
 @pytest.mark.parametrize("target", ["rk3576", "rk3588"])
 def test_the_recorded_register_field_is_what_the_compiler_prints(target, tmp_path):
-    from rkstudy.families.toolchain.probes import long_axis_probe, save_probe
+    from rkstudy.toolkit.probes import long_axis_probe, save_probe
 
     onnx_path = save_probe(long_axis_probe(16384, channels=64), "register_field_probe_64x16384")
     out = tmp_path / f"probe-{target}.rknn"

@@ -10,8 +10,8 @@ import pytest
 
 from rkstudy import graph
 from rkstudy.errors import InputError, UsageError
-from rkstudy.families.toolchain import probes as toolchain
 from rkstudy.toolkit import build
+from rkstudy.toolkit import probes as toolchain
 
 pytestmark = pytest.mark.simulator
 
@@ -212,7 +212,8 @@ def test_the_simulator_serves_an_int8_engine_with_its_quantization_noise(probe):
     """The probe's Snake after a transposed conv in int8: measured 32.8 dB against fp32 where fp16
     gives 63.2 dB (toolkit 2.5.0, rk3588, calibration seeds 0-3, input seed 100)."""
     from rkstudy import gates
-    from rkstudy.runtime import OrtRunner, SimulatorRunner
+    from rkstudy.runtime import OrtRunner
+    from rkstudy.toolkit.simulator import SimulatorRunner
 
     x = {"x": np.random.default_rng(100).standard_normal((1, 16, 1, 64)).astype(np.float32)}
     ref = OrtRunner(probe).run(x)[0]
@@ -328,7 +329,7 @@ def test_a_simulation_is_made_once_per_content_key(probe, tmp_path, monkeypatch)
     """simulate() builds and runs once; the same graph, target and feeds asked again are answered from
     the cache with no toolkit child (one is refused here), and so is a plain build_engine of that graph.
     The replayed runner answers the recorded feeds, bit for bit, and refuses any other."""
-    from rkstudy.runtime.simulator import simulate
+    from rkstudy.toolkit.simulator import simulate
 
     monkeypatch.setenv("RKSTUDY_CACHE", str(tmp_path / "cache"))
     feeds = [{"x": np.random.default_rng(s).standard_normal((1, 16, 1, 64)).astype(np.float32)} for s in (1, 2)]

@@ -11,8 +11,8 @@ import pytest
 from rkstudy import graph
 from rkstudy.cli import main, parse_shapes
 from rkstudy.errors import UsageError
-from rkstudy.families.toolchain.probes import long_axis_probe, vocoder_probe
 from rkstudy.toolkit import build
+from rkstudy.toolkit.probes import long_axis_probe, vocoder_probe
 
 
 def test_parse_shapes():

@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 
 from rkstudy import doctor
+from rkstudy.board.runner import board_available
 from rkstudy.cli import main
 from rkstudy.contract import Contract, Digest, Tensor
-from rkstudy.runtime import board_available
 
 BOARDS = Path(__file__).parent / "fixtures" / "boards"
 

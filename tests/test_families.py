@@ -58,7 +58,8 @@ def test_family_folder_follows_the_template(name):
     in_order = [m for m in listed if m in core]
     assert in_order == [m for m in core if m in files], f"{name}: listed in the order {in_order}"
 
-    for hook, module in (("cli", "cli.py"), ("board", "board.py"), ("lint_graphs", "lint_graphs.py")):
+    for hook, module in (("cli", "cli.py"), ("board", "board.py"), ("lint_graphs", "lint_graphs.py"),
+                         ("lever_graphs", "levers.py")):
         value = getattr(registered, hook)
         if (name, hook) in NO_HOOK:
             assert value is None and module in files
@@ -67,6 +68,12 @@ def test_family_folder_follows_the_template(name):
                                                          f"{module in files}"
         if value:
             assert value.startswith(f"rkstudy.families.{name}.{module[:-3]}:"), value
+
+
+def test_compiler_cases_come_from_the_family_levers_module():
+    for name, family in families.load_all().items():
+        if family.compiler_cases:
+            assert family.compiler_cases.startswith(f"rkstudy.families.{name}.levers:"), family.compiler_cases
 
 
 def test_every_family_folder_is_registered():

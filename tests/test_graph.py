@@ -3,8 +3,8 @@ import pytest
 
 from rkstudy import graph
 from rkstudy.errors import UsageError
-from rkstudy.families.toolchain import probes as toolchain
 from rkstudy.runtime import OrtRunner
+from rkstudy.toolkit import probes as toolchain
 
 
 def test_census_counts_ops_weights_hazards_and_axis():

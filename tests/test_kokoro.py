@@ -198,8 +198,8 @@ def test_a_walk_replays_the_windows_one_build_recorded(model, short):
     exports the same graph."""
     from rkstudy.families.kokoro_generator.walks import _cut
     from rkstudy.runtime import OrtRunner
-    from rkstudy.runtime.simulator import Simulated
     from rkstudy.toolkit.build import BuildReport
+    from rkstudy.toolkit.simulator import Simulated
 
     produced = producer.produce(32, 4, model=model)
     part = _cut(short, 90)
@@ -221,8 +221,8 @@ def test_an_int16_row_keeps_the_toolkits_refusal_and_counts_what_ran():
     """notebook 08's int16 rows: a build the toolkit refuses is a host row with the toolkit's message and
     no numbers; a build that ran is a simulator row counting its non-finite outputs (2 of 6 here)."""
     from rkstudy.families.kokoro_generator import overflow
-    from rkstudy.runtime.simulator import Simulated
     from rkstudy.toolkit.build import BuildReport
+    from rkstudy.toolkit.simulator import Simulated
 
     def report(status, error=None):
         return BuildReport(status=status, target="rk3588", onnx="", engine=None, engine_bytes=0, seconds=1.0,

@@ -14,6 +14,7 @@ from onnx import TensorProto, helper
 from rkstudy import contract as contracts
 from rkstudy.contract import Contract, Digest, Tensor
 from rkstudy.errors import EngineMismatch, UsageError
+from rkstudy.families.piper_encoder.levers import ladder_graph
 from rkstudy.paths import REPO
 from rkstudy.toolkit.build import shape_sets_for
 
@@ -126,7 +127,7 @@ def multi_shape_engine(monkeypatch, tmp_path):
 
 
 def test_the_board_runner_runs_each_listed_shape_and_refuses_another(multi_shape_engine):
-    from rkstudy.runtime.board import BoardRunner
+    from rkstudy.board.runner import BoardRunner
 
     c = contracts.for_engine(multi_shape_engine)
     runner = BoardRunner(multi_shape_engine, c.input_names, shape_sets=c.shape_sets)
@@ -163,7 +164,8 @@ def test_the_double_refuses_an_unlisted_shape_as_rknnlite_does(multi_shape_engin
 def test_one_build_runs_at_both_shapes_in_the_simulator(tmp_path):
     """A Conv1d graph compiled once for T = 32 and 16: exact output shapes at each, fp32-close values, and
     a third T refused before the toolkit sees it."""
-    from rkstudy.runtime import OrtRunner, SimulatorRunner
+    from rkstudy.runtime import OrtRunner
+    from rkstudy.toolkit.simulator import SimulatorRunner
 
     rng = np.random.default_rng(0)
     w = helper.make_tensor("w", TensorProto.FLOAT, [6, 4, 3], rng.normal(0, 0.3, 72).astype(np.float32).ravel())
@@ -225,14 +227,14 @@ def test_a_multi_shape_engine_is_the_ladder_rung_of_each_of_its_widths():
 
 
 def measured(**over):
-    """A summary row as rkstudy.multi_shape.summary makes it (the quick conv stack's numbers)."""
+    """A summary row as rkstudy.levers.multi_shape.summary makes it (the quick conv stack's numbers)."""
     row = {"multi_status": "ok", "multi_error": "", "multi_engine_bytes": 240_805, "single_engines": 2,
            "single_total_bytes": 406_602, "multi_worst_snr_db": 64.23, "single_worst_snr_db": 64.23}
     return {**row, **over}
 
 
 def test_the_ladder_form_follows_the_measured_row():
-    from rkstudy import multi_shape as ms
+    from rkstudy.levers import multi_shape as ms
 
     assert ms.choose(measured()) == (ms.MULTI, "59% of the bytes of 2 engines at worst-width SNR 64.23 dB "
                                                "(theirs 64.23 dB)")
@@ -269,18 +271,18 @@ def test_convert_writes_a_contract_that_lists_the_shape_sets(tmp_path):
 
 
 def test_the_committed_row_is_read_back_with_its_numbers(tmp_path):
-    from rkstudy import multi_shape as ms
+    from rkstudy.levers import multi_shape as ms
     from rkstudy.tables import results
 
     rows = [{"graph": "conv stack", "widths": "32,16", **measured(), "choice": ms.MULTI, "why": "",
              "where": "host", "target": "rk3588"},
-            {"graph": ms.encoder_graph("gather"), "widths": "192,128", **measured(multi_status="failed"),
+            {"graph": ladder_graph("gather"), "widths": "192,128", **measured(multi_status="failed"),
              "choice": ms.SINGLE, "why": "", "where": "host", "target": "rk3588"}]
     results.write_table("toolkit_levers", "multi_shape", [results.stamp(r) for r in rows], root=tmp_path,
                         title="test")
     back = ms.measured("conv stack", root=tmp_path)
     assert back["multi_engine_bytes"] == 240_805 and back["widths"] == "32,16" and ms.prefer_multi_shape(back)
-    assert not ms.prefer_multi_shape(ms.measured(ms.encoder_graph("gather"), root=tmp_path))
+    assert not ms.prefer_multi_shape(ms.measured(ladder_graph("gather"), root=tmp_path))
     assert ms.measured("no such graph", root=tmp_path) is None
     assert ms.measured("conv stack", root=tmp_path / "x") is None
 

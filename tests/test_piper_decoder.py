@@ -14,7 +14,8 @@ from rkstudy.families.piper_decoder.producer import read_contract
 from rkstudy.families.piper_decoder.sidecar import DecoderSidecar
 from rkstudy.graph.decmask import UPSAMPLERS
 from rkstudy.lint.compiler import Layer
-from rkstudy.runtime import OrtRunner, SimulatorRunner
+from rkstudy.runtime import OrtRunner
+from rkstudy.toolkit.simulator import SimulatorRunner
 
 
 @pytest.fixture(scope="module")

@@ -10,9 +10,10 @@ from rkstudy.board.memory import smallest_rung
 from rkstudy.errors import EngineMismatch
 from rkstudy.families.piper import voice as piper
 from rkstudy.families.piper_encoder import producer, seam, sidecar, study, tokens
-from rkstudy.runtime import OrtRunner, SimulatorRunner
+from rkstudy.runtime import OrtRunner
 from rkstudy.tables import results
 from rkstudy.tables.results import HOST
+from rkstudy.toolkit.simulator import SimulatorRunner
 
 W = 32
 

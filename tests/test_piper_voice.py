@@ -14,7 +14,7 @@ def test_seam_is_found_by_structure(voice):
 
 
 def test_a_graph_without_flow_is_refused(voice):
-    from rkstudy.families.toolchain.probes import vocoder_probe
+    from rkstudy.toolkit.probes import vocoder_probe
 
     with pytest.raises(piper.SeamNotFound, match="is this a Piper"):
         piper.find_decoder_seam(vocoder_probe())

@@ -2,10 +2,10 @@ import numpy as np
 import onnx
 import pytest
 
-from rkstudy import protowire
+from rkstudy.families.piper import protowire
 from rkstudy.errors import InputError
-from rkstudy.families.toolchain.probes import vocoder_probe
 from rkstudy.runtime import OrtRunner
+from rkstudy.toolkit.probes import vocoder_probe
 
 
 def test_an_internal_tensor_becomes_an_output_onnxruntime_returns():

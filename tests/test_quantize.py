@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from rkstudy import gates
-from rkstudy.families.toolchain import probes as toolchain
-from rkstudy.toolkit import quantize
+from rkstudy.levers import quantization as quantize
+from rkstudy.toolkit import probes as toolchain
 from rkstudy.toolkit.log import Layer, layer_table
 
 # the probe's convs: conv_pre 16x64 outputs x 16 x 7, up (ConvTranspose) 16x64 inputs x 16 x 8,

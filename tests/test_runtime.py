@@ -3,9 +3,11 @@ import onnx
 import pytest
 
 from rkstudy import gates, graph
-from rkstudy.families.toolchain import probes as toolchain
-from rkstudy.runtime import BoardRunner, BoardUnavailable, OrtRunner, SimulatorRunner, board_available
+from rkstudy.board.runner import BoardRunner, BoardUnavailable, board_available
+from rkstudy.runtime import OrtRunner
+from rkstudy.toolkit import probes as toolchain
 from rkstudy.toolkit.build import BuildFailed
+from rkstudy.toolkit.simulator import SimulatorRunner
 from rkstudy.walk.window import walk_windows
 
 

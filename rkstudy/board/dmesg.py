@@ -20,7 +20,7 @@ raises inside init_runtime, which logs "E Catch exception when init runtime!" an
 last line is the runtime's own "Exception: RKNN init failed. error code: RKNN_ERR_MALLOC_FAIL" (the
 code's name, from the name table in its rknn_runtime extension), and returns -1. An init that succeeds
 returns set_core_mask's code, which on a single-core NPU is librknnrt's -13, after "The core_mask is
-only supported by ...". lite_failures() reads both forms back, names or numbers; rkstudy.runtime.board
+only supported by ...". lite_failures() reads both forms back, names or numbers; rkstudy.board.runner
 captures the log around init_runtime for that.
 
 Board side: standard library only (dmesg is run as a command at call time).

@@ -12,7 +12,7 @@ driver's own load interval (RKNPU_LOAD_INTERVAL, 1 s), so sampling faster repeat
 decode shorter than that reads the interval before it.
 
 A board run samples during the decode only: the child starts its sampler when the first context has
-initialized (rkstudy.runtime.board.after_init), so the init's own load is not in the row, and it
+initialized (rkstudy.board.runner.after_init), so the init's own load is not in the row, and it
 reads the NPU's devfreq cur_freq beside the load, so the clock in the row is the clock during the
 run (under rknpu_ondemand the clock after it is another).
 

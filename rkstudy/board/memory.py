@@ -164,7 +164,7 @@ class LazyLadder:
     """Engines loaded on demand; the least recently used is evicted when the next would not fit.
 
     loaders: name -> a callable returning a loaded handle (a fake in tests; on a board
-    `lambda: BoardRunner(path, names)`, rkstudy.runtime.board). It raises dmesg.InitRefused when
+    `lambda: BoardRunner(path, names)`, rkstudy.board.runner). It raises dmesg.InitRefused when
     the driver refuses.
     cost: name -> EngineCost, as a mapping or a callable (on a board, measured once per engine with
     rknnrt.engine_memory, a COLLECT_MODEL_INFO_ONLY init: no network built).

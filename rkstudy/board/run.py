@@ -30,9 +30,10 @@ from .. import atomic
 from ..cache import sha256_file
 from ..contract import Contract, beside, for_engine
 from ..errors import InputError, UsageError
-from ..runtime.board import BoardUnavailable, after_init, board_available
+from ..process import peak_rss_kb
 from ..tables import results
 from . import load, sysfs
+from .runner import BoardUnavailable, after_init, board_available
 
 NO_BOARD = ("`rkstudy board run` runs on an RKNPU2 board (RK3588, RK3576, RK3566/RK3568, RK3562) with "
             "rknn-toolkit-lite2 and the rknpu driver, and this machine has {why}; on the host use the simulator "
@@ -43,20 +44,6 @@ def require_board() -> None:
     present, why = board_available()
     if not present:
         raise BoardUnavailable(NO_BOARD.format(why=why[0].lower() + why[1:]))
-
-
-def peak_rss_kb() -> int:
-    """This process's own peak resident set (VmHWM, kB) since its exec; 0 where /proc has none.
-
-    The measured children report it themselves: wait4's ru_maxrss is floored by the parent's
-    high-water mark (a fork/vfork child inherits it at exec), so it is not the child's own."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
 
 
 def write_wav(path: Path | str, pcm: np.ndarray, sample_rate: int) -> Path:

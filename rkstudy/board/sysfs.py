@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 
+from ..contract import SOC_TARGETS
 from ..paths import on_board
 
 COMPATIBLE = "/proc/device-tree/compatible"
@@ -17,11 +18,6 @@ DRM = "/sys/class/drm"
 DEVFREQ = "/sys/class/devfreq"
 # The driver's per-core load (rknpu_debugger.c, rknpu_load_show); debugfs, so root only.
 NPU_LOAD = "/sys/kernel/debug/rknpu/load"
-# Device-tree chip -> the toolkit's target name. rk3588s is an rk3588 in a smaller package.
-SOC_TARGETS = {"rk3588": "rk3588", "rk3588s": "rk3588", "rk3576": "rk3576", "rk3568": "rk3568",
-               "rk3566": "rk3566", "rk3562": "rk3562"}
-# Targets whose engines run on one another: rk3566 and rk3568 carry the same NPU.
-SAME_NPU = ({"rk3566", "rk3568"},)
 # Each SoC's NPU devfreq node, named by the NPU's unit address in the vendor kernel's device tree
 # (rk3588.dtsi, rk3568.dtsi, rk3576.dtsi, rk3562.dtsi); npu_devfreq() still takes whatever *.npu
 # node the board has, this only names the one that is missing.
@@ -63,11 +59,6 @@ def soc() -> str | None:
         if chip in SOC_TARGETS:
             return SOC_TARGETS[chip]
     return chips[0] if chips else None
-
-
-def runs_engine_for(soc_name: str, target: str) -> bool:
-    """Whether a board with this SoC runs an engine compiled for `target` (same chip, or same NPU)."""
-    return soc_name == target or any({soc_name, target} <= group for group in SAME_NPU)
 
 
 def npu_driver_version() -> str | None:

@@ -181,7 +181,7 @@ def weight_norm_conv() -> onnx.ModelProto:
 
 def long_conv(length: int, channels: int = 256) -> onnx.ModelProto:
     """One Conv1d (k=7) over a time axis of `length` (the toolchain study's long-axis probe)."""
-    from ..families.toolchain.probes import long_axis_probe
+    from ..toolkit.probes import long_axis_probe
 
     return long_axis_probe(length, channels=channels)
 
@@ -402,7 +402,7 @@ def evaluate(case: Case, target: str = "rk3588") -> Outcome:
 
 
 def matrix(targets=("rk3588",), extra: list[Case] = (), progress: bool = True) -> list[Outcome]:
-    """Every case (and `extra` ones, such as real_cases) on every target."""
+    """Every case (and `extra` ones, such as family_cases()) on every target."""
     from tqdm.auto import tqdm
 
     jobs = [(t, c) for t in targets for c in [*cases(), *extra]]
@@ -440,22 +440,12 @@ def numerics(case: Case, target: str = "rk3588") -> dict:
             "where": "simulator", "target": target}
 
 
-def real_cases(voice) -> list[Case]:
-    """The same question on a real graph: the Piper decoder slice pinned to its 93-frame window but not
-    folded (24 Shape -> ConstantOfShape chains, the plumbing the seeds saw abort 2.3.2), and folded."""
-    from ..families.piper_decoder.producer import DEFAULT_CONTEXT, DEFAULT_EMIT, decoder_graph, window_shapes
+def family_cases() -> list[Case]:
+    """The same questions on real graphs: every registered family's `compiler_cases` hook (a real slice
+    unfolded and folded, say), in registry order. Full mode only: each builds a real graph."""
+    from ..registry import hooked
 
-    window = DEFAULT_EMIT + 2 * DEFAULT_CONTEXT
-    unfolded = decoder_graph(voice.model, voice.seam, window)
-    shapes = window_shapes(unfolded, window)
-
-    def feeds():
-        z = np.random.default_rng(1).standard_normal(shapes["z"]).astype(np.float32)
-        return {"z": z, "y_mask": np.ones(shapes["y_mask"], np.float32)}
-    return [Case("shape chains (Shape -> ConstantOfShape)", "RK101", f"Piper decoder slice at {window}, unfolded",
-                 True, lambda: unfolded, "build", TOOLKIT_FOLDS, feeds),
-            Case("shape chains (Shape -> ConstantOfShape)", "RK101", f"Piper decoder slice at {window}, folded",
-                 False, lambda: graph.fold(unfolded, shapes), "build", feeds=feeds)]
+    return [case for _, make in hooked("compiler_cases") for case in make()]
 
 
 def _attribute(layer: compiler.Layer, names: set[str], producer: Mapping[str, str],

@@ -37,7 +37,7 @@ class FamilyGraph:
 def family_graphs(quick: bool) -> list[FamilyGraph]:
     """Every registered family's lint graphs, in registry order (each family's `lint_graphs` hook
     decides what a quick run leaves out)."""
-    from ..families import load_all
+    from ..registry import load_all
 
     return [g for family in load_all().values() if family.lint_graphs for g in family.resolve("lint_graphs")(quick)]
 

@@ -21,9 +21,9 @@ from pathlib import Path
 from .. import gates
 from ..contract import QUANTIZED_ONLY, REGISTER_FIELD_BITS, TARGETS
 from ..errors import UsageError
-from ..runtime.simulator import SimulatorRunner
 from ..tables.results import HOST
 from ..toolkit.build import _check_target, build_engine
+from ..toolkit.simulator import SimulatorRunner
 
 FP16_TARGETS = tuple(t for t in TARGETS if t not in QUANTIZED_ONLY)
 PROBE_CHANNELS = 64
@@ -52,7 +52,7 @@ def field_probe_rows(targets: Sequence[str] = TARGETS, lengths: Sequence[int] = 
     """The register field per target: a 64-channel k=7 Conv1d at each length built (cached), its
     REGTASK lines, their largest value and the `limit:` the compiler prints; a target the toolkit
     builds no fp16 engine for gets one row carrying the refusal."""
-    from ..families.toolchain.probes import long_axis_probe, save_probe
+    from ..toolkit.probes import long_axis_probe, save_probe
 
     rows = []
     for target in targets:

@@ -49,7 +49,7 @@ _BUILD_COLUMNS = ("status", "regtask", "dtype", "engine_bytes", "engine_mb", "bu
 
 def _studies() -> list[tuple[str, str, str | None]]:
     """(folder, title, notebook) for every study that has a folder under results/."""
-    from ..families import load_all
+    from ..registry import load_all
 
     out = [(f.study, f.title, f.notebook) for f in load_all().values()]
     seen = {s for s, _, _ in out}

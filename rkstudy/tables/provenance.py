@@ -37,7 +37,7 @@ from pathlib import Path
 from .results import CARRIED, STAMP, TARGETS, WHERE
 
 # Tables that no notebook writes: the benchmarks, each made by its own module.
-BENCHMARKS = {"walker": "rkstudy/tables/bench.py", "make_test": "rkstudy/tables/bench.py",
+BENCHMARKS = {"walker": "rkstudy/walk/bench.py", "make_test": "rkstudy/tables/bench.py",
               "reproduce": "rkstudy/tables/reproduce.py"}
 # Rows appended one run at a time by `rkstudy board run <family>`: each row is its own run.
 BOARD = "board"

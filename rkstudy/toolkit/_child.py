@@ -26,7 +26,7 @@ from rkstudy.tables.results import toolkit_version
 def _send(conn: Connection, msg: dict) -> None:
     """Every message carries this process's own peak RSS so far (the parent's only honest source
     for it: see rkstudy.toolkit.build.EngineProcess._recv)."""
-    from rkstudy.board.run import peak_rss_kb
+    from rkstudy.process import peak_rss_kb
 
     conn.send({**msg, "peak_rss_kb": peak_rss_kb()})
 

@@ -17,9 +17,10 @@ import numpy as np
 from .. import gates, graph
 from ..cache import sha256_file
 from ..contract import Contract, from_metadata
-from ..runtime import OrtRunner, SimulatorRunner
+from ..runtime import OrtRunner
 from .build import BuildReport
 from .log import parse_accuracy_analysis
+from .simulator import SimulatorRunner
 
 # Stage 2 of a decoder probed with white noise: the engine is alive (the fp16 noise floor sits at 22-36 dB on
 # real decoders, a broken engine far below)
@@ -27,8 +28,9 @@ ALIVE_GATE = gates.Gate("simulator_vs_fp32_white_noise", 15.0)
 
 
 @dataclass
-class Simulated:
-    """What simulator_vs_fp32 measured: one row per item, the build, and both sides' outputs."""
+class Comparison:
+    """What simulator_vs_fp32 measured: one row per item scoring the simulator against fp32, the build,
+    and both sides' outputs. (A bare simulator run, without the fp32 side, is rkstudy.toolkit.simulator.Simulated.)"""
 
     rows: list[dict]
     report: BuildReport
@@ -47,7 +49,7 @@ class Simulated:
             self.fp32.append(ref)
             self.simulator.append(test)
 
-    def check(self, gate: gates.Gate | None) -> Simulated:
+    def check(self, gate: gates.Gate | None) -> Comparison:
         """Itself, once `gate` (if any) holds on the worst row's `snr_db` (GateFailed names both numbers)."""
         if gate is not None:
             target = self.report.target if self.report else "simulator"
@@ -70,7 +72,7 @@ def compare_outputs(ref: Sequence[np.ndarray], test: Sequence[np.ndarray], names
 def simulator_vs_fp32(onnx_path: Path | str, target: str, items: Iterable, *,
                       run: Callable | None = None, compare: Callable | None = None, out=None,
                       gate: gates.Gate | None = None, keep: bool = False, cache: bool = False,
-                      **build_kwargs) -> Simulated:
+                      **build_kwargs) -> Comparison:
     """Build `onnx_path` for `target` in a simulator child and run every item through the simulator
     and through onnxruntime fp32 on the same graph.
 
@@ -95,7 +97,7 @@ def simulator_vs_fp32(onnx_path: Path | str, target: str, items: Iterable, *,
                                keep=keep, **build_kwargs)
     run = run or (lambda runner, item: runner.run(item))
     ref_runner = OrtRunner(onnx_path)
-    result = Simulated(rows=[], report=None)
+    result = Comparison(rows=[], report=None)
     with SimulatorRunner(onnx_path, target, out=out, **build_kwargs) as sim:
         result.report = sim.report
         for item in items:
@@ -108,11 +110,11 @@ def simulator_vs_fp32(onnx_path: Path | str, target: str, items: Iterable, *,
 
 
 def _simulated_once(onnx_path: Path, target: str, items: list, *, compare: Callable, out, gate, keep: bool,
-                    **build_kwargs) -> Simulated:
-    """simulator_vs_fp32 through the one simulator record (rkstudy.runtime.simulator.simulate): the
+                    **build_kwargs) -> Comparison:
+    """simulator_vs_fp32 through the one simulator record (rkstudy.toolkit.simulator.simulate): the
     recorded outputs of the same engine key and input bytes when there are some, else one simulator
     child whose build is recorded as the engine's. Only the onnxruntime side runs again."""
-    from ..runtime.simulator import simulate
+    from .simulator import simulate
 
     if out is not None:
         raise ValueError("cache=True builds into the engine cache; drop `out` or build without the cache")
@@ -121,7 +123,7 @@ def _simulated_once(onnx_path: Path, target: str, items: list, *, compare: Calla
     if sim.inference_error:
         raise RuntimeError(f"{target} simulator refused to run {onnx_path.name}: {sim.inference_error}")
     ref_runner = OrtRunner(onnx_path)
-    result = Simulated(rows=[], report=sim.report, seconds=list(sim.run_s))
+    result = Comparison(rows=[], report=sim.report, seconds=list(sim.run_s))
     for item, test in zip(items, sim.outputs):
         ref = ref_runner.run(item)  # the item as given: onnxruntime keeps integer inputs integer
         result.score(compare(ref, test, item), ref, test, target, keep)
@@ -195,7 +197,7 @@ def probe_feeds(contract: Contract, seed: int = 0) -> list[dict]:
 class Converted:
     engine: Path
     contract: Contract
-    simulated: Simulated
+    simulated: Comparison
 
 
 def convert(onnx_path: Path | str, target: str, out: Path | str | None = None, *,

@@ -7,10 +7,9 @@ memory model, the ladder and the measurement kit (rkstudy.board.memory, .rknnrt,
 .load, .dram; `rkstudy board memory | check | dram`), and the host side is a DiT-shaped stand-in
 with seeded random weights whose sizes are its own.
 
-standin.py (the DiT stand-in, host) · reference_memory.py (the reference's memory figures) ·
-producer.py (stage 1, host) · study.py (host measurements,
-notebook 05) · lint_graphs.py (lint study graphs) · cli.py (`rkstudy cosyvoice3 estimator`).
-"""
+standin.py (the DiT stand-in, host) · reference_memory.py (the reference's memory figures) · producer.py
+(stage 1, host) · study.py (host measurements, notebook 05) · lint_graphs.py (lint study graphs) · levers.py
+(lever and compiler-check graphs) · cli.py (`rkstudy cosyvoice3 estimator`)."""
 
 from .. import Family, register
 
@@ -19,4 +18,5 @@ FAMILY = register(Family(
     title="CosyVoice3 flow estimator (DiT stand-in, random weights): the NPU memory ceiling and a lazy engine ladder",
     notebook="05_flow_estimator_memory.ipynb", command=("cosyvoice3", "estimator"),
     cli="rkstudy.families.flow_estimator.cli:add_cli",
-    lint_graphs="rkstudy.families.flow_estimator.lint_graphs:lint_graphs"))
+    lint_graphs="rkstudy.families.flow_estimator.lint_graphs:lint_graphs",
+    lever_graphs="rkstudy.families.flow_estimator.levers:lever_graphs"))

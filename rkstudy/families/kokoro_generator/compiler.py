@@ -14,10 +14,10 @@ from tqdm.auto import tqdm
 
 from ... import gates
 from ...runtime import OrtRunner
-from ...runtime.simulator import Simulated, simulate
 from ...tables.results import HOST
 from ...toolkit.build import BUILD_TIMEOUT_S, REGTASK_LIMIT, BuildReport, build_engine
 from ...toolkit.log import cpu_ops, layer_table
+from ...toolkit.simulator import Simulated, simulate
 from ...walk.window import plan_windows
 from . import frontend, generator
 from .generator import ENGINE, FINE, Rewrites
@@ -160,7 +160,7 @@ def probe_feed(utt: frontend.Utterance, produced: Produced) -> dict:
 
 def simulate_case(produced: Produced, case: Case, feeds: Sequence[dict]) -> Simulated:
     """One verbose build of the case (the layer table names the CPU ops) through the content-keyed
-    simulator cache (rkstudy.runtime.simulator.simulate): any later ask for the same graph, target and
+    simulator cache (rkstudy.toolkit.simulator.simulate): any later ask for the same graph, target and
     feeds, in this notebook or another, reads the recorded outputs instead of building again."""
     return simulate(produced.path, case.target, feeds, verbose=True, regtask_limit=case.regtask_limit,
                     timeout=case.timeout)

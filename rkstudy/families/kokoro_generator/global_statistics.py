@@ -11,8 +11,8 @@ import torch
 
 from ... import gates
 from ...runtime import OrtRunner, Recording
-from ...runtime.simulator import Simulated, simulate
 from ...toolkit.build import Calibration
+from ...toolkit.simulator import Simulated, simulate
 from ...walk.window import Rate, walk
 from . import frontend, generator, head
 from .generator import FINE

@@ -4,7 +4,7 @@ range on the dataset exceeds fp16) on the two Kokoro graphs that overflow fp16, 
 fix (AdaIN statistics as count fractions, means never raw sums).
 
 The fp16 rows are notebook 03's builds on the same graphs and windows, read from the content-keyed
-simulator cache when 03 ran first (rkstudy.runtime.simulator.simulate); only the int16 builds are new.
+simulator cache when 03 ran first (rkstudy.toolkit.simulator.simulate); only the int16 builds are new.
 Each int16 build is calibrated on the windows it is scored on: the dataset only gives the toolkit each
 layer's range, and those are the ranges these windows reach.
 """
@@ -15,8 +15,8 @@ import numpy as np
 
 from ... import gates
 from ...runtime import OrtRunner
-from ...runtime.simulator import simulate
 from ...toolkit.build import Calibration
+from ...toolkit.simulator import simulate
 from . import frontend, generator
 from .compiler import Case, case_graph, probe_feed, simulate_case
 from .fp16_range import FP16_MAX, node_maxima

@@ -1,4 +1,4 @@
-"""The generator window as rkstudy.toolkit.quantize sees it (notebook 08's quantization section):
+"""The generator window as rkstudy.levers.quantization sees it (notebook 08's quantization section):
 calibrated on real Japanese utterances, scored on others."""
 
 from __future__ import annotations
@@ -19,13 +19,12 @@ def quantization_stage(model: KokoroModel | None = None, frames: int = DEFAULT_F
                        calibration_utterances: Sequence[str] = QUANT_CALIBRATION_UTTERANCES,
                        evaluation_utterances: Sequence[str] = QUANT_EVALUATION_UTTERANCES,
                        calibration_windows: int | None = None):
-    """The `frames`-frame generator window as rkstudy.toolkit.quantize sees it: the calibration feeds are the
+    """The `frames`-frame generator window as rkstudy.levers.quantization sees it: the calibration feeds are the
     windows an fp32 walk feeds the engine over the real Japanese utterances `calibration_utterances`
     (x, har and style from the shipped front end; `calibration_windows` of them evenly spread), the
     evaluation utterances are walked through the sidecar and scored on gen (conv_post's rows, what
     the host's iSTFT head turns into audio) per window's emitted frames and per utterance."""
-    from ...toolkit.quantize import Stage, evenly, recorded_feeds, span_scores
-    from ..piper_decoder.study import held_apart
+    from ...levers.quantization import Stage, evenly, held_apart, recorded_feeds, span_scores
 
     held_apart(calibration_utterances, evaluation_utterances)
     model = model or load_model()

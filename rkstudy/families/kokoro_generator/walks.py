@@ -11,7 +11,7 @@ import numpy as np
 
 from ... import gates
 from ...runtime import OrtRunner, Recording
-from ...runtime.simulator import Simulated
+from ...toolkit.simulator import Simulated
 from ...walk.window import plan_windows
 from . import frontend, head
 from .generator import ENGINE, FINE, Rewrites

@@ -1,5 +1,5 @@
 """Text to the decoder's latents on a board: piper-tts phonemizes, onnxruntime runs the voice itself
-with its pre-flow latent (and speaker embedding) exposed as outputs by rkstudy.protowire, because the
+with its pre-flow latent (and speaker embedding) exposed as outputs by rkstudy.families.piper.protowire, because the
 board has no onnx package to slice the graph with. The seam's tensor names come from the engine's
 contract, where the producer recorded them.
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ...protowire import add_graph_outputs
+from .protowire import add_graph_outputs
 from ...runtime.ort import OrtRunner
 from .frontend import TextFront, ids_feed
 

@@ -1,10 +1,9 @@
 """Piper (VITS) decoder on the NPU: the pre-flow latent and its mask in, audio out, walked by window.
 
-seam and front end: rkstudy.families.piper.voice · producer.py (host) · sidecar.py (board side) ·
-study.py (host measurements, notebook 01) · lint_graphs.py (lint study graphs) ·
-cli.py (`rkstudy piper decoder`, `rkstudy piper latents`) ·
-board.py (`rkstudy board run piper_decoder`).
-"""
+seam and front end: rkstudy.families.piper.voice · producer.py (host) · sidecar.py (board side) · study.py
+(host measurements, notebook 01) · lint_graphs.py (lint study graphs) · levers.py (lever and compiler-check
+graphs) · cli.py (`rkstudy piper decoder`, `rkstudy piper latents`) · board.py (`rkstudy board run
+piper_decoder`)."""
 
 from .. import Family, register
 
@@ -17,4 +16,6 @@ FAMILY = register(Family(
     notebook="01_piper_decoder.ipynb", command=("piper", "decoder"),
     cli="rkstudy.families.piper_decoder.cli:add_cli", board="rkstudy.families.piper_decoder.board:add_board",
     planner="rkstudy.families.piper_decoder.study:plan_target",
-    lint_graphs="rkstudy.families.piper_decoder.lint_graphs:lint_graphs"))
+    lint_graphs="rkstudy.families.piper_decoder.lint_graphs:lint_graphs",
+    lever_graphs="rkstudy.families.piper_decoder.levers:lever_graphs",
+    compiler_cases="rkstudy.families.piper_decoder.levers:compiler_cases"))

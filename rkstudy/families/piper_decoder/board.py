@@ -19,8 +19,7 @@ def decode_latents(*, contract, engine: Path, cores: str, payload: dict, sidecar
     return the audio and what the row needs. Shared by both Piper decoder boards."""
     import numpy as np
 
-    from ...runtime import BoardRunner
-    from ...runtime.board import runtime_versions
+    from ...board.runner import BoardRunner, runtime_versions
     from ..piper import latents
 
     lat = latents.load(payload["latents"])

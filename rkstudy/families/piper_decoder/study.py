@@ -367,24 +367,16 @@ def walked_windows(model: DecoderModel, latents, contract) -> list[dict]:
     return feeds
 
 
-def held_apart(calibration: Sequence[str], evaluation: Sequence[str]) -> None:
-    """Refuse a quantization set-up whose calibration and evaluation share a source (a text, an
-    utterance): a score on data the ranges were fitted to flatters the quantizer."""
-    shared = sorted(set(calibration) & set(evaluation))
-    if shared:
-        raise ValueError(f"{', '.join(shared)} would both calibrate and score; hold the evaluation texts apart")
-
-
 def quantization_stage(model: DecoderModel | None = None, calibration_texts: Sequence[str] = CALIBRATION_TEXTS,
                        evaluation_texts: Sequence[str] = EVALUATION_TEXTS, emit: int = DEFAULT_EMIT,
                        context: int = DEFAULT_CONTEXT, evaluation_frames: int | None = None,
                        calibration_windows: int | None = None):
-    """The 93-frame window engine as rkstudy.toolkit.quantize sees it: calibration windows walked from the
+    """The 93-frame window engine as rkstudy.levers.quantization sees it: calibration windows walked from the
     voice's latents of `calibration_texts` (`calibration_windows` of them, evenly spread, when a
     build cannot afford them all), evaluation latents of `evaluation_texts` (no text in both),
     scored per window and per utterance on the sidecar's walk. `evaluation_frames` cuts each
     evaluation latent to its first frames (one window at the window's own length: a quick run)."""
-    from ...toolkit.quantize import Stage, evenly
+    from ...levers.quantization import Stage, evenly, held_apart
     from ..piper.voice import read_text
 
     held_apart(calibration_texts, evaluation_texts)

@@ -2,13 +2,12 @@
 needs in a cache that travels through graph I/O, so a step continues where the last one stopped and
 recomputes no context (the window walk recomputes 48 of every 93 frames).
 
-producer.py (host: graph surgery on the produced --dec-mask slice, the stage contract, the
-state-aware probe) · f64.py (host: the float64 reference behind the exactness gate) · sidecar.py
-(board side, over rkstudy.walk.stateful.StatefulWalker) · study.py (host measurements, notebook 01b) ·
-lint_graphs.py (lint study graphs) · cli.py (handlers of `rkstudy piper decoder --stateful --emit E`
-and of stage 2 for a stateful contract; the flags live in piper_decoder's command) · board.py (`rkstudy board run
-piper_decoder_stateful`).
-"""
+producer.py (host: graph surgery on the produced --dec-mask slice, the stage contract, the state-aware
+probe) · f64.py (host: the float64 reference behind the exactness gate) · sidecar.py (board side, over
+rkstudy.walk.stateful.StatefulWalker) · study.py (host measurements, notebook 01b) · lint_graphs.py (lint
+study graphs) · levers.py (lever and compiler-check graphs) · cli.py (handlers of `rkstudy piper decoder
+--stateful --emit E` and of stage 2 for a stateful contract; the flags live in piper_decoder's command) ·
+board.py (`rkstudy board run piper_decoder_stateful`)."""
 
 from .. import Family, register
 
@@ -17,4 +16,5 @@ FAMILY = register(Family(
     title="Piper (VITS) decoder as a stateful streaming step: caches through graph I/O, no recomputed context",
     notebook="01b_piper_decoder_stateful.ipynb", command=None,
     board="rkstudy.families.piper_decoder_stateful.board:add_board",
-    lint_graphs="rkstudy.families.piper_decoder_stateful.lint_graphs:lint_graphs"))
+    lint_graphs="rkstudy.families.piper_decoder_stateful.lint_graphs:lint_graphs",
+    lever_graphs="rkstudy.families.piper_decoder_stateful.levers:lever_graphs"))

@@ -22,10 +22,11 @@ from tqdm.auto import tqdm
 
 from ... import gates, graph
 from ...graph.delays import conv_macs, delay_table
-from ...runtime import OrtRunner, Recording, SimulatorRunner
-from ...tables.bench import walker_overhead
+from ...runtime import OrtRunner, Recording
+from ...walk.bench import walker_overhead
 from ...tables.results import HOST
 from ...toolkit.build import build_engine
+from ...toolkit.simulator import SimulatorRunner
 from ...walk.stateful import StatefulWalker
 from ..piper.voice import DecoderModel, ids_feed, seed_random_nodes
 from ..piper_decoder import study as pd
@@ -388,15 +389,15 @@ def inflect_rows(voice, text: str, emits=(45, 93), seed: int = 1234) -> list[dic
 def quantization_stage(voice: DecoderModel | None = None, emit: int = 45,
                        calibration_texts: Sequence[str] = pd.CALIBRATION_TEXTS,
                        evaluation_texts: Sequence[str] = pd.EVALUATION_TEXTS, calibration_steps: int | None = None):
-    """The stateful step at E = `emit` as rkstudy.toolkit.quantize sees it: the calibration feeds are the
+    """The stateful step at E = `emit` as rkstudy.levers.quantization sees it: the calibration feeds are the
     steps an fp32 walk runs over the voice's latents of `calibration_texts` (the state inputs hold
     what that walk carried, so the quantizer sees the ranges of a real history), `calibration_steps`
     of them evenly spread; the evaluation latents of `evaluation_texts` are walked with the engine
     carrying its own state, scored per step (E x hop samples) and per utterance against the fp32 walk."""
-    from ...toolkit.quantize import Stage, evenly, recorded_feeds, span_scores
+    from ...levers.quantization import Stage, evenly, held_apart, recorded_feeds, span_scores
     from ..piper.voice import Voice, read_text
 
-    pd.held_apart(calibration_texts, evaluation_texts)
+    held_apart(calibration_texts, evaluation_texts)
     voice = voice or Voice()
     produced = produce_step_for_voice(voice, emit)
     onnx_path = produced.save()

@@ -16,9 +16,9 @@ def ladder_job(*, contract, engine: Path, cores: str, payload: dict) -> dict:
     """In the measured child: route every chunk through the ladder; time each."""
     import numpy as np
 
+    from ...board.runner import BoardRunner, runtime_versions
     from ...contract import for_engine
-    from ...runtime import BoardRunner, OrtRunner
-    from ...runtime.board import runtime_versions
+    from ...runtime import OrtRunner
     from ..piper import latents
     from .sidecar import Ladder, LadderEngine
 

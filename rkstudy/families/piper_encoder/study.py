@@ -18,10 +18,11 @@ from ... import fits, gates, graph
 from ...board.memory import smallest_rung
 from ...cache import cache_dir, sha256_file
 from ...graph.relshift import BANDED, GATHER
-from ...runtime import OrtRunner, SimulatorRunner
+from ...levers.quantization import evenly
+from ...runtime import OrtRunner
 from ...tables.results import HOST, STAMP, carried, read_table
 from ...toolkit.build import build_engine
-from ...toolkit.quantize import evenly
+from ...toolkit.simulator import SimulatorRunner
 from ..piper import voice as piper
 from .producer import SIM_GATE, EncoderSlice, both, counts_for, produce
 from .seam import encoder_slice, find_encoder_seam
@@ -560,11 +561,12 @@ def run_ladder(voice: piper.Voice, widths: Sequence[int], chunks: Sequence[tuple
                choice: Mapping | None = None) -> list[dict]:
     """The sidecar end to end: simulator engines at `widths` (relshift `mode`), fp32 fallback above;
     per chunk, where it ran, stats/cond SNR against fp32 and the frame drift. The rungs are one
-    multi-shape engine when `choice` (the encoder's rkstudy.multi_shape summary row; default: the
+    multi-shape engine when `choice` (the encoder's rkstudy.levers.multi_shape summary row; default: the
     committed one for this rewrite, notebook 08's) says so, else one engine per width."""
-    from ... import multi_shape as ms
+    from ...levers import multi_shape as ms
+    from .levers import ladder_graph
 
-    choice = choice if choice is not None else ms.measured(ms.encoder_graph(mode))
+    choice = choice if choice is not None else ms.measured(ladder_graph(mode))
     runners = []
     try:
         engines = ladder_engines(voice, widths, target, mode, multi_shape=ms.prefer_multi_shape(choice))
@@ -598,14 +600,13 @@ def quantization_stage(voice: piper.Voice | None = None, width: int = 64,
                        calibration_texts: Sequence[str] = QUANT_CALIBRATION_TEXTS,
                        evaluation_texts: Sequence[str] = QUANT_EVALUATION_TEXTS, chunk_chars: int = 25,
                        calibration_chunks: int | None = None):
-    """The width-`width` encoder as rkstudy.toolkit.quantize sees it: the calibration feeds are the padded
+    """The width-`width` encoder as rkstudy.levers.quantization sees it: the calibration feeds are the padded
     phoneme ids of `calibration_texts` chunked at `chunk_chars` characters as the runtime chunks
     them (chunks wider than the engine left out; `calibration_chunks` of them evenly spread), the
     evaluation chunks come from `evaluation_texts` (no text in both). Each chunk is scored on its
     real tokens, stats and cond each a window of its own (the durations come from cond, the
     decoder's latent from stats); the utterance column is every chunk's outputs back to back."""
-    from ...toolkit.quantize import Stage, span_scores
-    from ..piper_decoder.study import held_apart
+    from ...levers.quantization import Stage, held_apart, span_scores
 
     held_apart(calibration_texts, evaluation_texts)
     voice = voice or piper.Voice()

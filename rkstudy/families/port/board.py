@@ -14,8 +14,7 @@ def decode_job(*, contract, engine: Path, cores: str, payload: dict) -> dict:
     (flattened, frame-major for a multi-channel output) is the audio."""
     import numpy as np
 
-    from ...runtime import BoardRunner
-    from ...runtime.board import runtime_versions
+    from ...board.runner import BoardRunner, runtime_versions
     from .sidecar import PortSidecar, input_names, load_inputs
 
     utterances = load_inputs(payload["inputs"], input_names(contract))

@@ -7,13 +7,12 @@ The checkpoint is not obtainable here: the architecture is qwen-tts 0.1.1's own 
 random weights. Every gate of the study is structural (it holds for any weights), and no number
 from it is an audio-quality figure.
 
-model.py (host: the package's decoder, the released config, seeded weights) · step.py (host: the
-streaming step and its cache layout) · producer.py (stage 1: the step, made to compile without REGTASK lines by
-rkstudy.graph.longaxis; the contract, the export census) ·
-sidecar.py (board side: offline, 16+64 streaming and the window role over rkstudy.walk.stateful) ·
-study.py (host measurements, notebook 04) · lint_graphs.py (lint study graphs) · cli.py (`rkstudy qwen3
-vocoder`) · board.py (`rkstudy board run qwen3_vocoder`).
-"""
+model.py (host: the package's decoder, the released config, seeded weights) · step.py (host: the streaming
+step and its cache layout) · producer.py (stage 1: the step, made to compile without REGTASK lines by
+rkstudy.graph.longaxis; the contract, the export census) · sidecar.py (board side: offline, 16+64 streaming
+and the window role over rkstudy.walk.stateful) · study.py (host measurements, notebook 04) · lint_graphs.py
+(lint study graphs) · levers.py (lever and compiler-check graphs) · cli.py (`rkstudy qwen3 vocoder`) ·
+board.py (`rkstudy board run qwen3_vocoder`)."""
 
 from .. import Family, register
 
@@ -31,4 +30,5 @@ FAMILY = register(Family(
     cli="rkstudy.families.qwen3_vocoder.cli:add_cli",
     board="rkstudy.families.qwen3_vocoder.board:add_board",
     requires=("qwen_tts", "transformers"),
-    lint_graphs="rkstudy.families.qwen3_vocoder.lint_graphs:lint_graphs"))
+    lint_graphs="rkstudy.families.qwen3_vocoder.lint_graphs:lint_graphs",
+    lever_graphs="rkstudy.families.qwen3_vocoder.levers:lever_graphs"))

@@ -32,9 +32,8 @@ def decode_job(*, contract, engine: Path, cores: str, payload: dict) -> dict:
     the first engine for the first group); return the audio and the row."""
     import numpy as np
 
+    from ...board.runner import BoardRunner, runtime_versions
     from ...contract import for_engine
-    from ...runtime import BoardRunner
-    from ...runtime.board import runtime_versions
     from .sidecar import SAMPLE_RATE, VocoderSidecar, events
 
     codes = _load_codes(payload, contract)

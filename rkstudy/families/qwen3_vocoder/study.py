@@ -273,14 +273,14 @@ def uniform(rows: list[dict]) -> list[dict]:
 
 
 def quantization_stage(onnx_path, calibration_steps: int = 4, evaluation_steps: int = 3):
-    """One step engine as rkstudy.toolkit.quantize sees it, on random codes (the weights are seeded random
+    """One step engine as rkstudy.levers.quantization sees it, on random codes (the weights are seeded random
     and no talker runs here, so any codes are as good as a talker's; the table says so): the
     calibration feeds are `calibration_steps` carried steps of the CALIBRATION_SEED stream, the
     evaluation items `evaluation_steps` carried steps of another stream (CODES_SEED + 1), each fed
     the cache onnxruntime fp32 carried into it, scored on audio per step and over the steps."""
     from pathlib import Path
 
-    from ...toolkit.quantize import Stage, span_scores
+    from ...levers.quantization import Stage, span_scores
     from .producer import carried_feeds, read_contract
 
     n = read_contract(onnx_path).params["codes_length"]

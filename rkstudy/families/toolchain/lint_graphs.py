@@ -13,7 +13,7 @@ FULL_LENGTHS = (4096, 8191, 8192, 12288, 16384, 24576, 32768, 65536)
 
 def lint_graphs(quick: bool) -> list[FamilyGraph]:
     from ...graph.sine import reduce_sin
-    from .probes import long_axis_probe, vocoder_probe
+    from ...toolkit.probes import long_axis_probe, vocoder_probe
 
     x = {"x": np.random.default_rng(1).standard_normal((1, 16, 1, 64)).astype(np.float32)}
     out = [FamilyGraph("toolchain", "raw", "vocoder_probe", vocoder_probe(), sample=x),

@@ -9,7 +9,7 @@ from ... import gates
 from ...graph import REGISTER_FIELD_MAX
 from ...toolkit.build import BuildFailed, build_engine
 from ...toolkit.convert import simulator_vs_fp32
-from .probes import long_axis_probe, save_probe, vocoder_probe
+from ...toolkit.probes import long_axis_probe, save_probe, vocoder_probe
 
 SNR_GATE = gates.Gate("simulator_vs_fp32_probe", 40.0)  # the seeds' export gates sit at 40 dB and up
 

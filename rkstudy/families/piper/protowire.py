@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from .errors import InputError
+from ...errors import InputError
 
 MODEL_GRAPH, GRAPH_OUTPUT, VALUE_INFO_NAME = 7, 12, 1
 LEN = 2

@@ -23,13 +23,14 @@ from pathlib import Path
 
 import numpy as np
 
-from . import gates
-from .cache import cache_dir, digest
-from .errors import one_line
-from .paths import RESULTS
-from .runtime import OrtRunner, SimulatorRunner
-from .tables.results import HOST, read_table
-from .toolkit.log import memory_plans
+from .. import gates
+from ..cache import cache_dir, digest
+from ..errors import one_line
+from ..paths import RESULTS
+from ..runtime import OrtRunner
+from ..tables.results import HOST, read_table
+from ..toolkit.log import memory_plans
+from ..toolkit.simulator import SimulatorRunner
 
 MULTI = "one multi-shape engine"
 SINGLE = "single-shape engines"
@@ -39,8 +40,8 @@ TEXT_COLUMNS = ("graph", "widths", "multi_status", "multi_error", "choice", "why
 
 
 @dataclass
-class Stage:
-    """One graph measured both ways at `widths`: `shapes(w)` its input shapes, `single(w)` the graph a
+class ShapeLadder:
+    """One width ladder measured both ways at `widths`: `shapes(w)` its input shapes, `single(w)` the graph a
     width-w engine is compiled from, `multi` the graph the multi-shape engine is compiled from (the
     widest single graph, or a graph with dynamic axes), `feed(w)` one input at width w and
     `score(w, feed, outputs)` the SNR in dB of those outputs against fp32."""
@@ -54,11 +55,11 @@ class Stage:
     score: Callable[[int, dict, list], float]
 
 
-def _build(stage: Stage, onnx: Path, widths: Sequence[int], target: str, folder: Path) -> tuple[dict, dict]:
+def _build(ladder: ShapeLadder, onnx: Path, widths: Sequence[int], target: str, folder: Path) -> tuple[dict, dict]:
     """One engine serving `widths` (one width: a single-shape build); its build row and {width: (snr,
     output shapes)} (empty when the build failed: the row's status and error are the toolkit's)."""
     many = len(widths) > 1
-    kwargs = {"shape_sets": [stage.shapes(w) for w in widths]} if many else {"shapes": stage.shapes(widths[0])}
+    kwargs = {"shape_sets": [ladder.shapes(w) for w in widths]} if many else {"shapes": ladder.shapes(widths[0])}
     out = folder / f"{'multi' if many else 'single'}-{'-'.join(map(str, widths))}.rknn"
     runner = SimulatorRunner(onnx, target, out=out, keep_failed=True, verbose=True, **kwargs)
     report = runner.report
@@ -66,14 +67,14 @@ def _build(stage: Stage, onnx: Path, widths: Sequence[int], target: str, folder:
     try:
         if report.ok:
             for w in widths:
-                feed = stage.feed(w)
+                feed = ladder.feed(w)
                 outs = runner.run(feed)
-                scores[w] = (stage.score(w, feed, outs), " ".join("x".join(map(str, o.shape)) for o in outs))
+                scores[w] = (ladder.score(w, feed, outs), " ".join("x".join(map(str, o.shape)) for o in outs))
     finally:
         runner.close()  # the log is complete only once the child's reader has finished
     log = Path(report.log).read_text(errors="replace") if report.log and Path(report.log).is_file() else ""
     plans = memory_plans(log)  # one per shape set, in the sets' order (largest first)
-    row = {"graph": stage.graph, "engine": MULTI if many else SINGLE, "widths": ",".join(map(str, widths)),
+    row = {"graph": ladder.graph, "engine": MULTI if many else SINGLE, "widths": ",".join(map(str, widths)),
            "status": report.status, "engine_bytes": report.engine_bytes,
            "plan_internal_bytes": max(p.internal_bytes for p in plans) if plans else "",
            "plan_weight_bytes": max(p.weight_bytes for p in plans) if plans else "",
@@ -84,7 +85,7 @@ def _build(stage: Stage, onnx: Path, widths: Sequence[int], target: str, folder:
     return row, scores
 
 
-def compare(stage: Stage, target: str = "rk3588", singles_after_failure: bool = False
+def compare(ladder: ShapeLadder, target: str = "rk3588", singles_after_failure: bool = False
             ) -> tuple[list[dict], list[dict]]:
     """Build rows (the multi-shape engine, then one single-shape engine per width) and SNR rows (per
     width, both forms). When the multi-shape build fails, its row (the toolkit's message) is the
@@ -92,20 +93,20 @@ def compare(stage: Stage, target: str = "rk3588", singles_after_failure: bool = 
     are built here only if `singles_after_failure`."""
     builds, snr = [], {}
     with tempfile.TemporaryDirectory(prefix="rkstudy-multi-shape-") as tmp:
-        row, scores = _build(stage, stage.multi, sorted(stage.widths, reverse=True), target, Path(tmp))
+        row, scores = _build(ladder, ladder.multi, sorted(ladder.widths, reverse=True), target, Path(tmp))
         builds.append(row)
         snr[MULTI] = scores
         snr[SINGLE] = {}
-        for w in sorted(stage.widths) if row["status"] == "ok" or singles_after_failure else ():
-            row, scores = _build(stage, stage.single(w), [w], target, Path(tmp))
+        for w in sorted(ladder.widths) if row["status"] == "ok" or singles_after_failure else ():
+            row, scores = _build(ladder, ladder.single(w), [w], target, Path(tmp))
             builds.append(row)
             snr[SINGLE].update(scores)
     if not snr[MULTI] and not snr[SINGLE]:
         return builds, []
     rows = []
-    for w in sorted(stage.widths):
+    for w in sorted(ladder.widths):
         m, s = snr[MULTI].get(w), snr[SINGLE].get(w)
-        rows.append({"graph": stage.graph, "width": w,
+        rows.append({"graph": ladder.graph, "width": w,
                      "multi_snr_db": round(m[0], 2) if m else "", "single_snr_db": round(s[0], 2) if s else "",
                      "multi_outputs": m[1] if m else "", "single_outputs": s[1] if s else "",
                      "where": "simulator", "target": target})
@@ -188,7 +189,7 @@ def prefer_multi_shape(row: Mapping | None) -> bool:
 
 
 # --- the graphs ---------------------------------------------------------------------------------
-def conv_stage(widths: Sequence[int], channels: int = 64, layers: int = 4) -> Stage:
+def conv_ladder(widths: Sequence[int], channels: int = 64, layers: int = 4) -> ShapeLadder:
     """A small Conv1d stack ([1, C, T] -> [1, C, T], k=5, ReLU between) with a dynamic T: the graph
     every toolkit can build at several lengths, so the lever itself is measured apart from any
     graph's baked shapes."""
@@ -218,56 +219,6 @@ def conv_stage(widths: Sequence[int], channels: int = 64, layers: int = 4) -> St
     def feed(w):
         return {"x": np.random.default_rng(w).normal(size=(1, channels, w)).astype(np.float32)}
 
-    return Stage(graph=f"conv stack (C={channels}, {layers} layers)", widths=tuple(widths),
+    return ShapeLadder(graph=f"conv stack (C={channels}, {layers} layers)", widths=tuple(widths),
                  shapes=lambda w: {"x": [1, channels, w]}, single=lambda w: path, multi=path, feed=feed,
                  score=lambda w, f, outs: gates.snr_db(fp32.run(f)[0], outs[0]))
-
-
-def encoder_graph(mode: str) -> str:
-    """The encoder's row label in the tables: one per relative-shift rewrite."""
-    return f"piper encoder ({mode} rewrite)"
-
-
-def encoder_stage(voice, widths: Sequence[int], mode: str | None = None) -> Stage:
-    """The Piper encoder ladder: a width-w engine is compiled from the width-w rewritten slice (its
-    relative-shift chains rewritten at that width); the multi-shape engine from the widest one. Fed
-    the voice's own tokens filling each width, scored (the worse of stats and cond) against the raw
-    dynamic slice at exact length, as notebook 02 scores its widths."""
-    from .families.piper import voice as piper
-    from .families.piper_encoder.producer import DEFAULT_RELSHIFT, both, produce
-    from .families.piper_encoder.tokens import pad_ids, real_tokens
-
-    mode = mode or DEFAULT_RELSHIFT
-    raw = OrtRunner(produce(voice, max(widths), mode=mode).raw)
-    tokens = {w: real_tokens(voice, w) for w in widths}
-
-    def score(w, feed, outs):
-        m = both(raw.run(piper.ids_feed(tokens[w])), outs, w)
-        return min(m["stats_snr_db"], m["cond_snr_db"])
-
-    return Stage(graph=encoder_graph(mode), widths=tuple(widths),
-                 shapes=lambda w: {"input": [1, w], "input_lengths": [1]},
-                 single=lambda w: produce(voice, w, mode=mode).path, multi=produce(voice, max(widths), mode=mode).path,
-                 feed=lambda w: pad_ids(tokens[w], w), score=score)
-
-
-def flow_stage(buckets: Sequence[int], depth: int = 2) -> Stage:
-    """The flow estimator stand-in's sequence buckets: a bucket-S engine is compiled from the graph
-    exported and folded at S; the multi-shape engine from the largest bucket's. Scored against that
-    graph in onnxruntime on the study's estimator-like feeds (90 % of the frames real)."""
-    from functools import cache
-
-    from .families.flow_estimator import producer
-
-    graph_at = cache(lambda s: producer.produce(s, depth=depth))  # exported only when a build needs it
-    widest = graph_at(max(buckets)).contract
-
-    def shapes(s):
-        return {t.name: [s if i == t.axis else d for i, d in enumerate(t.shape)] for t in widest.inputs}
-
-    def score(s, feed, outs):
-        return gates.snr_db(OrtRunner(graph_at(s).path).run(feed)[0], outs[0])
-
-    return Stage(graph=f"flow estimator stand-in (depth {depth})", widths=tuple(buckets), shapes=shapes,
-                 single=lambda s: graph_at(s).path, multi=graph_at(max(buckets)).path,
-                 feed=lambda s: producer.feeds(graph_at(s).contract), score=score)

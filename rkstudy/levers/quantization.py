@@ -21,9 +21,10 @@ import numpy as np
 
 from .. import cache, gates, graph
 from ..graph.delays import conv_macs_by_node
-from ..runtime import OrtRunner, Recording, SimulatorRunner
-from .build import Calibration
-from .log import IO_OPS, Layer, layer_table
+from ..runtime import OrtRunner, Recording
+from ..toolkit.build import Calibration
+from ..toolkit.log import IO_OPS, Layer, layer_table
+from ..toolkit.simulator import SimulatorRunner
 
 CONVERT_OPS = ("exDataConvert",)  # the dtype casts a hybrid engine inserts between int8 and fp16 layers
 # what accuracy_analysis reports beside the layers: the graph's inputs and the casts at its inputs and
@@ -48,6 +49,14 @@ class Stage:
     score: Callable[[list, list], dict]
     texts: dict = field(default_factory=dict)
     outputs: dict[str, list[np.ndarray]] = field(default_factory=dict)
+
+
+def held_apart(calibration: Sequence[str], evaluation: Sequence[str]) -> None:
+    """Refuse a quantization set-up whose calibration and evaluation share a source (a text, an
+    utterance): a score on data the ranges were fitted to flatters the quantizer."""
+    shared = sorted(set(calibration) & set(evaluation))
+    if shared:
+        raise ValueError(f"{', '.join(shared)} would both calibrate and score; hold the evaluation texts apart")
 
 
 def recorded_feeds(onnx: Path, walk: Callable, items: Sequence) -> list[dict[str, np.ndarray]]:
@@ -130,7 +139,7 @@ def rank_layers(stage: Stage, target: str, calibration: Calibration, feed: int =
     overflowed, then by the cosine of its output computed alone from fp32 inputs (`single_cos`), the
     error that layer adds by itself. The inputs and the casts the report lists beside the layers are
     left out: a hybrid cannot keep them in float16."""
-    from .convert import accuracy_analysis
+    from ..toolkit.convert import accuracy_analysis
 
     names = list(graph.input_shapes(stage.onnx))
     out = cache.cache_dir("analysis") / f"{stage.onnx.stem}-{target}-{calibration.key(names)}-{feed}"

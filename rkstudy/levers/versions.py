@@ -20,8 +20,8 @@ from .. import cache
 from ..errors import NeedsConverter
 from ..paths import REPO
 from ..tables.results import reference
-from .build import BuildFailed, Toolkit, toolkit_env
-from .convert import simulator_vs_fp32
+from ..toolkit.build import BuildFailed, Toolkit, toolkit_env
+from ..toolkit.convert import simulator_vs_fp32
 
 VERSIONS = ("2.5.0", "2.3.2")  # when pyproject.toml is not beside the code (an installed package)
 
@@ -57,41 +57,6 @@ class Engine:
     onnx: Path
     feeds: list[Mapping[str, np.ndarray]]
     targets: tuple[str, ...]
-
-
-def toolchain_probe(targets: Sequence[str] = ("rk3588", "rk3566"), frames: int = 64) -> Engine:
-    """Notebook 00's vocoder probe (Conv1d, ConvTranspose1d, Snake with Sin) on seeded noise."""
-    from ..families.toolchain.probes import save_probe, vocoder_probe
-
-    x = np.random.default_rng(1).standard_normal((1, 16, 1, frames)).astype(np.float32)
-    return Engine("toolchain probe", save_probe(vocoder_probe(frames=frames), f"vocoder_probe_t{frames}"),
-                  [{"x": x}], tuple(targets))
-
-
-def piper_decoder_window(targets: Sequence[str] = ("rk3588", "rk3566"), text: str = "short") -> Engine:
-    """The joe voice's decoder pinned to the 93-frame window (45 emitted + 2 x 24 context), on the
-    first 93 frames of the first sentence's real latent (zero-padded, mask off, where it is shorter)."""
-    from ..families.piper.voice import Voice, read_text
-    from ..families.piper_decoder.producer import produce_for_voice
-    from ..families.piper_decoder.study import padded_window
-
-    voice = Voice()
-    produced = produce_for_voice(voice)
-    window = produced.contract.window.frames
-    z = voice.latents(read_text(text))[0].z
-    names = [t.name for t in produced.contract.inputs]
-    x, mask = padded_window(z[:, :window], window)
-    feed = {"z": x, **({"y_mask": mask} if "y_mask" in names else {})}
-    return Engine(f"Piper decoder {window}-frame window", produced.save(), [feed], tuple(targets))
-
-
-def kokoro_window(frames: int = 136, targets: Sequence[str] = ("rk3588",)) -> Engine:
-    """The Kokoro generator engine graph at `frames` (notebook 03's producer), on stage 2's probe
-    (the last window of the walk over the short utterance)."""
-    from ..families.kokoro_generator.producer import probe, produce
-
-    produced = produce(frames)
-    return Engine(f"Kokoro generator W={frames}", produced.path, probe(produced.contract), tuple(targets))
 
 
 def version_row(engine: Engine, target: str, version: str) -> dict:

@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..contract import refuse_unlisted
-from .base import Runner
+from ..runtime.base import Runner
 
 if TYPE_CHECKING:
-    from ..toolkit.build import BuildReport
+    from .build import BuildReport
 
 
 class SimulatorRunner(Runner):
@@ -38,7 +38,7 @@ class SimulatorRunner(Runner):
                  shapes: Mapping[str, Sequence[int]] | None = None, out=None, *, keep_failed: bool = False,
                  **build_kwargs):
         from .. import graph
-        from ..toolkit.build import EngineProcess
+        from .build import EngineProcess
 
         self.target = target
         if shapes is None and not build_kwargs.get("shape_sets"):
@@ -136,7 +136,7 @@ def simulate(onnx_path, target: str, feeds: Sequence, *, verbose: bool = False, 
 
     from .. import atomic, cache
     from ..errors import one_line
-    from ..toolkit.build import REGTASK_LIMIT, BuildFailed, BuildReport, default_engine_path, engine_key, record_report
+    from .build import REGTASK_LIMIT, BuildFailed, BuildReport, default_engine_path, engine_key, record_report
 
     onnx_path = Path(onnx_path)
     build_key, shapes = engine_key(onnx_path, target, build_kwargs.pop("shapes", None),

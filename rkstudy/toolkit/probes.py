@@ -1,4 +1,5 @@
-"""Probe graphs for the toolchain study (host): small, deterministic, built with onnx.helper.
+"""Compiler probe graphs (host): small, deterministic, built with onnx.helper; the toolchain study,
+lint's compiler check, the per-target field probes and the toolkit-lever study all build them.
 
 They exercise the operators every TTS decoder here leans on (Conv1d, ConvTranspose1d upsampling,
 Sin for Snake) at a shape the compiler handles, and the 13-bit register-field limit with one
@@ -82,6 +83,6 @@ def long_axis_probe(length: int, channels: int = 256, kernel: int = 7, seed: int
 
 def save_probe(model: onnx.ModelProto, name: str) -> Path:
     """Write a probe graph into the cache (by content, so a rerun reuses its engines)."""
-    from ...cache import cached_bytes
+    from ..cache import cached_bytes
 
     return cached_bytes("toolchain", name, model.SerializeToString(), ".onnx")

@@ -36,10 +36,10 @@ from typing import Any
 
 import numpy as np
 
-from ..board import dmesg, sysfs
-from ..board.dmesg import InitRefused, RknnError, Versions  # noqa: F401  (RknnError re-exported)
 from ..contract import refuse_unlisted
-from .base import Runner
+from ..runtime.base import Runner
+from . import dmesg, sysfs
+from .dmesg import InitRefused, RknnError, Versions  # noqa: F401  (RknnError re-exported)
 
 CORE_MASKS = ("0_1_2", "0", "auto")
 DRIVER_REFUSALS = (-4, -6)  # the driver said no: another core mask cannot help
