@@ -194,7 +194,7 @@ def _cmd_board_memory(args) -> int:
     from .board import rknnrt
     from .board.memory import Budget
 
-    budget = Budget(args.budget_mib, source="--budget-mib") if args.budget_mib else Budget.seeds()
+    budget = Budget(args.budget_mib, source="--budget-mib") if args.budget_mib else Budget.reference()
     lines, verdict = rknnrt.memory_report(args.engines, budget, rknnrt.load_library(args.library))
     print("\n".join(lines))
     if not args.budget_mib:
@@ -217,14 +217,14 @@ def _cmd_board_dram(args) -> int:
 def _add_board_kit(board_cmds) -> None:
     """`rkstudy board check | memory | dram`: the board measurement kit (board side, stdlib/numpy/ctypes)."""
     c = board_cmds.add_parser("check", help="governor, NPU clock, driver, librknnrt, CPU clusters, and whether "
-                              "this board's figures compare with the seeds' (exit 0 only when they do)")
+                              "this board's figures compare with the reference documents' (exit 0 only when they do)")
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=_cmd_board_check)
 
     m = board_cmds.add_parser("memory", help="each engine's NPU context cost (librknnrt, no network built) and "
                               "whether the set fits one process (exit 0 admit, 1 refuse)")
     m.add_argument("engines", type=Path, nargs="+", help=".rknn engines to hold resident at once")
-    m.add_argument("--budget-mib", type=float, help="per-process budget (default: the seeds' figure, "
+    m.add_argument("--budget-mib", type=float, help="per-process budget (default: the reference documents' figure, "
                    "measured on their board)")
     m.add_argument("--library", type=Path, help="librknnrt.so to use (default $LIBRKNNRT_PATH, else /usr/lib)")
     m.set_defaults(func=_cmd_board_memory)

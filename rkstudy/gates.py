@@ -15,7 +15,7 @@ import numpy as np
 
 from .errors import Failed
 
-SLICE = 256  # samples per slice for the per-slice SNR, as the seeds measure it
+SLICE = 256  # samples per slice for the per-slice SNR, as the reference documents measure it
 
 
 def _pair(ref, test) -> tuple[np.ndarray, np.ndarray]:
@@ -108,7 +108,7 @@ def nonfinite_count(x) -> int:
 
 
 def rms_ratio(ref, test) -> float:
-    """RMS(test) / RMS(ref): 0.25 is the seeds' "4x low" wrong-seam decode."""
+    """RMS(test) / RMS(ref): 0.25 is the reference documents' "4x low" wrong-seam decode."""
     ref, test = _pair(ref, test)
     r = np.sqrt(np.mean(ref**2))
     return float(np.sqrt(np.mean(test**2)) / r) if r > 0 else float("inf")

@@ -99,9 +99,9 @@ class Study:
             return
         display(Markdown(results.to_markdown(rows, columns or [c for c in rows[0] if c not in results.STAMP[:3]])))
 
-    def seeds(self, *words: str, study: str | None = None) -> None:
+    def reference_figures(self, *words: str, study: str | None = None) -> None:
         """Show the reference documents' figures for this study whose text contains any of `words`
-        (all of them with no words): theirs, not ours, from data/reference/seeds.csv."""
+        (all of them with no words): theirs, not ours, from data/reference/figures.csv."""
         rows = [r for r in results.reference(study or self.study)
                 if not words or any(w.lower() in r["figure"].lower() for w in words)]
         self.show(rows, ["figure", "value", "unit", "where", "target", "section"])
@@ -138,11 +138,11 @@ class Study:
         print(f"{name}: {pcm.size / sample_rate:.1f} s (player: first {clip.size / sample_rate:.1f} s)")
         display(Audio(clip, rate=sample_rate))
 
-    def headline(self, name: str, value, unit: str = "", seeds: str = "", comparable: str = "") -> None:
+    def headline(self, name: str, value, unit: str = "", reference: str = "", comparable: str = "") -> None:
         """Record one headline number, with the reference figure it is shown beside (by its exact
         text) and whether the two are the same quantity under the same conditions: `"same"` or
         `"differs: <what>"` (rkstudy.tables.results.record_headlines refuses a figure without it)."""
-        self.headline_values[name] = {"value": value, "unit": unit, "seeds": seeds, "comparable": comparable}
+        self.headline_values[name] = {"value": value, "unit": unit, "reference": reference, "comparable": comparable}
 
     def reference_claims(self) -> list[dict]:
         """Record `reference_claims`: each of the reference documents' measured claims for this

@@ -1,5 +1,5 @@
 """`rkstudy board check` against recorded board trees (tests/fixtures/boards, read through
-RKSTUDY_SYSROOT): what the board is, and whether its figures compare with the seeds'."""
+RKSTUDY_SYSROOT): what the board is, and whether its figures compare with the reference documents'."""
 
 import json
 import shutil

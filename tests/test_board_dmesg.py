@@ -18,7 +18,7 @@ from rkstudy.board.dmesg import InitRefused, Versions, format_failure
 from rkstudy.paths import REPO
 
 FIXTURES = Path(__file__).parent / "fixtures"
-SEEDS_API = "2.3.2 (429f97ae6b@2025-04-09T09:09:27)"
+REFERENCE_API = "2.3.2 (429f97ae6b@2025-04-09T09:09:27)"
 
 
 @pytest.fixture(autouse=True)
@@ -26,8 +26,8 @@ def fresh_versions(monkeypatch):
     monkeypatch.setattr(dmesg, "_seen", None)
 
 
-def test_parses_the_seeds_lines():
-    text = (FIXTURES / "dmesg" / "seeds_verbatim.txt").read_text()
+def test_parses_the_reference_lines():
+    text = (FIXTURES / "dmesg" / "reference_verbatim.txt").read_text()
     refusals = dmesg.parse(text)
     assert [(r.kind, r.nbytes, r.errno, r.flags) for r in refusals] == [
         ("iova", None, -12, None), ("dma-map", 4710850560, None, None),
@@ -103,15 +103,15 @@ def test_codes_are_named(code, name, meaning):
     assert meaning in line
 
 
-def test_format_matches_the_seeds_version_stamp():
+def test_format_matches_the_reference_version_stamp():
     line = format_failure("CosyVoice3 flow estimator RKNN: rknn_init", -6,
-                          versions=Versions(api=SEEDS_API, driver="0.9.8"))
-    assert line.endswith(f"(driver 0.9.8, api {SEEDS_API})")
+                          versions=Versions(api=REFERENCE_API, driver="0.9.8"))
+    assert line.endswith(f"(driver 0.9.8, api {REFERENCE_API})")
     assert "\n" not in line
 
 
 def test_format_carries_the_bytes_dmesg_names():
-    refusals = dmesg.parse((FIXTURES / "dmesg" / "seeds_verbatim.txt").read_text())
+    refusals = dmesg.parse((FIXTURES / "dmesg" / "reference_verbatim.txt").read_text())
     line = format_failure("rknn_init(S900.rknn)", -4, versions=Versions(driver="0.9.8"), refusals=refusals)
     assert "dmesg: IOVA allocation failed (-12); dma map of 4710850560 B (4.71 GB) refused; " \
            "npu malloc of 6189218496 B (6.19 GB) refused" in line
@@ -127,14 +127,14 @@ def test_first_context_versions_are_cached_for_later_failures():
     assert dmesg.format_failure("rknn_init(a)", -4).endswith("per-process budget; dmesg names the bytes)")
     dmesg.remember_versions(Versions())  # an empty report does not count
     assert dmesg.known_versions() is None
-    dmesg.remember_versions(Versions(api=SEEDS_API, driver="0.9.8"))
+    dmesg.remember_versions(Versions(api=REFERENCE_API, driver="0.9.8"))
     dmesg.remember_versions(Versions(api="other", driver="other"))  # the first one stays
-    assert str(InitRefused("rknn_init(b)", -6)).endswith(f"(driver 0.9.8, api {SEEDS_API})")
+    assert str(InitRefused("rknn_init(b)", -6)).endswith(f"(driver 0.9.8, api {REFERENCE_API})")
 
 
 def test_parse_lite_sdk_version():
-    text = f"RKNN VERSION:\n  API: {SEEDS_API}\n  DRV: 0.9.8\n"
-    assert dmesg.parse_lite_sdk_version(text) == Versions(api=SEEDS_API, driver="0.9.8")
+    text = f"RKNN VERSION:\n  API: {REFERENCE_API}\n  DRV: 0.9.8\n"
+    assert dmesg.parse_lite_sdk_version(text) == Versions(api=REFERENCE_API, driver="0.9.8")
     assert dmesg.parse_lite_sdk_version(None) == Versions()
 
 
@@ -158,7 +158,7 @@ def test_read_dmesg_when_restricted():
 
 # --- BoardRunner: the hidden code, the kernel's bytes, the versions ------------------------------
 class GrowingLog:
-    """A kernel log that gains the seeds' refusal lines after the first read (an init in between)."""
+    """A kernel log that gains the reference documents' refusal lines after the first read (an init in between)."""
 
     def __init__(self):
         self.lines = ["[    2.905872] [drm] Initialized rknpu 0.9.8 20240828 for fdab0000.npu on minor 1"]

@@ -17,10 +17,10 @@ FIXTURES = Path(__file__).parent / "fixtures"
 BOARDS = FIXTURES / "boards"
 
 
-def test_parse_the_seeds_readings():
-    assert parse_load((FIXTURES / "load" / "rk3588_seeds_vocoder_auto.txt").read_text()) == {
+def test_parse_the_reference_readings():
+    assert parse_load((FIXTURES / "load" / "rk3588_reference_vocoder_auto.txt").read_text()) == {
         "Core0": 55, "Core1": 0, "Core2": 0}
-    assert parse_load((FIXTURES / "load" / "rk3588_seeds_kokoro_0_1_2.txt").read_text()) == {
+    assert parse_load((FIXTURES / "load" / "rk3588_reference_kokoro_0_1_2.txt").read_text()) == {
         "Core0": 95, "Core1": 18, "Core2": 19}
 
 
@@ -42,7 +42,7 @@ PHASES = [(55, 0, 0), (95, 18, 19), (41, 15, 16), (100, 0, 0)]
 
 def test_sampler_follows_a_file_a_thread_rewrites(tmp_path):
     path = tmp_path / "load"
-    path.write_text((FIXTURES / "load" / "rk3588_seeds_vocoder_auto.txt").read_text())
+    path.write_text((FIXTURES / "load" / "rk3588_reference_vocoder_auto.txt").read_text())
     with LoadSampler(path, interval=0.005) as sampler:
         def seen(phase):
             want = {f"Core{i}": v for i, v in enumerate(phase)}

@@ -1,6 +1,6 @@
-"""The NPU memory model on the seeds' own table: two constraints (one mapping under the 32-bit
+"""The NPU memory model on the reference documents' own table: two constraints (one mapping under the 32-bit
 ceiling, the resident contexts under the per-process budget), and the lazy LRU ladder against a
-fake driver that refuses what the seeds' board refused."""
+fake driver that refuses what the reference documents' board refused."""
 
 import pytest
 
@@ -9,37 +9,38 @@ from rkstudy.board.dmesg import InitRefused
 from rkstudy.board.memory import Budget, EngineCost, LazyLadder, check_set
 from rkstudy.families.flow_estimator.reference_memory import reference_memory_model
 
-SEEDS = reference_memory_model()
-COSTS, BUDGET = SEEDS.costs, SEEDS.budget
+REFERENCE = reference_memory_model()
+COSTS, BUDGET = REFERENCE.costs, REFERENCE.budget
 
 
 def _set(names):
     return [COSTS[n] for n in names]
 
 
-def test_seed_costs_are_the_seeds_figures():
+def test_reference_costs_are_the_reference_figures():
     ctx = {n: c.context_mib for n, c in COSTS.items()}
     assert ctx == {"S110": 786, "S200": 1129, "S250": 1426, "S400": 2615, "S500": 3752,
                    "S900": 1039, "S1100": None, "S2000": None}
     assert COSTS["S900"].mapping_bytes == 4_710_000_000
     assert COSTS["S1100"].mapping_bytes == 4_660_000_000
     assert COSTS["S2000"].mapping_bytes == 5_770_000_000
-    assert all("000_6e5d138aacebdbda.txt, The IOVA ceiling" in c.source for c in COSTS.values())
-    assert (BUDGET.mib, BUDGET.ceiling_bytes) == (3900, 2**32) and "seeds 000_6e5d138aacebdbda.txt" in BUDGET.source
+    assert all("RKNN decoder-path document, The IOVA ceiling" in c.source for c in COSTS.values())
+    assert (BUDGET.mib, BUDGET.ceiling_bytes) == (3900, 2**32) and "RKNN decoder-path document" in BUDGET.source
 
 
 def test_the_sets_table_is_the_reference_documents_table():
-    got = {"+".join(n): (t, a) for n, t, a in SEEDS.sets}
+    got = {"+".join(n): (t, a) for n, t, a in REFERENCE.sets}
     assert got == {"S110+S200+S250": (3341, True), "S110+S110+S110+S110": (3144, True),
                    "S200+S200+S200": (3387, True), "S250+S250+S110": (3638, True),
                    "S110+S400": (3401, True), "S200+S400": (3744, True),
                    "S250+S400": (4041, False), "S110+S500": (4538, False)}
 
 
-@pytest.mark.parametrize("names,total,admit", SEEDS.sets, ids=lambda v: "+".join(v) if isinstance(v, tuple) else None)
+@pytest.mark.parametrize("names,total,admit", REFERENCE.sets,
+                         ids=lambda v: "+".join(v) if isinstance(v, tuple) else None)
 def test_reproduces_every_measured_set(names, total, admit):
     v = check_set(_set(names), BUDGET)
-    assert v.total_mib == total  # the sums the seeds state
+    assert v.total_mib == total  # the sums the reference documents state
     assert v.admit is admit, v.reason
     if admit:
         assert f"{'+'.join(names)}: {total:.0f} MiB of contexts fits the 3900 MiB per-process budget" in v.reason
@@ -70,10 +71,10 @@ def test_every_engine_up_to_500_loads_alone():
         assert check_set([COSTS[name]], BUDGET).admit
 
 
-def test_budget_bracket_matches_the_seeds():
-    """The seeds' admitted/refused sets bracket the budget; their 3900 MiB is inside."""
-    admitted = max(t for _, t, a in SEEDS.sets if a)
-    refused = min(t for _, t, a in SEEDS.sets if not a)
+def test_budget_bracket_matches_the_reference():
+    """The reference documents' admitted/refused sets bracket the budget; their 3900 MiB is inside."""
+    admitted = max(t for _, t, a in REFERENCE.sets if a)
+    refused = min(t for _, t, a in REFERENCE.sets if not a)
     assert admitted <= BUDGET.mib < refused
 
 
@@ -109,7 +110,7 @@ class Handle:
 
 
 class FakeDriver:
-    """An aperture that refuses what the seeds' board refused: one mapping past the ceiling, or a
+    """An aperture that refuses what the reference documents' board refused: one mapping past the ceiling, or a
     resident sum past the budget. Its refusals are independent of the ladder's model, so the tests
     also cover a model that under-reports."""
 

@@ -16,7 +16,7 @@ from rkstudy.cli import main
 
 FIXTURES = Path(__file__).parent / "fixtures"
 ENGINES = FIXTURES / "rknnrt" / "engines"
-SEEDS_LOG = (FIXTURES / "dmesg" / "seeds_verbatim.txt").read_text().splitlines()
+REFERENCE_LOG = (FIXTURES / "dmesg" / "reference_verbatim.txt").read_text().splitlines()
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc to build the fake librknnrt")
 
@@ -48,14 +48,14 @@ def test_struct_layouts_match_the_header():
 
 @pytest.mark.parametrize("s,mib", [(110, 786), (200, 1129), (250, 1426), (400, 2615), (500, 3752), (900, 1039)])
 def test_engine_memory_reads_the_recorded_values(lib, s, mib):
-    assert rknnrt.engine_memory(ENGINES / f"seeds_s{s}.rknn", lib).context_mib == mib
+    assert rknnrt.engine_memory(ENGINES / f"reference_s{s}.rknn", lib).context_mib == mib
     assert lib.fake_last_flag() == rknnrt.RKNN_FLAG_COLLECT_MODEL_INFO_ONLY == 0x100
     assert lib.fake_last_size() == 0  # the path is passed, the 700 MB image is not read into Python
     assert lib.fake_live_contexts() == 0  # every context destroyed
 
 
 def test_engine_memory_fields_and_versions(lib):
-    mem = rknnrt.engine_memory(ENGINES / "seeds_s900.rknn", lib)
+    mem = rknnrt.engine_memory(ENGINES / "reference_s900.rknn", lib)
     assert (mem.weight_bytes, mem.internal_bytes, mem.dma_allocated_bytes) == (673587200, 415883264, 0)
     assert mem.versions == dmesg.Versions(api="2.3.2 (429f97ae6b@2025-04-09T09:09:27)", driver="0.9.8")
     assert mem.seconds >= 0
@@ -79,7 +79,7 @@ def test_refused_init_raises_with_the_code(lib, name, code, meaning):
 
 
 def test_versions_from_one_engine_stamp_a_later_failure(lib):
-    rknnrt.engine_memory(ENGINES / "seeds_s110.rknn", lib)
+    rknnrt.engine_memory(ENGINES / "reference_s110.rknn", lib)
     with pytest.raises(InitRefused, match=r"\(driver 0\.9\.8, api 2\.3\.2 \(429f97ae6b@2025-04-09T09:09:27\)\)$"):
         rknnrt.engine_memory(ENGINES / "rk3566_engine_on_rk3588.rknn", lib)
 
@@ -96,37 +96,37 @@ def test_missing_file_and_library(tmp_path, monkeypatch):
         rknnrt.load_library()
 
 
-def test_wrap_suspect_flags_the_seeds_s900(lib):
-    mem = rknnrt.engine_memory(ENGINES / "seeds_s900.rknn", lib)
-    refused = dmesg.refused_bytes(SEEDS_LOG)
+def test_wrap_suspect_flags_the_reference_s900(lib):
+    mem = rknnrt.engine_memory(ENGINES / "reference_s900.rknn", lib)
+    refused = dmesg.refused_bytes(REFERENCE_LOG)
     assert rknnrt.internal_wrap_suspect(mem, refused) == 4710850560
-    small = rknnrt.engine_memory(ENGINES / "seeds_s500.rknn", lib)
+    small = rknnrt.engine_memory(ENGINES / "reference_s500.rknn", lib)
     assert rknnrt.internal_wrap_suspect(small, refused) is None
 
 
 def test_measured_costs_feed_the_budget(lib):
-    costs = [EngineCost(f"S{s}", rknnrt.engine_memory(ENGINES / f"seeds_s{s}.rknn", lib).context_mib)
+    costs = [EngineCost(f"S{s}", rknnrt.engine_memory(ENGINES / f"reference_s{s}.rknn", lib).context_mib)
              for s in (110, 200, 250)]
-    v = check_set(costs, Budget.seeds())
+    v = check_set(costs, Budget.reference())
     assert v.admit and v.total_mib == 3341
 
 
 def test_memory_report_counts_a_wrapped_size_as_its_own_mapping(lib):
     """S900 reports 1039 MiB, and beside S110 the budget would admit it; with the kernel's refusal
     line in the log, its internal size is seen to have wrapped and the set is refused for its mapping."""
-    paths = [ENGINES / "seeds_s900.rknn", ENGINES / "seeds_s110.rknn"]
-    lines, v = rknnrt.memory_report(paths, Budget.seeds(), lib, kernel_log=[])
-    assert v.admit and lines[-1].startswith("ADMIT seeds_s900+seeds_s110: 1825 MiB")
-    lines, v = rknnrt.memory_report(paths, Budget.seeds(), lib, kernel_log=SEEDS_LOG)
+    paths = [ENGINES / "reference_s900.rknn", ENGINES / "reference_s110.rknn"]
+    lines, v = rknnrt.memory_report(paths, Budget.reference(), lib, kernel_log=[])
+    assert v.admit and lines[-1].startswith("ADMIT reference_s900+reference_s110: 1825 MiB")
+    lines, v = rknnrt.memory_report(paths, Budget.reference(), lib, kernel_log=REFERENCE_LOG)
     assert not v.admit and "RKNN_QUERY_MEM_SIZE wrapped its uint32" in lines[1]
-    assert lines[-1].startswith("REFUSE seeds_s900: its own mapping 4710850560 B (4.71 GB) exceeds")
+    assert lines[-1].startswith("REFUSE reference_s900: its own mapping 4710850560 B (4.71 GB) exceeds")
 
 
 def test_the_fake_catches_a_context_truncated_to_32_bits(lib):
     """Why the fake's handles have high bits: binding rknn_context as uint32 on a 64-bit board is
     the plumbing bug this layer must not have, and the fake makes it fail loudly."""
     ctx = ctypes.c_uint64(0)
-    path = ctypes.create_string_buffer(str(ENGINES / "seeds_s110.rknn").encode())
+    path = ctypes.create_string_buffer(str(ENGINES / "reference_s110.rknn").encode())
     assert lib.rknn_init(ctypes.byref(ctx), path, 0, 0x100, None) == 0
     mem = rknnrt.RknnMemSize()
     query32 = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_uint32, ctypes.c_int, ctypes.c_void_p,
@@ -139,13 +139,13 @@ def test_the_fake_catches_a_context_truncated_to_32_bits(lib):
 def test_memory_command(lib, capsys, monkeypatch):
     monkeypatch.setattr(dmesg, "read_dmesg", lambda: None)  # dmesg restricted: no refusal lines
     path = lib._name
-    assert main(["board", "memory", str(ENGINES / "seeds_s250.rknn"), str(ENGINES / "seeds_s400.rknn"),
+    assert main(["board", "memory", str(ENGINES / "reference_s250.rknn"), str(ENGINES / "reference_s400.rknn"),
                  "--library", path]) == 1
     out = capsys.readouterr().out
-    assert "seeds_s250.rknn: 1426.0 MiB" in out and "REFUSE seeds_s250+seeds_s400: 4041 MiB" in out
-    assert "(budget 3900 MiB: the seeds 000_6e5d138aacebdbda.txt, The IOVA ceiling" in out
-    assert main(["board", "memory", str(ENGINES / "seeds_s250.rknn"), str(ENGINES / "seeds_s400.rknn"),
+    assert "reference_s250.rknn: 1426.0 MiB" in out and "REFUSE reference_s250+reference_s400: 4041 MiB" in out
+    assert "(budget 3900 MiB: the RKNN decoder-path document, The IOVA ceiling" in out
+    assert main(["board", "memory", str(ENGINES / "reference_s250.rknn"), str(ENGINES / "reference_s400.rknn"),
                  "--library", path, "--budget-mib", "4100"]) == 0
-    assert "ADMIT seeds_s250+seeds_s400: 4041 MiB of contexts fits the 4100 MiB" in capsys.readouterr().out
+    assert "ADMIT reference_s250+reference_s400: 4041 MiB of contexts fits the 4100 MiB" in capsys.readouterr().out
     assert main(["board", "memory", str(ENGINES / "rk3566_engine_on_rk3588.rknn"), "--library", path]) == 1
     assert "code -13 (RKNN_ERR_TARGET_PLATFORM_UNMATCH" in capsys.readouterr().err

@@ -175,8 +175,8 @@ def test_the_peak_rss_is_the_childs_own_not_the_callers(probe, tmp_path):
     assert report.ok and 50 < report.peak_rss_mb < 1400, report.peak_rss_mb
 
 
-def _calibration(seeds, **settings):
-    rng = [np.random.default_rng(s) for s in seeds]
+def _calibration(reference, **settings):
+    rng = [np.random.default_rng(s) for s in reference]
     return build.Calibration([{"x": r.standard_normal((1, 16, 1, 64)).astype(np.float32)} for r in rng], **settings)
 
 
@@ -210,7 +210,7 @@ def test_an_int8_build_is_quantized_and_keyed_by_its_calibration(probe, tmp_path
 
 def test_the_simulator_serves_an_int8_engine_with_its_quantization_noise(probe):
     """The probe's Snake after a transposed conv in int8: measured 32.8 dB against fp32 where fp16
-    gives 63.2 dB (toolkit 2.5.0, rk3588, calibration seeds 0-3, input seed 100)."""
+    gives 63.2 dB (toolkit 2.5.0, rk3588, calibration reference 0-3, input seed 100)."""
     from rkstudy import gates
     from rkstudy.runtime import OrtRunner
     from rkstudy.toolkit.simulator import SimulatorRunner
@@ -256,7 +256,7 @@ def test_a_hybrid_build_refuses_a_layer_the_toolkit_does_not_quantize(probe, tmp
 @pytest.mark.simulator
 def test_an_auto_hybrid_build_lets_the_toolkit_choose_float16_layers(probe, tmp_path):
     """At cosine 0.9999 the toolkit moves the probe's tail (ConvTranspose onwards) to float16 and
-    keeps the first Conv in int8 (toolkit 2.5.0, rk3588, calibration seeds 0-3)."""
+    keeps the first Conv in int8 (toolkit 2.5.0, rk3588, calibration reference 0-3)."""
     from rkstudy.toolkit.log import layer_table
 
     auto = _calibration(range(4), auto_hybrid_cos=0.9999)

@@ -14,7 +14,7 @@ from rkstudy.paths import NOTEBOOKS, RESULTS
 from rkstudy.tables import claims, results
 from rkstudy.tables.results import Origin
 
-STUDY = "piper_decoder"  # its reference figures are real rows of data/reference/seeds.csv
+STUDY = "piper_decoder"  # its reference figures are real rows of data/reference/figures.csv
 INTERIOR_93 = "interior window SNR vs full-length decode at 93 (45+24+24)"
 W93_LINES = "REGTASK lines: Piper w93 engine"
 
@@ -159,13 +159,13 @@ def test_the_committed_spec_reads_the_committed_tables():
 
 
 def test_every_reference_figure_has_a_claim():
-    """No reference figure is left silent: each row of data/reference/seeds.csv (study, figure,
+    """No reference figure is left silent: each row of data/reference/figures.csv (study, figure,
     target) is named by at least one claim of its study."""
     named = set()
     for r in results.read_table(claims.CLAIMS):
         ref = claims._figure(r["study"], r["figure"], r["claim"])
         named.add((r["study"], ref["figure"], ref["target"]))
-    silent = [(r["study"], r["figure"]) for r in results.read_table(results.SEEDS)
+    silent = [(r["study"], r["figure"]) for r in results.read_table(results.REFERENCE_FIGURES)
               if (r["study"], r["figure"], r["target"]) not in named]
     assert silent == []
 
@@ -190,7 +190,7 @@ def test_every_notebook_headline_beside_a_reference_figure_says_whether_they_com
             for node in ast.walk(ast.parse("\n".join(lines))):
                 if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "headline":
                     keywords = {k.arg for k in node.keywords}
-                    if "seeds" in keywords:
+                    if "reference" in keywords:
                         checked += 1
                         assert "comparable" in keywords, f"{path.name}: {ast.unparse(node)[:120]}"
     assert checked >= 40

@@ -69,11 +69,11 @@ def test_flow_estimator_growth_refit_from_committed_builds():
 def test_flow_estimator_reference_fit_matches_committed_table():
     from rkstudy.families.flow_estimator import study
     from rkstudy.families.flow_estimator.reference_memory import reference_memory_model
-    from rkstudy.tables.results import seed_figure
+    from rkstudy.tables.results import reference_figure
 
-    committed = read_table(RESULTS / "flow_estimator" / "seeds_fit.csv")
-    dma = int(seed_figure("flow_estimator", "dma map refused at rknn_init (dmesg line)")["value"])  # as notebook 05
-    got = study.seeds_fit_rows(reference_memory_model(), dma)
+    committed = read_table(RESULTS / "flow_estimator" / "reference_fit.csv")
+    dma = int(reference_figure("flow_estimator", "dma map refused at rknn_init (dmesg line)")["value"])  # notebook 05
+    got = study.reference_fit_rows(reference_memory_model(), dma)
     _assert_rows_match(got, committed)
 
 

@@ -1,5 +1,5 @@
 """The flow estimator family (host): the DiT stand-in's contract and export, stage 1, the memory
-model's tables on the seeds' figures, the ladder walk, the growth fit and the compiler's plan."""
+model's tables on the reference documents' figures, the ladder walk, the growth fit and the compiler's plan."""
 
 import dataclasses
 from pathlib import Path
@@ -13,7 +13,7 @@ from rkstudy.tables import results
 
 torch = pytest.importorskip("torch")
 FIXTURES = Path(__file__).parent / "fixtures"
-SEEDS = reference_memory_model()
+REFERENCE_FIGURES = reference_memory_model()
 
 
 def test_standin_contract_and_export(tmp_path):
@@ -53,13 +53,13 @@ def test_attention_variants_compute_the_same(field, value):
         D.standin_config(2, **{field: "sparse"})
 
 
-def test_full_size_parameter_count_sits_in_the_seeds_image_range():
+def test_full_size_parameter_count_sits_in_the_reference_image_range():
     """CosyVoice3's estimator shapes give 331 M parameters, 662 MB at fp16: inside the range the
-    seeds state for their engines' images."""
+    reference state for their engines' images."""
     from rkstudy.families.flow_estimator import standin as D
 
     n = D.parameter_count(D.COSYVOICE3)
-    low, high = results.seed_numbers("flow_estimator", "estimator engine images (every S)")
+    low, high = results.reference_numbers("flow_estimator", "estimator engine images (every S)")
     assert n == 331_142_224 and low * 1e6 <= 2 * n <= high * 1e6
 
 
@@ -88,16 +88,16 @@ def test_stage_one_writes_the_contract(tmp_path):
     assert producer.source_digest(standin.build(cfg, seed=1), cfg, 1) != c.source
 
 
-def test_the_model_agrees_with_every_row_of_the_seeds_table():
-    rows = study.admit_refuse_rows(SEEDS)
+def test_the_model_agrees_with_every_row_of_the_reference_table():
+    rows = study.admit_refuse_rows(REFERENCE_FIGURES)
     assert len(rows) == 8 + 3 * 3 and all(r["agrees"] for r in rows)
     by_set = {r["set"]: r for r in rows}
     assert by_set["S250+S400"]["model_total_mib"] == 4041 and by_set["S250+S400"]["model_verdict"] == "refuse"
     assert "its own mapping 4710000000 B" in by_set["S900+S110"]["reason"]
 
 
-def test_seeds_fit_and_the_wrap_reading():
-    rows = {r["fit"]: r for r in study.seeds_fit_rows(SEEDS, dma_map_bytes=4710850560)}
+def test_reference_fit_and_the_wrap_reading():
+    rows = {r["fit"]: r for r in study.reference_fit_rows(REFERENCE_FIGURES, dma_map_bytes=4710850560)}
     quad = rows["w + c*S^2"]
     assert quad["points_S"] == "110/200/250/400/500"
     assert quad["weights_mib_intercept"] == pytest.approx(636.23, abs=0.01)
@@ -110,7 +110,7 @@ def test_seeds_fit_and_the_wrap_reading():
 
 def test_the_ladder_walk_loads_lazily_evicts_lru_and_refuses_the_long_rung():
     rungs = ["S110", "S200", "S250", "S400", "S500", "S900"]
-    rows = study.walk_ladder(SEEDS, rungs, [90, 180, 240, 100, 390, 105, 700, 480, 2100])
+    rows = study.walk_ladder(REFERENCE_FIGURES, rungs, [90, 180, 240, 100, 390, 105, 700, 480, 2100])
     ran = [r["ran"] for r in rows]
     assert ran == ["npu S110", "npu S200", "npu S250", "npu S110", "npu S400", "npu S110",
                    "cpu (refused alone)", "npu S500", "cpu (past the widest rung)"]
@@ -118,7 +118,7 @@ def test_the_ladder_walk_loads_lazily_evicts_lru_and_refuses_the_long_rung():
     assert rows[3]["events"] == "hit" and rows[8]["events"] == "no rung holds it"
     assert rows[4]["events"] == "evict S200 (for S400); evict S250 (for S400); load S400"
     assert rows[6]["events"] == "cpu S900" and rows[6]["resident"] == "S400+S110"  # nothing evicted for it
-    assert rows[7]["resident"] == "S500" and max(r["resident_mib"] for r in rows) <= SEEDS.budget.mib
+    assert rows[7]["resident"] == "S500" and max(r["resident_mib"] for r in rows) <= REFERENCE_FIGURES.budget.mib
 
 
 def test_growth_fit_recovers_a_known_curve_and_its_crossing():

@@ -58,7 +58,7 @@ def test_parse_input():
 def test_shape_plumbing():
     f = only(lint(against_toolkit.shape_chain()), "RK101")
     assert f.severity == "warning" and f.nodes == ("shape", "sized") and f.detail["foldable"]
-    assert "rkstudy fold" in f.fix and "(seeds, host, rk3588)" in f.why
+    assert "rkstudy fold" in f.fix and "(the reference documents, host, rk3588)" in f.why
     folded = graph.fold(against_toolkit.shape_chain(), {"x": [1, 4, 16]})
     assert not [f for f in lint(folded).findings if f.code == "RK101"]
 
@@ -107,7 +107,7 @@ def test_relshift_chains():
     found = [f for f in report.findings if f.code == "RK201"]
     assert [f.severity for f in found] == ["error", "error"]
     assert [f.detail["kind"] for f in found] == ["rel_to_abs", "abs_to_rel"]
-    assert "rewrite_relshift" in found[0].fix and "0.4 dB (seeds, board, rk3588)" in found[0].why
+    assert "rewrite_relshift" in found[0].fix and "0.4 dB (the reference documents, board, rk3588)" in found[0].why
     assert "mode='banded' applies" in found[0].fix  # the probe's tables are banded (window 4)
     assert not [f for f in lint(relshift.rewrite_relshift(against_toolkit.attention())).findings if f.code == "RK201"]
 
@@ -153,7 +153,7 @@ def test_reduce_sin_tracks_the_sine_over_many_periods(degree, floor_db):
 
 def test_resize_mask_upsampler_and_its_rewrite():
     f = only(lint(against_toolkit.mask_upsample()), "RK203")
-    assert f.severity == "error" and f.detail["mask"] and "-7.9 dB (seeds, board, rk3588)" in f.why
+    assert f.severity == "error" and f.detail["mask"] and "-7.9 dB (the reference documents, board, rk3588)" in f.why
     fixed = decmask.resize_to_convtranspose(against_toolkit.mask_upsample())
     assert [n.op_type for n in fixed.graph.node] == ["ConvTranspose", "Mul"]
     assert not [f for f in lint(fixed).findings if f.code == "RK203"]
@@ -180,7 +180,7 @@ def test_a_resize_of_features_is_a_warning():
 
 def test_weight_norm():
     f = only(lint(against_toolkit.weight_norm_conv()), "RK204")
-    assert f.severity == "warning" and f.detail["constant_input"] and "51 nodes (seeds" in f.why
+    assert f.severity == "warning" and f.detail["constant_input"] and "51 nodes (the reference documents" in f.why
     assert not [f for f in lint(graph.fold(against_toolkit.weight_norm_conv(), {"x": [1, 4, 16]})).findings
                 if f.code == "RK204"]
     act = helper.make_node("ReduceL2", ["x"], ["n"], axes=[1], keepdims=1, name="l2")
@@ -192,7 +192,7 @@ def test_weight_norm():
 def test_register_field_reports_the_axis_length():
     f = only(lint(against_toolkit.long_conv(8192, channels=4)), "RK301")
     assert f.severity == "warning" and f.detail["axis"] == 8192 and f.nodes == ("conv",)
-    assert "800000 lines (seeds" in f.why
+    assert "800000 lines (the reference documents" in f.why
     assert not codes(lint(against_toolkit.long_conv(8191, channels=4)))
     # through a pinned dynamic input, and a reduction over the long axis
     red = helper.make_node("ReduceSum", ["x", "ax"], ["y"], keepdims=1, name="sum")
@@ -295,7 +295,7 @@ def test_fp16_range_with_a_sample():
     f = only(lint(against_toolkit.squared(300.0), sample=x), "RK501")
     assert f.severity == "error" and f.detail["first"] == "square" and f.nodes[0] == "square"
     assert f.detail["largest_max_abs"] > 65504 and f.detail["largest"] == "square"
-    assert "612487 abs (seeds" in f.why
+    assert "612487 abs (the reference documents" in f.why
     clean = lint(against_toolkit.squared(3.0), sample=x)
     assert not [f for f in clean.findings if f.code == "RK501"]
     head = only(clean, "RK502")
@@ -462,7 +462,7 @@ def test_fp16_findings_match_the_toolkits_per_layer_report():
 def test_lint_study_loops_over_the_family_registry(monkeypatch):
     """Every registered family with a `lint_graphs` hook contributes its graphs, in registry order, and
     a family without one contributes none: adding a family needs no edit in rkstudy.lint."""
-    from rkstudy import families
+    from rkstudy import families, registry
     from rkstudy.lint import study
 
     hooked = {name for name, f in families.load_all().items() if f.lint_graphs}
@@ -476,7 +476,7 @@ def test_lint_study_loops_over_the_family_registry(monkeypatch):
     calls = []
     fake = {"b": families.Family("b", "b", lint_graphs="fake:b"), "a": families.Family("a", "a"),
             "c": families.Family("c", "c", lint_graphs="fake:c")}
-    monkeypatch.setattr(families, "load_all", lambda: fake)
+    monkeypatch.setattr(registry, "load_all", lambda: fake)
     monkeypatch.setattr(families.Family, "resolve", lambda self, which: lambda quick: calls.append(
         (self.name, quick)) or [study.FamilyGraph(self.name, "raw", f"{self.name} graph", onnx.ModelProto())])
     got = study.family_graphs(quick=True)

@@ -51,7 +51,7 @@ def test_interior_windows_are_exact_and_paroli_window_is_not(voice, latent):
     rows = study.window_sweep(voice, [latent], configs=((45, 5), (45, 24)), progress=False)
     interior = lambda w: [r["snr_db"] for r in rows if r["window"] == w and r["kind"] == "interior"]  # noqa: E731
     assert len(interior(93)) == 6 and min(interior(93)) > 80.0  # the start and end windows are not interior
-    assert min(interior(55)) < 20.0  # the seeds: 8-60 dB at paroli's 45+5+5
+    assert min(interior(55)) < 20.0  # the reference documents: 8-60 dB at paroli's 45+5+5
     assert {r["where"] for r in rows} == {"fp32"}
 
 

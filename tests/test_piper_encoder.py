@@ -33,7 +33,7 @@ def test_seam_and_census(voice, product):
     s = seam.find_encoder_seam(voice.model)
     assert (s.stats, s.cond, s.frames) == ("/enc_p/proj/Conv_output_0", "/dp/proj/Conv_output_0", "/Clip_output_0")
     rows = {r["stage"]: r for r in product.census_rows()}
-    assert rows["raw slice"]["nodes"] == 992  # the seeds' count
+    assert rows["raw slice"]["nodes"] == 992  # the reference documents' count
     assert rows["folded (onnxslim)"]["nodes"] == 486
     assert (rows["folded (onnxslim)"]["Pad"], rows["folded (onnxslim)"]["Slice"]) == (24, 12)
     assert rows["rewritten"]["nodes"] == 450
@@ -52,7 +52,7 @@ def test_the_encoder_carries_a_contract(voice, product):
     assert c.params == {"width": W, "stats_channels": 384, "cond_channels": 192, "n_vocab": 256, "relshift": "gather"}
 
 
-def test_onnxruntime_basic_fold_matches_the_seeds_count(voice):
+def test_onnxruntime_basic_fold_matches_the_reference_count(voice):
     assert len(producer.fold_basic(seam.encoder_slice(voice.model), 64).graph.node) == 463
 
 

@@ -2,8 +2,8 @@ import numpy as np
 import onnx
 import pytest
 
-from rkstudy.families.piper import protowire
 from rkstudy.errors import InputError
+from rkstudy.families.piper import protowire
 from rkstudy.runtime import OrtRunner
 from rkstudy.toolkit.probes import vocoder_probe
 

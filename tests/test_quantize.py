@@ -78,7 +78,7 @@ def test_calibration_windows_are_what_the_walker_feeds_and_never_the_evaluation_
 @pytest.mark.simulator
 def test_the_sweep_on_a_small_graph(tmp_path):
     """fp16, int8, hybrid with the worst-ranked layer in fp16, the transposed conv kept in fp16 as a
-    block, and auto-hybrid at cosine 0.9999 on the probe (calibration seeds 0-3, scored on seed 100):
+    block, and auto-hybrid at cosine 0.9999 on the probe (calibration reference 0-3, scored on seed 100):
     int8 loses ~30 dB to fp16 (measured 63.2 and 32.8 dB, toolkit 2.5.0, rk3588), and each engine's
     int8 MAC share is what its layer table says."""
     import onnx

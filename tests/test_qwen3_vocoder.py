@@ -72,8 +72,9 @@ def test_the_gate_sees_a_forgotten_cache(dec):
 
 
 def test_released_config_contract_numbers():
-    """Released config: head dim 64 and KV length 71 as the seeds state; our cache is 1 298 567 floats (the
-    seeds' is 1 303 424: their cache holds 4 857 floats more, a layout we cannot see without their code)."""
+    """Released config: head dim 64 and KV length 71 as the reference documents state; our cache is 1 298 567 floats
+    (the reference documents' is 1 303 424: their cache holds 4 857 floats more, a layout we cannot see without
+    their code)."""
     from rkstudy.families.qwen3_vocoder import model
 
     modeling, _ = model.load_modules()

@@ -122,7 +122,7 @@ def _drift():
 
 def _pull_request_board():
     values = [v for n in (128, 192, 384)
-              for v in results.seed_numbers("piper_encoder", f"SNR vs fp32 n{n} (stats / cond)")]
+              for v in results.reference_numbers("piper_encoder", f"SNR vs fp32 n{n} (stats / cond)")]
     return f"ran on a board at {min(values):.1f}–{max(values):.1f} dB"
 
 

@@ -58,7 +58,7 @@ def test_board_run_piper_decoder_equals_the_fp32_walk(work):
     assert (row["where"], row["target"], row["cores"]) == ("replay", "rk3588", "0_1_2")
     assert row["npu_governor"] == "rknpu_ondemand" and row["driver"] == "RKNPU driver: v0.9.8"
     assert row["runtime"].startswith("driver none, api replay double") and float(row["peak_rss_mb"]) > 20
-    # the recorded tree's load file (the seeds' AUTO-mask reading), sampled while the job ran
+    # the recorded tree's load file (the reference documents' AUTO-mask reading), sampled while the job ran
     assert (row["npu_load_mean_pct"], row["npu_load_max_pct"]) == ("55/0/0", "55/0/0")
     assert int(row["npu_load_samples"]) >= 1 and "NPU load mean 55/0/0 %" in proc.stdout
     assert float(row["audio_s"]) == pytest.approx(ref.size / 22050, abs=1e-3) and float(row["rtf"]) > 0

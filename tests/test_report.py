@@ -14,11 +14,11 @@ def test_the_committed_index_is_what_the_generator_writes():
     assert committed == report.generate(RESULTS), "run `rkstudy results index` and commit results/README.md"
 
 
-def test_the_index_lists_tables_headlines_with_the_seeds_figure_and_figures(tmp_path):
+def test_the_index_lists_tables_headlines_with_the_reference_figure_and_figures(tmp_path):
     rows = [results.stamp({"window": 93, "snr_db": 98.2}, Origin("fp32"))]
     results.write_table("piper_decoder", "window_sweep", rows, root=tmp_path, title="Window sweep")
     results.record_headlines("piper_decoder", {"interior SNR": {
-        "value": 73.25, "unit": "dB", "seeds": "interior window SNR vs full-length decode at 93 (45+24+24)",
+        "value": 73.25, "unit": "dB", "reference": "interior window SNR vs full-length decode at 93 (45+24+24)",
         "comparable": "same"}}, root=tmp_path)
     (tmp_path / "piper_decoder" / "figures").mkdir()
     (tmp_path / "piper_decoder" / "figures" / "sweep.png").write_bytes(b"\x89PNG")
@@ -74,8 +74,8 @@ def test_a_headline_pair_recorded_without_comparable_is_flagged_not_stated(tmp_p
                         root=tmp_path, title="Window sweep")
     (folder / "headlines.json").write_text(json.dumps({"commit": "abc", "date": "2026-11-30", "headlines": {
         "interior SNR": {"value": 73.25, "unit": "dB",
-                         "seeds": "interior window SNR vs full-length decode at 93 (45+24+24)"},
-        "lag": {"value": 0, "unit": "samples", "seeds": ""}}}))
+                         "reference": "interior window SNR vs full-length decode at 93 (45+24+24)"},
+        "lag": {"value": 0, "unit": "samples", "reference": ""}}}))
     text = report.generate(tmp_path)
     assert "| interior SNR | 73.25 | dB | 98+ dB (fp32, none) | not stated |" in text
     assert "| lag | 0 | samples |  |  |" in text

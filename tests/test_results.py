@@ -122,34 +122,36 @@ def test_tables_are_ordinary_files(tmp_path):
     assert stat.S_IMODE(path.stat().st_mode) & 0o044 == 0o044  # group/other may read, as with open()
 
 
-def test_headlines_name_real_seed_figures(tmp_path):
+def test_headlines_name_real_reference_figures(tmp_path):
     path = results.record_headlines("piper_decoder", {
         "interior SNR at 93": {"value": 73.2, "unit": "dB", "comparable": "same",
-                               "seeds": "interior window SNR vs full-length decode at 93 (45+24+24)"},
+                               "reference": "interior window SNR vs full-length decode at 93 (45+24+24)"},
         "exact": {"value": float("inf"), "unit": "dB"}}, root=tmp_path)
     got = json.loads(path.read_text())
     assert got["headlines"]["exact"]["value"] == "inf" and got["commit"] == results.commit()
-    with pytest.raises(KeyError, match="no seeds' figure"):
-        results.record_headlines("piper_decoder", {"x": {"value": 1, "seeds": "a figure nobody wrote"}}, root=tmp_path)
+    with pytest.raises(KeyError, match="no reference figure"):
+        results.record_headlines("piper_decoder", {"x": {"value": 1, "reference": "a figure nobody wrote"}},
+                                 root=tmp_path)
 
 
 @pytest.mark.parametrize("comparable", ["", "differs:", "differs: ", "similar"])
 def test_a_headline_beside_a_reference_figure_says_whether_they_compare(tmp_path, comparable):
     figure = "interior window SNR vs full-length decode at 93 (45+24+24)"
     with pytest.raises(ValueError, match="needs comparable='same' or comparable='differs: <what differs>'"):
-        results.record_headlines("piper_decoder", {"x": {"value": 1, "seeds": figure, "comparable": comparable}},
+        results.record_headlines("piper_decoder", {"x": {"value": 1, "reference": figure, "comparable": comparable}},
                                  root=tmp_path)
     path = results.record_headlines("piper_decoder", {
-        "x": {"value": 1, "seeds": figure, "comparable": "differs: other latents"}}, root=tmp_path)
+        "x": {"value": 1, "reference": figure, "comparable": "differs: other latents"}}, root=tmp_path)
     assert json.loads(path.read_text())["headlines"]["x"]["comparable"] == "differs: other latents"
     with pytest.raises(ValueError, match="without a reference figure"):
         results.record_headlines("piper_decoder", {"x": {"value": 1, "comparable": "same"}}, root=tmp_path)
 
 
-def test_seed_numbers_read_ranges_without_retyping():
-    assert results.seed_numbers("piper_encoder", "latent frames drift n128 chunks (fp16 engine vs fp32)") == [7, 8, -6]
-    assert results.seed_numbers("piper_encoder", "latent frames drift n384 chunks (fp16 engine vs fp32)") == [-21, -23]
-    assert results.seed_numbers("piper_encoder", "SNR vs fp32 n128 (stats / cond)") == [45.5, 48.6, 40.1, 44.8]
+def test_reference_numbers_read_ranges_without_retyping():
+    drift = "latent frames drift {} chunks (fp16 engine vs fp32)"
+    assert results.reference_numbers("piper_encoder", drift.format("n128")) == [7, 8, -6]
+    assert results.reference_numbers("piper_encoder", drift.format("n384")) == [-21, -23]
+    assert results.reference_numbers("piper_encoder", "SNR vs fp32 n128 (stats / cond)") == [45.5, 48.6, 40.1, 44.8]
 
 
 def test_a_row_keeps_the_toolkit_that_built_it():

@@ -131,7 +131,7 @@ def test_value_and_measured_take_the_rule_of_their_unit(tmp_path):
 
 
 def test_headlines_are_compared_too(tmp_path):
-    h = {"interior SNR": {"value": 73.2, "unit": "dB", "seeds": ""}, "lines": {"value": 62031, "unit": "lines"}}
+    h = {"interior SNR": {"value": 73.2, "unit": "dB", "reference": ""}, "lines": {"value": 62031, "unit": "lines"}}
     moved = {"interior SNR": {"value": 73.5, "unit": "dB"}, "lines": {"value": 62032, "unit": "lines"}}
     text, failed = run(tmp_path, {}, {}, a_headlines={"s": h}, b_headlines={"s": moved})
     assert failed

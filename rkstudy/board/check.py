@@ -1,6 +1,6 @@
-"""`rkstudy board check`: what this board is, and whether its figures can be compared with the seeds'.
+"""`rkstudy board check`: what this board is, and whether its figures can be compared with the reference documents'.
 
-The seeds' board figures (000_6e5d138aacebdbda.txt, "Conditions on the board numbers") were taken on
+The RKNN decoder-path document's board figures ("Conditions on the board numbers") were taken on
 an RK3588 with the vendor rknpu_ondemand governor ramping the NPU to its 1000 MHz OPP; "a board
 running the mainline rocket driver's performance-less default can sit at a fraction of that
 clock and every figure here scales with it". So the check reads, from the board's own files:
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from ..paths import on_board
 from . import sysfs
 
-SEEDS_SOC = "rk3588"
+REFERENCE_SOC = "rk3588"
 LIBRKNNRT_ENV = "LIBRKNNRT_PATH"
 LIBRKNNRT_PATHS = ("/usr/lib/librknnrt.so", "/usr/lib64/librknnrt.so", "/usr/local/lib/librknnrt.so",
                    "/usr/lib/aarch64-linux-gnu/librknnrt.so")
@@ -135,35 +135,36 @@ def _mhz(hz: int | None) -> str:
     return f"{hz / 1e6:.0f} MHz" if hz else "unknown"
 
 
-def seeds_npu_hz() -> int:
-    """The NPU clock the seeds' figures were taken at (data/reference/seeds.csv)."""
-    from ..tables.results import seed_figure
+def reference_npu_hz() -> int:
+    """The NPU clock the reference documents' figures were taken at (data/reference/figures.csv)."""
+    from ..tables.results import reference_figure
 
-    return int(seed_figure("flow_estimator", "NPU clock under load (cur_freq)")["value"])
+    return int(reference_figure("flow_estimator", "NPU clock under load (cur_freq)")["value"])
 
 
 def verdict(soc_name: str | None, clock: NpuClock | None) -> Verdict:
-    """Can this board's NPU figures be set beside the seeds' (RK3588, NPU at its top OPP, the
-    clock seeds_npu_hz() names)?"""
+    """Can this board's NPU figures be set beside the reference documents' (RK3588, NPU at its top OPP, the
+    clock reference_npu_hz() names)?"""
     if soc_name is None:
         return Verdict(False, "not a Rockchip board (no rockchip,rkXXXX in the device tree)")
-    if soc_name != SEEDS_SOC:
-        return Verdict(False, f"this is an {soc_name}; the seeds' board figures are RK3588 "
+    if soc_name != REFERENCE_SOC:
+        return Verdict(False, f"this is an {soc_name}; the reference documents' board figures are RK3588 "
                        "(another NPU, another clock): compare ratios, not absolute figures")
     if clock is None:
         return Verdict(None, f"the NPU clock cannot be read ({missing_devfreq(soc_name)})",
                        "check that the rknpu driver is loaded (dmesg | grep -i rknpu)")
-    seeds_hz = seeds_npu_hz()
-    if clock.top_hz is not None and clock.top_hz < seeds_hz:
-        return Verdict(False, f"the NPU's OPP table tops out at {_mhz(clock.top_hz)}; the seeds ran at "
-                       f"{_mhz(seeds_hz)}")
-    if clock.cur_hz == clock.top_hz == seeds_hz:
+    reference_hz = reference_npu_hz()
+    if clock.top_hz is not None and clock.top_hz < reference_hz:
+        return Verdict(False, f"the NPU's OPP table tops out at {_mhz(clock.top_hz)}; the reference documents ran at "
+                       f"{_mhz(reference_hz)}")
+    if clock.cur_hz == clock.top_hz == reference_hz:
         return Verdict(True, f"NPU at its top OPP, {_mhz(clock.cur_hz)}, governor {clock.governor}")
     node = f"{sysfs.DEVFREQ}/{clock.node}"
     if clock.governor == "rknpu_ondemand":
-        return Verdict(None, f"NPU at {_mhz(clock.cur_hz)} now under rknpu_ondemand (the seeds' governor), "
+        return Verdict(None, f"NPU at {_mhz(clock.cur_hz)} now under rknpu_ondemand (the reference documents' "
+                             "governor), "
                        f"which ramps to {_mhz(clock.top_hz)} under load",
-                       f"read {node}/cur_freq during a run; it must show {seeds_hz}")
+                       f"read {node}/cur_freq during a run; it must show {reference_hz}")
     return Verdict(False, f"NPU at {_mhz(clock.cur_hz)} under governor {clock.governor}, not at its top OPP "
                    f"{_mhz(clock.top_hz)}: every NPU figure scales with this clock",
                    f"echo performance | sudo tee {node}/governor")
@@ -228,7 +229,7 @@ def render(check: BoardCheck) -> str:
     readable = "readable" if check.npu_load_readable else "not readable (needs root and debugfs)"
     lines.append(f"  NPU load file  {readable}")
     v = check.verdict
-    lines.append(f"verdict: {v.word} with the seeds' RK3588 figures: {v.why}")
+    lines.append(f"verdict: {v.word} with the reference documents' RK3588 figures: {v.why}")
     if v.fix:
         lines.append(f"  fix: {v.fix}")
     return "\n".join(lines)

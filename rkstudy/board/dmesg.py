@@ -1,7 +1,7 @@
 """Who refused, and how much was asked for: the driver's refusal lines and one failure formatter.
 
 An init that the NPU cannot hold fails at rknn_init with a bare code; the byte count is only in the
-kernel log. The seeds (000_6e5d138aacebdbda.txt, "The IOVA ceiling") recorded these lines on an
+kernel log. The RKNN decoder-path document ("The IOVA ceiling") recorded these lines on an
 RK3588 (6.1.115-vendor-rk35xx) for engines whose mapping passed ~4 GB:
 
     RKNPU: failed to allocate IOVA: -12
@@ -11,7 +11,7 @@ RK3588 (6.1.115-vendor-rk35xx) for engines whose mapping passed ~4 GB:
 parse() recovers the requested bytes from such lines (with or without the kernel's timestamp and
 device prefix). format_failure() is the one place an RKNN failure becomes a message (the board
 runner, the memory query and the ladder all raise through it): it names the runtime code (the
-rknn_api.h name, and what the seeds observed it to mean for -4, -6 and -13), the bytes dmesg
+rknn_api.h name, and what the reference documents observed it to mean for -4, -6 and -13), the bytes dmesg
 names, and the versions the driver and runtime reported ("Who refused: the versions a failure
 names").
 
@@ -54,10 +54,10 @@ CODE_NAMES = {
     -13: ("RKNN_ERR_TARGET_PLATFORM_UNMATCH", "target platform not compatible with this platform"),
 }
 
-# What the seeds observed each code to mean on their board ("Who refused: the versions a failure
+# What the reference documents observed each code to mean on their board ("Who refused: the versions a failure
 # names", "The IOVA ceiling"). The header's names do not say it: -6 reads "model is invalid" but
 # was an aperture overrun on a valid model.
-SEEDS_MEANING = {
+REFERENCE_MEANING = {
     -4: "the driver refused the init: on RK3588 the IOVA ceiling (one mapping above ~4 GB) or the "
         "per-process budget; dmesg names the bytes",
     -6: "the driver refused the init: an aperture overrun (too many contexts resident), not a bad "
@@ -186,7 +186,7 @@ class Versions:
     driver: str | None = None
 
     def describe(self) -> str:
-        """"driver 0.9.8, api 2.3.2 (429f97ae6b@...)", the seeds' order; "" when neither is known."""
+        """"driver 0.9.8, api 2.3.2 (429f97ae6b@...)", the reference documents' order; "" when neither is known."""
         return ", ".join(p for p in (f"driver {self.driver}" if self.driver else "",
                                      f"api {self.api}" if self.api else "") if p)
 
@@ -222,9 +222,9 @@ def known_versions() -> Versions | None:
 
 
 def describe_code(code: int) -> str:
-    """`RKNN_ERR_MALLOC_FAIL: <what the seeds saw it mean>` for a librknnrt code."""
+    """`RKNN_ERR_MALLOC_FAIL: <what the reference documents saw it mean>` for a librknnrt code."""
     name, header = CODE_NAMES.get(code, ("unknown code", "not in rknn_api.h 2.3.2"))
-    return f"{name}: {SEEDS_MEANING.get(code, header)}"
+    return f"{name}: {REFERENCE_MEANING.get(code, header)}"
 
 
 def format_failure(what: str, code: int | None, *, versions: Versions | None = None,

@@ -1,6 +1,6 @@
 """A DRAM read ceiling: stream an array many times the size of the last-level cache, report GB/s.
 
-Why the size matters: the seeds (000_6e5d138aacebdbda.txt, "Conditions on the board numbers")
+Why the size matters: the RKNN decoder-path document ("Conditions on the board numbers")
 measured their board's DRAM read ceiling at 26.4-29.4 GB/s with a cache-bypassing STREAM triad
 (4 A76 threads, 804 MB working set) and sysbench with a 64 MB buffer, and note that sysbench's
 default 1 MB buffer reports 61 GB/s "because it never leaves L3". Those are their figures on their

@@ -1,6 +1,6 @@
 """Per-core NPU load during a run, sampled from the driver's debugfs file in a background thread.
 
-Why: the core mask decides how a job spreads, and the seeds (000_6e5d138aacebdbda.txt, "NPU core
+Why: the core mask decides how a job spreads, and the RKNN decoder-path document ("NPU core
 use") read this file to find that AUTO puts every engine on one core ("Core0: 55%, Core1: 0%,
 Core2: 0%" for the whole qwen3_tts vocoder run) and that 0_1_2 spreads Kokoro to 95/18/19. A
 summary of the samples (mean and max per core) is that reading, made repeatable.

@@ -1,9 +1,9 @@
 """What one process can hold on the NPU, and a lazy ladder of engines that never asks for more.
 
-Two constraints, not one. Both come from someone else's board measurements (the seeds,
-000_6e5d138aacebdbda.txt, "The IOVA ceiling, i.e. how big an engine can be": a flow-matching DiT
+Two constraints, not one. Both come from someone else's board measurements (the reference documents,
+the RKNN decoder-path document, "The IOVA ceiling, i.e. how big an engine can be": a flow-matching DiT
 estimator, fp16, on an Orange Pi 5 Plus, RK3588, 6.1.115-vendor-rk35xx); their figures are rows of
-data/reference/seeds.csv (study flow_estimator), read by the flow estimator family
+data/reference/figures.csv (study flow_estimator), read by the flow estimator family
 (rkstudy.families.flow_estimator.reference_memory). This module is the generic part: the budget, a
 set's verdict, the smallest-rung router and the lazy ladder.
 
@@ -11,12 +11,12 @@ set's verdict, the smallest-rung router and the lazy ladder.
    arena on RK3588, so one mapping past ~4 GB is refused at rknn_init whatever else is resident
    ("RKNPU: failed to allocate IOVA: -12"). That is why every set holding the S=900 engine fails
    although its context reports only 1039 MiB: its own request was 4.71 GB.
-2. The per-process budget. The contexts resident in one process share an aperture: the seeds
+2. The per-process budget. The contexts resident in one process share an aperture: the reference documents
    measured it by initializing sets in one process (110+200+250 loads, 250+400 returns -4).
 
-The ceiling used here is 2**32 bytes, the size of a 32-bit arena. The seeds bracket it: the
+The ceiling used here is 2**32 bytes, the size of a 32-bit arena. The reference documents bracket it: the
 largest context that loaded alone is S=500's and the smallest refused request is S=1100's. The
-budget is a measurement of one engine family on one board (Budget.seeds() is theirs): pass your
+budget is a measurement of one engine family on one board (Budget.reference() is theirs): pass your
 own when you measured it.
 
 Board side: standard library only.
@@ -33,8 +33,8 @@ from typing import Any
 from .dmesg import InitRefused
 
 MIB = 1 << 20
-SINGLE_MAPPING_CEILING = 1 << 32  # bytes: the size of a 32-bit IOVA arena (seeds: "a 32-bit arena", "~4 GB")
-SEEDS_STUDY = "flow_estimator"
+SINGLE_MAPPING_CEILING = 1 << 32  # bytes: the size of a 32-bit IOVA arena (reference: "a 32-bit arena", "~4 GB")
+REFERENCE_STUDY = "flow_estimator"
 
 
 @dataclass(frozen=True)
@@ -47,12 +47,12 @@ class Budget:
     source: str = ""
 
     @classmethod
-    def seeds(cls) -> Budget:
-        """The seeds' per-process budget (their measurement, their board), with the 32-bit ceiling."""
-        from ..tables.results import seed_figure
+    def reference(cls) -> Budget:
+        """The reference documents' per-process budget (their measurement, their board), with the 32-bit ceiling."""
+        from ..tables.results import reference_figure
 
-        row = seed_figure(SEEDS_STUDY, "per-process budget of resident contexts")
-        return cls(float(row["value"]), source=f"seeds {row['seed_file']}, {row['section']}")
+        row = reference_figure(REFERENCE_STUDY, "per-process budget of resident contexts")
+        return cls(float(row["value"]), source=f"{row['document']}, {row['section']}")
 
 
 @dataclass(frozen=True)
@@ -168,7 +168,7 @@ class LazyLadder:
     the driver refuses.
     cost: name -> EngineCost, as a mapping or a callable (on a board, measured once per engine with
     rknnrt.engine_memory, a COLLECT_MODEL_INFO_ONLY init: no network built).
-    budget: Budget.seeds() or the one measured on your board.
+    budget: Budget.reference() or the one measured on your board.
     cpu: name -> the CPU-path handle for an engine that cannot be resident even alone; each such
     engine is announced once through `log`, in one line that says why. Without `cpu`, get() raises
     DoesNotFit with that line.

@@ -1,8 +1,8 @@
 """An engine's NPU memory, measured on the board through librknnrt (ctypes), with no network built.
 
 RKNNLite 2.5.0 exposes no memory query (its API is load_rknn / init_runtime / inference /
-get_sdk_version / release), so this goes to the C runtime directly, the way the seeds' sidecar did
-(000_6e5d138aacebdbda.txt, "The IOVA ceiling": "a RKNN_FLAG_COLLECT_MODEL_INFO_ONLY init plus
+get_sdk_version / release), so this goes to the C runtime directly, the way the reference documents' sidecar did
+(the RKNN decoder-path document, "The IOVA ceiling": "a RKNN_FLAG_COLLECT_MODEL_INFO_ONLY init plus
 RKNN_QUERY_MEM_SIZE, ~0.5 s per engine, no network built"):
 
     rknn_init(&ctx, "<path>", 0, RKNN_FLAG_COLLECT_MODEL_INFO_ONLY, NULL)   # size 0: model is a path
@@ -157,7 +157,7 @@ def internal_wrap_suspect(mem: EngineMemory, refused_bytes: Iterable[int]) -> in
     """A refused byte count (from dmesg) that equals total_internal_size modulo 2**32 while being
     larger: the uint32 field wrapped, and the true internal size is that count. None otherwise.
 
-    Why it matters: the seeds' S=900 engine reports 1039 MiB but asked for 4710850560 B, which is
+    Why it matters: the reference documents' S=900 engine reports 1039 MiB but asked for 4710850560 B, which is
     415883264 B past 4 GiB; if its internal size came back as 415883264, the query under-reports by
     exactly 4 GiB and a budget built on it admits what the driver refuses."""
     for n in refused_bytes:

@@ -3,9 +3,9 @@
 The parent checks that this is a board, validates the engine's contract (engine bytes unchanged,
 compiled for this SoC, carved from the same source as the inputs), starts a child that loads the
 engine and runs the family's job; the child reports its own peak RSS (VmHWM: the sidecar, its
-runtime and its engine), comparable with the seeds' process figure and not the notebook kernel's.
+runtime and its engine), comparable with the reference documents' process figure and not the notebook kernel's.
 While the job runs, the child samples the driver's per-core NPU load in a background thread
-(rkstudy.board.load; the seeds read that file to find that the AUTO mask leaves two cores idle).
+(rkstudy.board.load; the reference documents read that file to find that the AUTO mask leaves two cores idle).
 The parent then writes the audio and appends one results row: wall time, audio seconds, RTF, peak
 RSS, per-core NPU load (mean and max), NPU governor and frequency, driver and runtime versions,
 engine and contract digests, and where it ran (`board`, or `replay` through the test double).

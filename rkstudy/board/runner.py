@@ -1,12 +1,12 @@
 """RKNNLite on a board. Real code, exercised on a board, and in CI through the replay double of
 RKNNLite (tests/doubles/rknnlite), whose rows say `replay`, never `board`.
 
-Three behaviours the seeds measured (or that RKNNLite hides) and this runner keeps:
+Three behaviours the reference documents measured (or that RKNNLite hides) and this runner keeps:
 * The driver's AUTO core mask puts every one of these engines on one core, so the runner asks
   for cores 0_1_2 and falls back to AUTO only when the mask itself is refused (set_core_mask's
   code, which init_runtime returns: -13 on single-core SoCs such as the RK3566). An init that
   failed (the runtime raised: -4, -6, a wrong SoC, an old runtime) is never retried with another
-  mask: the seeds saw masks 1 and 7 fail identically at the IOVA ceiling. The row records the mask
+  mask: the reference documents saw masks 1 and 7 fail identically at the IOVA ceiling. The row records the mask
   the runtime granted (0_1 where RK3576 swaps 0_1_2 for its two cores).
 * A failure code names what was refused, not who refused it. Every failure goes through
   rkstudy.board.dmesg.format_failure, the one formatter: the code's name and meaning, the bytes

@@ -19,7 +19,7 @@ from onnx import helper, numpy_helper, shape_inference
 
 from ..errors import InputError, UsageError
 
-# Ops the seeds name as build hazards for rknn.build: dynamic-shape plumbing that aborts
+# Ops the reference documents name as build hazards for rknn.build: dynamic-shape plumbing that aborts
 # fold_constant with a core dump (Shape, ConstantOfShape, Range), decompositions of LayerNorm /
 # Softmax / weight norm (Pad, Exp, ReduceL2), ops with no NPU kernel on the board (Sin) or that
 # the board lowers wrongly (Resize), and time-axis reductions that hit the 13-bit field (ReduceSum).

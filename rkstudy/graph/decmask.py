@@ -8,7 +8,7 @@ padding zero again at every level.
 
 The mask has to be upsampled with the audio: by an all-ones ConvTranspose1d at each upsample
 stride (exact nearest-neighbour, and an operator the decoder already runs on the NPU). A Resize
-node does the same in fp32 but, the seeds measured, does not lower correctly on the board; it is
+node does the same in fp32 but, the reference documents measured, does not lower correctly on the board; it is
 kept here only to measure that.
 
 On a window whose mask is 1 everywhere every inserted Mul is an exact fp32 identity, so the
@@ -122,7 +122,7 @@ def resize_to_convtranspose(model) -> onnx.ModelProto:
     """A copy of `model` whose nearest-mode Resize upsamplers (integer factor s on the last axis only)
     are all-ones depthwise ConvTranspose (kernel s, stride s) under the same output name.
 
-    Why: the seeds measured a Resize mask upsampler at 50-53 dB in the simulator and -7.9 dB on the
+    Why: the reference documents measured a Resize mask upsampler at 50-53 dB in the simulator and -7.9 dB on the
     board; the all-ones ConvTranspose is exact nearest and an operator the decoders already run on
     the NPU. Each replacement is checked against the Resize it replaces on an index probe in
     onnxruntime (any coordinate mode that does not repeat each frame s times is left alone).

@@ -1,14 +1,14 @@
 """Sin and Cos as a range-reduced odd polynomial of NPU-native operators (host).
 
 librknnrt has no NPU Sin: rknn-toolkit2 leaves every Sin node on the CPU (rkstudy/lint's op probe
-measures it), and the seeds measured the 48 Snake sines of one Kokoro window at 41% of its time.
+measures it), and the reference documents measured the 48 Snake sines of one Kokoro window at 41% of its time.
 This rewrite folds the argument into [-π, π] with k = Floor(x/(2π) + 0.5), r = x − 2πk, and
 evaluates an odd polynomial in r by Horner in r² (Mul, Add, Floor, Sub only). Cos is sin(x + π/2).
 The coefficients are a least-squares fit on [-π, π] computed here, not typed in.
 
 The fold's Floor is itself a CPU operator for the toolkit (the op probe measures it), which is the
-seeds' "the Floor chain does not stay on the NPU end to end". `fold=False` clips the argument at ±π
-instead (the seeds' pre-fold export): every node on the NPU, exact only where |x| <= π.
+the reference documents' "the Floor chain does not stay on the NPU end to end". `fold=False` clips the argument at ±π
+instead (the reference documents' pre-fold export): every node on the NPU, exact only where |x| <= π.
 """
 
 from __future__ import annotations

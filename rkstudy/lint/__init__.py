@@ -5,7 +5,7 @@ CPU, overflow a register field or compute garbage on the board. Each hazard is o
 rkstudy/lint/rules/ that registers itself here with a stable code (duplicates refused), the way
 the families register themselves; `lint()` runs every rule over one view of the graph (pinned
 shapes, producers, consumers, constants) and returns findings. Every finding names its nodes, the
-measured consequence (a seeds' figure from data/reference/seeds.csv, or this project's own probe
+measured consequence (a reference figure from data/reference/figures.csv, or this project's own probe
 of the installed compiler) and the fix rkstudy offers.
 
 Severity: `error` = the toolkit refuses the graph, or the engine computes garbage (measured);
@@ -31,7 +31,7 @@ from .. import graph
 from ..contract import TARGETS
 from ..errors import InputError, UsageError, one_line
 from ..graph.index import Index
-from ..tables.results import seed_figure
+from ..tables.results import reference_figure
 
 SEVERITIES = ("error", "warning", "info")
 FP16_MAX = 65504.0  # the largest finite float16
@@ -124,11 +124,11 @@ def load_rules() -> dict[str, Rule]:
     return dict(sorted(RULES.items()))
 
 
-def seeds(figure: str, study: str = "lint") -> str:
-    """A seeds' figure as finding text: the figure, its value, where it was measured and that it is
-    the seeds' (read from data/reference/seeds.csv, so no rule types a seeds number)."""
-    r = seed_figure(study, figure)
-    return f"{figure}: {r['value']} {r['unit']} (seeds, {r['where']}, {r['target']})"
+def reference(figure: str, study: str = "lint") -> str:
+    """A reference figure as finding text: the figure, its value, where it was measured and that it is
+    the reference documents' (read from data/reference/figures.csv, so no rule types a reference number)."""
+    r = reference_figure(study, figure)
+    return f"{figure}: {r['value']} {r['unit']} (the reference documents, {r['where']}, {r['target']})"
 
 
 def measured(key: str, target: str) -> tuple[str, str]:

@@ -6,7 +6,7 @@ What the compiler can show on this machine, per graph: the build fails or aborts
 layer lands on the CPU in the verbose build log (`cpu`), REGTASK lines (`regtask`), or the simulator
 returns non-finite values where fp32 does not (`nonfinite`). Some hazards it cannot show here at all
 (`none`): the board computes garbage while the simulator is fine (relative-shift chains, a Resize
-mask upsampler), or the seeds measured them on another toolkit version. Those rows disagree by
+mask upsampler), or the reference documents measured them on another toolkit version. Those rows disagree by
 construction, and each such Case says why (`blind`). Numerics findings (the fp16 range, a Sin left
 on the CPU) are also cross-checked against the toolkit's own per-layer accuracy_analysis
 (rkstudy.toolkit.convert.accuracy_analysis), not a second per-layer comparer.
@@ -261,10 +261,10 @@ def _normal(name: str, shape, seed: int = 1, scale: float = 1.0):
 
 
 # --- the cases ---------------------------------------------------------------------------------------
-TOOLKIT_FOLDS = ("rknn-toolkit2 2.5.0 builds it: the seeds' abort was on 2.3.2, so lint keeps it a warning that "
-                 "this compiler does not confirm")
-BOARD_ONLY = ("the board computes garbage while the simulator matches fp32 (the seeds' figures in the finding); "
-              "no toolkit signal on the host shows it")
+TOOLKIT_FOLDS = ("rknn-toolkit2 2.5.0 builds it: the reference documents' abort was on 2.3.2, so lint keeps it a "
+                 "warning that this compiler does not confirm")
+BOARD_ONLY = ("the board computes garbage while the simulator matches fp32 (the reference documents' figures in the "
+              "finding); no toolkit signal on the host shows it")
 TILING = ("the compiler logs REGTASK lines only where the op's tiling overflows the field, which depends on the op, "
           "its channels and the target (results/toolchain/regtask.md: this conv logs none at some lengths past 8191, "
           "and none at all on rk3566); lint reports the axis it can see")

@@ -1,7 +1,7 @@
 """The reference documents' measured claims, each beside ours, with a verdict (host side).
 
 data/reference/claims.csv holds one row per claim: the study it belongs to, the reference figure
-by its exact text in data/reference/seeds.csv, where ours is read (a table the study's notebook
+by its exact text in data/reference/figures.csv, where ours is read (a table the study's notebook
 writes, a column, a row selector and a summary), what the comparison is, and the verdict rule:
 
 - `tolerance`: `reproduced` when ours lies in [low, high], else `differs` with the gap and `cause`;
@@ -57,7 +57,8 @@ def _figure(study: str, text: str, claim: str) -> dict:
     found = [r for r in results.reference(study) if r["figure"] == figure and (not target or r["target"] == target)]
     if len(found) != 1:
         what = "no" if not found else f"{len(found)} (add ' @<target>')"
-        raise ClaimError(f"claim {claim}: {what} reference figure {text!r} for {study} in {results.SEEDS.name}")
+        raise ClaimError(f"claim {claim}: {what} reference figure {text!r} for {study} in "
+                         f"{results.REFERENCE_FIGURES.name}")
     return found[0]
 
 

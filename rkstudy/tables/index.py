@@ -33,7 +33,7 @@ Every table here was written by a notebook or a benchmark run in full mode (`mak
 `toolkit_version`, `target`, `where` (fp32 = onnxruntime on the host CPU, simulator = rknn-toolkit2's
 PC simulator, board = RKNNLite on a real board, replay = the test double of RKNNLite, host = a build,
 a census or a timing on the host) and `date`. There is no board row unless a board produced it.
-The reference documents' own figures are in `data/reference/seeds.csv` (with document and section);
+The reference documents' own figures are in `data/reference/figures.csv` (with document and section);
 where a headline has one, it is shown beside ours, labelled as theirs, with whether the two are the
 same quantity under the same conditions (`same`) or what differs (`differs: ...`). Each study's
 `reference_claims` table puts every measured claim the documents make about it beside ours, with a
@@ -63,9 +63,9 @@ def _fmt(value) -> str:
     return str(value)
 
 
-def _seeds_value(study: str, figure: str) -> str:
+def _reference_value(study: str, figure: str) -> str:
     try:
-        r = results.seed_figure(study, figure)
+        r = results.reference_figure(study, figure)
     except KeyError:
         return ""
     return f"{r['value']} {r['unit']} ({r['where']}, {r['target']})"
@@ -149,10 +149,10 @@ def generate(root: Path = RESULTS) -> str:
                          "| headline | ours | unit | the reference documents' figure | comparable |\n"
                          "|---|---|---|---|---|\n")
             for name, v in h["headlines"].items():
-                seeds = _seeds_value(study, v["seeds"]) if v.get("seeds") else ""
+                reference = _reference_value(study, v["reference"]) if v.get("reference") else ""
                 # a pair recorded without saying whether it compares is flagged, never shown as if it did
-                comparable = v.get("comparable") or ("not stated" if seeds else "")
-                parts.append(f"| {name} | {_fmt(v['value'])} | {v['unit']} | {seeds} | {comparable} |\n")
+                comparable = v.get("comparable") or ("not stated" if reference else "")
+                parts.append(f"| {name} | {_fmt(v['value'])} | {v['unit']} | {reference} | {comparable} |\n")
         parts.append(_claims_line(study, folder))
         parts.append("\n| table | what | rows |\n|---|---|---|\n")
         for csv in tables:

@@ -26,7 +26,7 @@ from importlib import metadata
 from pathlib import Path
 
 from .. import __version__, atomic, contract
-from ..paths import REPO, SEEDS, results_root  # noqa: F401  (results_root re-exported for notebooks)
+from ..paths import REFERENCE_FIGURES, REPO, results_root  # noqa: F401  (results_root re-exported for notebooks)
 
 # fp32: onnxruntime on the host CPU; simulator: the toolkit's PC simulator; board: RKNNLite on a
 # real board; replay: the test double of RKNNLite (never a board number); host: a build, a census
@@ -190,34 +190,34 @@ def read_table(path: Path | str) -> list[dict]:
 
 
 def reference(study: str) -> list[dict]:
-    """The design documents' own figures for `study` (data/reference/seeds.csv), each row naming
-    its seed file and section. These are the seeds' numbers, never ours: show them labelled."""
-    return [r for r in read_table(SEEDS) if r["study"] == study]
+    """The design documents' own figures for `study` (data/reference/figures.csv), each row naming
+    its reference document and section. These are the reference documents' numbers, never ours: show them labelled."""
+    return [r for r in read_table(REFERENCE_FIGURES) if r["study"] == study]
 
 
-def seed_numbers(study: str, figure: str) -> list[float]:
-    """The numbers in a seeds' figure's value ("+7/+8/-6" -> [7, 8, -6]; "-21…-23" -> [-21, -23]),
+def reference_numbers(study: str, figure: str) -> list[float]:
+    """The numbers in a reference figure's value ("+7/+8/-6" -> [7, 8, -6]; "-21…-23" -> [-21, -23]),
     for plotting their ranges beside ours without retyping them."""
     import re
 
-    value = seed_figure(study, figure)["value"].replace("−", "-")
+    value = reference_figure(study, figure)["value"].replace("−", "-")
     # a sign counts only where it does not follow a digit: "45.5-48.6" is a range, not 45.5 and -48.6
     return [float(x) for x in re.findall(r"(?<![\d.])[-+]?\d+(?:\.\d+)?", value)]
 
 
-def seed_figure(study: str, figure: str) -> dict:
-    """One seeds' figure by its exact `figure` text (raises, naming the file, when it is not there)."""
+def reference_figure(study: str, figure: str) -> dict:
+    """One reference figure by its exact `figure` text (raises, naming the file, when it is not there)."""
     for r in reference(study):
         if r["figure"] == figure:
             return r
-    raise KeyError(f"no seeds' figure {figure!r} for {study} in {SEEDS}")
+    raise KeyError(f"no reference figure {figure!r} for {study} in {REFERENCE_FIGURES}")
 
 
 # --- headline numbers (recorded by each notebook's last cell) ----------------------------------
 def record_headlines(study: str, headlines: Mapping[str, Mapping], *, root: Path) -> Path:
-    """Write `<root>/<study>/headlines.json`: {name: {value, unit, seeds, comparable}} — what the
-    notebook tests assert (with tolerances) and what the generated index shows. `seeds` names the
-    reference figure (its exact `figure` text in data/reference/seeds.csv) the headline is shown
+    """Write `<root>/<study>/headlines.json`: {name: {value, unit, reference, comparable}} — what the
+    notebook tests assert (with tolerances) and what the generated index shows. `reference` names the
+    reference figure (its exact `figure` text in data/reference/figures.csv) the headline is shown
     beside, and `comparable` says whether the pair is the same quantity under the same conditions
     (`same`) or not (`differs: <what>`): a reference figure without it is refused, so the index
     never pairs two numbers without saying whether they can be compared."""
@@ -229,15 +229,15 @@ def record_headlines(study: str, headlines: Mapping[str, Mapping], *, root: Path
         if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
             value = str(value)
         comparable = h.get("comparable", "")
-        if h.get("seeds"):
-            seed_figure(study, h["seeds"])  # a typo in the figure name fails here, not in the index
+        if h.get("reference"):
+            reference_figure(study, h["reference"])  # a typo in the figure name fails here, not in the index
             if comparable != "same" and not (comparable.startswith("differs: ") and comparable[9:].strip()):
-                raise ValueError(f"{study} headline {name!r}: beside reference figure {h['seeds']!r} it needs "
+                raise ValueError(f"{study} headline {name!r}: beside reference figure {h['reference']!r} it needs "
                                  "comparable='same' or comparable='differs: <what differs>'")
         elif comparable:
             raise ValueError(f"{study} headline {name!r}: comparable={comparable!r} without a reference "
-                             "figure; pass seeds=<its figure> or drop comparable")
-        clean[name] = {"value": value, "unit": h.get("unit", ""), "seeds": h.get("seeds", ""),
+                             "figure; pass reference=<its figure> or drop comparable")
+        clean[name] = {"value": value, "unit": h.get("unit", ""), "reference": h.get("reference", ""),
                        "comparable": comparable}
     payload = {"study": study, "rkstudy_version": __version__, "commit": commit(),
                "date": _dt.date.today().isoformat(), "headlines": clean}

@@ -7,7 +7,7 @@ Why a child process:
 * a graph the compiler cannot fold (Shape -> ConstantOfShape chains) aborts it with a core dump
   and no traceback; in a child that is an exit status, reported with the last log lines, and the
   notebook kernel survives;
-* a build that floods REGTASK lines (the seeds saw ~800k for one engine) is killed once it passes
+* a build that floods REGTASK lines (the reference documents saw ~800k for one engine) is killed once it passes
   the limit, instead of running for minutes to produce an engine that voices clipped noise.
 
 The same child can stay alive after the build and serve simulator inference (see

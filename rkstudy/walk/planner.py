@@ -19,7 +19,7 @@ Three measurements, each generic over any walked decoder a family adapts (rkstud
   window length, not on how it splits into emit and context.
 
 Then the plan: for each SNR target, emit = largest clean window - 2 x minimum context, and the compute
-ratio emit / window (the seeds' hand-picked Piper window: 45 / 93 = 0.48).
+ratio emit / window (the reference documents' hand-picked Piper window: 45 / 93 = 0.48).
 
 A decoder with one walked input (Piper, Inflect) is a latent array [C, N] and a decode of it. A decoder
 with several walked inputs (Kokoro: the latent and its harmonic input, each at its own rate) hands the

@@ -1,7 +1,7 @@
 """The fixed-window walk: an engine compiled for one window shape, run over a latent of any length.
 
 RKNN has no dynamic shapes, so a decoder is compiled for `window = emit + 2*context` latent
-frames and walked over the latent. The rules (the seeds measured why each one matters):
+frames and walked over the latent. The rules (the reference documents measured why each one matters):
 
 * Each step emits `emit` frames and sees `context` frames of real data on each side, so the
   emitted frames are decoded as they would be in one full-length pass.

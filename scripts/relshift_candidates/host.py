@@ -35,7 +35,7 @@ def folded(voice: piper.Voice, width: int) -> onnx.ModelProto:
 
 def references(voice: piper.Voice, width: int, counts: Sequence[int] | None = None, tag: str = "") -> Path:
     """npz for measure.py: padded engine feeds and the exact-length fp32 raw slice outputs at
-    `counts` (default: the seeds' token counts {17, 61, N-1, N}, piper_encoder.counts_for);
+    `counts` (default: the reference documents' token counts {17, 61, N-1, N}, piper_encoder.counts_for);
     `tag` names a non-default set of counts."""
     path = OUT / "refs" / f"refs_L{width}{tag}.npz"
     if path.exists():

@@ -1,7 +1,7 @@
 """CosyVoice3's flow-matching DiT estimator: the NPU memory it takes, not its numerics.
 
 An engine is mapped into a 32-bit NPU address space, so an attention graph compiled at a fixed
-length S meets a ceiling in the low hundreds of frames (the seeds' measurements), and a ladder of
+length S meets a ceiling in the low hundreds of frames (the reference documents' measurements), and a ladder of
 S engines has to load lazily. The real estimator is not obtainable here: the board side is the
 memory model, the ladder and the measurement kit (rkstudy.board.memory, .rknnrt, .dmesg, .check,
 .load, .dram; `rkstudy board memory | check | dram`), and the host side is a DiT-shaped stand-in

@@ -3,7 +3,7 @@
 That document measured a flow-matching DiT estimator (fp16, Orange Pi 5 Plus, RK3588,
 6.1.115-vendor-rk35xx): the context each fixed-S engine reports, the single mappings dmesg refused,
 and which sets of engines one process could initialize together. Its rows live in
-data/reference/seeds.csv (study flow_estimator); this module turns them into the generic model's
+data/reference/figures.csv (study flow_estimator); this module turns them into the generic model's
 EngineCost and Budget (rkstudy.board.memory), so the study can check that the model admits and
 refuses exactly the sets the document saw admitted and refused.
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ...board.memory import SEEDS_STUDY, Budget, EngineCost
+from ...board.memory import REFERENCE_STUDY, Budget, EngineCost
 
 _CONTEXT = re.compile(r"context per engine \(RKNN_QUERY_MEM_SIZE\) S=(\d+)")
 _MAPPING = re.compile(r"refused single mapping \(dmesg\) S=(\d+)")
@@ -43,14 +43,14 @@ def _engines(text: str) -> tuple[str, ...]:
 
 
 def reference_memory_model() -> ReferenceMemoryModel:
-    """The document's figures from data/reference/seeds.csv, each cost naming its file and section."""
+    """The document's figures from data/reference/figures.csv, each cost naming its file and section."""
     from ...tables.results import reference
 
     context: dict[int, tuple[float, str]] = {}
     mapping: dict[int, tuple[int, str]] = {}
     sets = []
-    for r in reference(SEEDS_STUDY):
-        where = f"seeds {r['seed_file']}, {r['section']}"
+    for r in reference(REFERENCE_STUDY):
+        where = f"reference {r['document']}, {r['section']}"
         if m := _CONTEXT.fullmatch(r["figure"]):
             context[int(m.group(1))] = (float(r["value"]), where)
         elif m := _MAPPING.fullmatch(r["figure"]):
@@ -62,4 +62,4 @@ def reference_memory_model() -> ReferenceMemoryModel:
         ctx, src = context.get(s, (None, ""))
         mb, msrc = mapping.get(s, (None, ""))
         costs[f"S{s}"] = EngineCost(f"S{s}", ctx, mb, src or msrc)
-    return ReferenceMemoryModel(costs, sets, Budget.seeds())
+    return ReferenceMemoryModel(costs, sets, Budget.reference())

@@ -1,6 +1,6 @@
 """A DiT-shaped stand-in for the CosyVoice3 flow-matching estimator, with seeded random weights (host).
 
-Why a stand-in: the seeds' IOVA measurements are of a CosyVoice3 flow estimator (a DiT) compiled at
+Why a stand-in: the reference documents' IOVA measurements are of a CosyVoice3 flow estimator (a DiT) compiled at
 fixed S; nothing here may fetch its checkpoint, and the memory an engine asks for depends on the
 graph's shapes, not on the values of its weights. So this module writes its own DiT with the same
 input contract and the same layer shapes as the upstream estimator, fills it with seeded random

@@ -1,6 +1,6 @@
 """The flow estimator's measurements (host): what notebook 05 calls.
 
-Two halves. The memory model, on the seeds' own figures (their board, their estimator): the
+Two halves. The memory model, on the reference documents' own figures (their board, their estimator): the
 admit/refuse table against theirs, a fit of their context costs, and the lazy ladder walking a
 sequence of requests against a model of their driver. And the DiT stand-in (random weights, its
 own sizes): builds at several fixed S for rk3588 with the compiler's memory plan, simulator SNR
@@ -29,7 +29,7 @@ from .reference_memory import ReferenceMemoryModel
 
 QUICK = {"depth": 2, "sizes": {"sdpa": (64,)}, "simulate": (64,), "depth_probe": ()}
 # Four S per attention form, the fewest a quadratic fit with a residual needs: from 64 (the lint study's
-# graph) through the seeds' 250 and 900 to 2000 for the fused form (far enough out that the S^2 term
+# graph) through the reference documents' 250 and 900 to 2000 for the fused form (far enough out that the S^2 term
 # outweighs the linear one, so the fit's crossing of 2^32 is pinned by a measured point); the unfused
 # form to 900, where its plan stays in one regime (past ~1000 the compiler moves its softmax to the CPU).
 # Simulated at 64, 250 and 900, in the build's own child. depth_probe: one S at depth 3, to see how much
@@ -45,38 +45,38 @@ def config(quick: bool) -> dict:
     return QUICK if quick else FULL
 
 
-# --- the memory model against the seeds' table ----------------------------------------------------
-def admit_refuse_rows(seeds: ReferenceMemoryModel,
+# --- the memory model against the reference documents' table ----------------------------------------------------
+def admit_refuse_rows(reference: ReferenceMemoryModel,
                       long_with: Sequence[Sequence[str]] = ((), ("S110",), ("S110", "S200"))) -> list[dict]:
-    """Every set the seeds initialized in one process, then every S>=900 engine alone and beside
-    smaller ones: the seeds' total and verdict (theirs) beside the model's (ours, on their costs)."""
+    """Every set the reference documents initialized in one process, then every S>=900 engine alone and beside
+    smaller ones: the reference documents' total and verdict (theirs) beside the model's (ours, on their costs)."""
     rows = []
-    for names, total, admitted in seeds.sets:
-        v = check_set([seeds.costs[n] for n in names], seeds.budget)
-        rows.append({"set": "+".join(names), "seeds_total_mib": total,
-                     "seeds_verdict": "admit" if admitted else "refuse (-4)", "model_total_mib": v.total_mib,
+    for names, total, admitted in reference.sets:
+        v = check_set([reference.costs[n] for n in names], reference.budget)
+        rows.append({"set": "+".join(names), "reference_total_mib": total,
+                     "reference_verdict": "admit" if admitted else "refuse (-4)", "model_total_mib": v.total_mib,
                      "model_verdict": "admit" if v.admit else "refuse", "agrees": v.admit is admitted,
                      "reason": v.reason, "where": HOST.where})
-    long = [n for n, c in seeds.costs.items() if c.mapping_bytes]
+    long = [n for n, c in reference.costs.items() if c.mapping_bytes]
     for big in long:
         for others in long_with:
             names = (big, *others)
-            v = check_set([seeds.costs[n] for n in names], seeds.budget)
-            rows.append({"set": "+".join(names), "seeds_total_mib": "",
-                         "seeds_verdict": "refuse (-4): every set holding S>=900",
+            v = check_set([reference.costs[n] for n in names], reference.budget)
+            rows.append({"set": "+".join(names), "reference_total_mib": "",
+                         "reference_verdict": "refuse (-4): every set holding S>=900",
                          "model_total_mib": "" if v.total_mib is None else v.total_mib,
                          "model_verdict": "admit" if v.admit else "refuse", "agrees": not v.admit,
                          "reason": v.reason, "where": HOST.where})
     return rows
 
 
-def seeds_fit_rows(seeds: ReferenceMemoryModel, dma_map_bytes: int) -> list[dict]:
-    """Our fit of the seeds' context costs at S <= their longest loadable engine, w + c S^2 (and with
+def reference_fit_rows(reference: ReferenceMemoryModel, dma_map_bytes: int) -> list[dict]:
+    """Our fit of the reference documents' context costs at S <= their longest loadable engine, w + c S^2 (and with
     a linear term), and what the fits say: S=900 predicted, where the context meets their budget.
     Then the uint32-wrap reading of their S=900 figure: if its internal arena were the `dma_map_bytes`
     the kernel refused, a uint32 total_internal_size would report it minus 4 GiB, leaving the
     weights below (a hypothesis about their numbers that a board settles, not a measurement)."""
-    pts = sorted((int(n[1:]), c.context_mib) for n, c in seeds.costs.items()
+    pts = sorted((int(n[1:]), c.context_mib) for n, c in reference.costs.items()
                  if c.context_mib is not None and c.mapping_bytes is None)  # the engines that loaded
     S = np.array([p[0] for p in pts], float)
     y = np.array([p[1] for p in pts], float)
@@ -84,7 +84,7 @@ def seeds_fit_rows(seeds: ReferenceMemoryModel, dma_map_bytes: int) -> list[dict
     for label, powers in (("w + c*S^2", (0, 2)), ("w + b*S + c*S^2", (0, 1, 2))):
         coef, resid = fits.polynomial(S, y, powers)
         w, c = coef[0], coef[-1]
-        budget_s = fits.crossing(coef, powers, seeds.budget.mib)
+        budget_s = fits.crossing(coef, powers, reference.budget.mib)
         rows.append({"fit": label, "points_S": "/".join(str(int(s)) for s in S),
                      "weights_mib_intercept": w, "internal_bytes_per_S2": c * MIB,
                      "max_abs_residual_mib": float(np.abs(resid).max()),
@@ -93,27 +93,27 @@ def seeds_fit_rows(seeds: ReferenceMemoryModel, dma_map_bytes: int) -> list[dict
                      "S_at_budget": _blank(budget_s), "where": HOST.where})
     wrapped_mib = (dma_map_bytes % SINGLE_MAPPING_CEILING) / MIB
     rows.append({"fit": "uint32 wrap reading of S=900", "points_S": "900",
-                 "weights_mib_intercept": seeds.costs["S900"].context_mib - wrapped_mib,
+                 "weights_mib_intercept": reference.costs["S900"].context_mib - wrapped_mib,
                  "internal_bytes_per_S2": "", "max_abs_residual_mib": "", "max_abs_residual_pct": "",
-                 "predicted_S900_mib": seeds.costs["S900"].context_mib + SINGLE_MAPPING_CEILING / MIB,
+                 "predicted_S900_mib": reference.costs["S900"].context_mib + SINGLE_MAPPING_CEILING / MIB,
                  "S_at_budget": "", "where": HOST.where})
     return rows
 
 
-class SeedsDriver:
-    """A model of the seeds' board: rknn_init refuses one mapping past the ceiling, or a context
+class ReferenceDriver:
+    """A model of the reference documents' board: rknn_init refuses one mapping past the ceiling, or a context
     that would take the resident sum past their budget. The ladder's walk runs against it."""
 
-    def __init__(self, seeds: ReferenceMemoryModel):
-        self.seeds = seeds
+    def __init__(self, reference: ReferenceMemoryModel):
+        self.reference = reference
         self.resident: dict[str, float] = {}
 
     def loader(self, name: str):
         def load():
-            cost = self.seeds.costs[name]
-            if (cost.own_mapping_bytes() or 0) > self.seeds.budget.ceiling_bytes:
+            cost = self.reference.costs[name]
+            if (cost.own_mapping_bytes() or 0) > self.reference.budget.ceiling_bytes:
                 raise InitRefused(f"rknn_init({name})", -4)
-            if sum(self.resident.values()) + cost.context_mib > self.seeds.budget.mib:
+            if sum(self.resident.values()) + cost.context_mib > self.reference.budget.mib:
                 raise InitRefused(f"rknn_init({name})", -4)
             self.resident[name] = cost.context_mib
             return name
@@ -123,13 +123,13 @@ class SeedsDriver:
         self.resident.pop(name)
 
 
-def walk_ladder(seeds: ReferenceMemoryModel, rungs: Sequence[str], requests: Sequence[int]) -> list[dict]:
+def walk_ladder(reference: ReferenceMemoryModel, rungs: Sequence[str], requests: Sequence[int]) -> list[dict]:
     """Route each request (frames) to the smallest rung that holds it; the ladder loads lazily and
     evicts least recently used. Requests past the widest rung, and rungs refused alone, take the CPU
     path. One row per request: what happened and what is resident after it."""
-    driver = SeedsDriver(seeds)
+    driver = ReferenceDriver(reference)
     lines: list[str] = []
-    ladder = LazyLadder({n: driver.loader(n) for n in rungs}, seeds.costs, seeds.budget,
+    ladder = LazyLadder({n: driver.loader(n) for n in rungs}, reference.costs, reference.budget,
                         cpu=lambda n: f"cpu:{n}", release=driver.release, log=lines.append)
     lengths = {n: int(n[1:]) for n in rungs}
     rows = []
@@ -234,7 +234,7 @@ def ceiling_estimate(growth: Sequence[dict], attn: str, depth: int) -> dict | No
                  and r["quantity"] == "planned internal arena" and r["fit"] == "a + b*S + c*S^2"), None)
 
 
-def seeds_cost_points(seeds: ReferenceMemoryModel) -> list[tuple[int, float | None, int | None]]:
-    """(S, context MiB, refused mapping bytes) per seeds engine, for plotting theirs beside ours."""
-    return [(int(n[1:]), c.context_mib, c.mapping_bytes) for n, c in seeds.costs.items()]
+def reference_cost_points(reference: ReferenceMemoryModel) -> list[tuple[int, float | None, int | None]]:
+    """(S, context MiB, refused mapping bytes) per reference engine, for plotting theirs beside ours."""
+    return [(int(n[1:]), c.context_mib, c.mapping_bytes) for n, c in reference.costs.items()]
 

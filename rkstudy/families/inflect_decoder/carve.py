@@ -1,6 +1,6 @@
 """The Inflect v2 decode.onnx contract, carved out of the Piper voice (host).
 
-The seeds' Inflect v2 `decode.onnx` is a VITS decoder half with a head in front of it:
+The reference documents' Inflect v2 `decode.onnx` is a VITS decoder half with a head in front of it:
 `z = m_p + exp(logs) * zp_noise * noise_scale`, then the inverse flow and the decoder. The head
 stays outside the engine (the runtime draws the noise and hands over the finished latent), the
 window is 256 = 192 emitted + 32 context each side, and the decoder mask is on by default,

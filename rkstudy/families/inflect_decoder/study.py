@@ -11,8 +11,8 @@ from ..piper_decoder.producer import produce_for_voice
 from ..piper_decoder.study import FullDecoder, per_window_rows, sidecar
 from .carve import EMIT, DecodeModel
 
-CONTEXT_SWEEP = (0, 20, 24, 32)       # the seeds' measured points
-SWEEP_FRAMES = 480                    # the seeds measured the sweep on 480-slice prior samples
+CONTEXT_SWEEP = (0, 20, 24, 32)       # the reference documents' measured points
+SWEEP_FRAMES = 480                    # the reference documents measured the sweep on 480-slice prior samples
 
 
 def context_sweep(decode: DecodeModel, z: np.ndarray, contexts=CONTEXT_SWEEP, emit: int = EMIT,

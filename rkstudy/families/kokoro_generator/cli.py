@@ -101,7 +101,8 @@ def add_cli(kokoro_sub) -> None:
                    help="keep the dilated convs whole (rknn-toolkit2 2.5.0 floods REGTASK lines on them)")
     p.add_argument("--no-polyphase", action="store_true", help="keep ups.0 as a stride-10 ConvTranspose")
     p.add_argument("--raw-sums", action="store_true",
-                   help="AdaIN statistics as raw sums over the axis (the seeds' form) instead of count fractions")
+                   help="AdaIN statistics as raw sums over the axis (the reference documents' form) instead of "
+                        "count fractions")
     p.add_argument("--max-axis", type=positive,
                    help="walk inside the graph: windows of (max_axis - 1) // 60 frames, so no axis is longer")
     add_stage_args(p)

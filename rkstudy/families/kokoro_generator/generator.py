@@ -20,7 +20,7 @@ Generator by the driver):
   weights.py); `weight_norm=True` re-parametrizes them (g = ||v||, v = w) only to show what a
   traced weight norm does to the graph (ReduceL2 nodes that rknn.build aborts on).
 * masked instance norm through GlobalAveragePool: statistics are GAP(x*m) / GAP(m) (count
-  fractions: means, never raw sums, so no node of the statistics grows with the window; the seeds'
+  fractions: means, never raw sums, so no node of the statistics grows with the window; the reference documents'
   raw-sum form, GAP * L / (GAP(m) * L), is kept as `stats="sum"` to show what it does to the fp16
   range), and every AdaIN output is multiplied by its mask, so Snake and the following conv read
   exact zeros in the padding, as a full decode reads its implicit zero padding. The resblock sum is masked before the
@@ -84,7 +84,7 @@ class Rewrites:
     split_dilated: bool = True
     polyphase: bool = True
     weight_norm: bool = False
-    stats: str = "mean"       # mean: GAP count fractions; sum: the seeds' raw sums over the axis
+    stats: str = "mean"       # mean: GAP count fractions; sum: the reference documents' raw sums over the axis
 
     def __post_init__(self):
         if self.sine not in SINES:
@@ -211,7 +211,7 @@ class AdaIN(nn.Module):
             rs = torch.rsqrt((d * d).mean(dim=2, keepdim=True) + EPS)
             mu, rs = self.stats(mu, rs)
             return scale * ((x - mu) * rs) + beta
-        if self.raw_sums:  # the seeds' form: sums over the axis, divided by the frame count
+        if self.raw_sums:  # the reference documents' form: sums over the axis, divided by the frame count
             length = float(x.shape[-1])
             mu = (F.adaptive_avg_pool1d(x * m, 1) * length) * inv
             d = (x - mu) * m
@@ -466,7 +466,7 @@ def packed_statistics(items) -> tuple[np.ndarray, np.ndarray]:
 
 class FedStatsTrunk(nn.Module):
     """The trunk with every AdaIN's statistics taken from two graph inputs (mu, rs [1, S, 1]): the
-    engine form of the global-statistics variant (the seeds' 7-input engine), for the simulator."""
+    engine form of the global-statistics variant (the reference documents' 7-input engine), for the simulator."""
 
     def __init__(self, trunk: GeneratorTrunk):
         super().__init__()

@@ -38,7 +38,7 @@ def plan_target(model: KokoroModel | None = None, names: Sequence[str] = ("short
                 contexts: Sequence[int] = PLAN_CONTEXTS) -> PlanTarget:
     """The generator as rkstudy.walk.planner sees it: the fp32 trunk at full length (audio through the
     numpy head), its walk at any window (the same trunk per window: the compiled graph depends only on
-    the window length), real utterances, the seeds' 128 = 72 + 2 x 28 window, and a frozen-statistics
+    the window length), real utterances, the reference documents' 128 = 72 + 2 x 28 window, and a frozen-statistics
     decode whose receptive field is the convolutions' own reach (the trunk's per-window AdaIN
     statistics make every frame reach the whole window)."""
     model = model or load_model()

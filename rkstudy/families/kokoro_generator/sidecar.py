@@ -3,7 +3,7 @@ conv_post's rows out, through any runner of a produced window engine (fp32, simu
 
 The generator normalizes per window (AdaIN statistics over the window), so a multi-window decode is a
 different synthesis from a full-length one, not an approximation of it. Two measured knobs, as the
-seeds' runtime has them (`params.overlap`, `params.gain`):
+the reference documents' runtime has them (`params.overlap`, `params.gain`):
 
 * `overlap` frames are voiced by two consecutive windows and blended with a raised cosine (a seam
   knob: the walk advances emit - overlap frames a step);

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .protowire import add_graph_outputs
 from ...runtime.ort import OrtRunner
 from .frontend import TextFront, ids_feed
+from .protowire import add_graph_outputs
 
 
 def latents_from_text(voice_onnx: Path | str, text: str, *, seam_z: str, seam_g: str = "",

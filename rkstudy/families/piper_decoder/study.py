@@ -27,8 +27,8 @@ from ..piper.voice import DecoderModel, DecoderSeam, Voice, find_decoder_seam
 from .producer import DEFAULT_CONTEXT, DEFAULT_EMIT, DecoderSlice, decoder_graph, produce_for_voice
 from .sidecar import DecoderSidecar
 
-SWEEP = ((45, 5), (45, 16), (45, 24))      # paroli's 55, a middle 77, the seeds' 93
-TAIL_FRAMES = (30, 47)                     # the seeds' short latents
+SWEEP = ((45, 5), (45, 16), (45, 24))      # paroli's 55, a middle 77, the reference documents' 93
+TAIL_FRAMES = (30, 47)                     # the reference documents' short latents
 INTERIOR_GATE = gates.Gate("interior_window_snr_fp32", 40.0)
 SELF_CHECK_TEXT = "Call me at 555 0142, extension 7."
 
@@ -128,7 +128,7 @@ def tail_windows(voice: Voice, z: np.ndarray, lengths=TAIL_FRAMES, emit: int = D
 
 
 def wrong_seam(voice: Voice, z: np.ndarray) -> dict:
-    """Slice at dec.conv_pre's input and feed it the pre-flow latent: what the seeds call quiet mush."""
+    """Slice at dec.conv_pre's input and feed it the pre-flow latent: what the reference documents call quiet mush."""
     seam = voice.seam
     wrong = OrtRunner(graph.slice_at(voice.model, [seam.conv_pre_input], [seam.audio]))
     right = FullDecoder(voice.model, seam).decode(z)

@@ -23,10 +23,10 @@ from tqdm.auto import tqdm
 from ... import gates, graph
 from ...graph.delays import conv_macs, delay_table
 from ...runtime import OrtRunner, Recording
-from ...walk.bench import walker_overhead
 from ...tables.results import HOST
 from ...toolkit.build import build_engine
 from ...toolkit.simulator import SimulatorRunner
+from ...walk.bench import walker_overhead
 from ...walk.stateful import StatefulWalker
 from ..piper.voice import DecoderModel, ids_feed, seed_random_nodes
 from ..piper_decoder import study as pd
@@ -188,7 +188,7 @@ def exactness(voice: DecoderModel, latents: dict, steps: dict[int, StatefulStep]
 
 # --- builds and the simulator --------------------------------------------------------------------
 def build_rows(voice: DecoderModel, steps: dict[int, StatefulStep], targets, progress: bool = True) -> list[dict]:
-    """Each step and the 93-frame window engine (plain, as the seeds ran it) built for each target:
+    """Each step and the 93-frame window engine (plain, as the reference documents ran it) built for each target:
     engine size, REGTASK lines and their largest value, build time."""
     window = produce_for_voice(voice)
     jobs = [(t, e, p) for t in targets for e, p in steps.items()] + [(t, None, window) for t in targets]

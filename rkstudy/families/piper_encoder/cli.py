@@ -61,7 +61,8 @@ def add_cli(piper_sub) -> None:
     p.add_argument("--frames", type=positive, help="token width N (for example 64, 96, 128, 192)")
     p.add_argument("--relshift", choices=RELSHIFT_MODES,
                    help="how the relative-shift chains are rewritten: gather (constant-index gathers, grows as "
-                        "N^2.5; the form the seeds ran on a board) or banded (the K non-zero diagonals of each "
+                        "N^2.5; the form the reference documents ran on a board) or banded (the K non-zero "
+                        "diagonals of each "
                         "relative table; ~16 MB at N=128, widths to 512). Default: gather")
     add_stage_args(p, output_help="where stage 1 writes the rewritten ONNX (default: the cache)")
     p.set_defaults(func=_cmd, validate_args=lambda a: refuse_mixed(p, a, ("voice_onnx", "frames", "relshift")))

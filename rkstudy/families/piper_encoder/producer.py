@@ -4,9 +4,9 @@ relative-shift chains, self-check, and write the stage contract into the graph.
 Tokens are right-padded to a fixed width N (RKNN engines have fixed shapes); piper's masks make
 the padded run reproduce the exact-length run on the real tokens, and that is gated on the very
 graph the engine is compiled from. The relative-shift chains the fold leaves in every attention
-layer are rewritten (rkstudy.graph.relshift): the seeds measured the chains as garbage on the
+layer are rewritten (rkstudy.graph.relshift): the reference documents measured the chains as garbage on the
 board while the simulator computed them fine. Two exact rewrites are on offer (`relshift`):
-`gather`, constant-index gathers whose tables grow as L²·d (the seeds' form, the one with board
+`gather`, constant-index gathers whose tables grow as L²·d (the reference documents' form, the one with board
 measurements behind it: the default), and `banded`, sums over the K non-zero diagonals of each
 relative table, whose engine stays near 16 MB at width 128 and makes widths up to 512 buildable.
 """
@@ -34,8 +34,8 @@ from .tokens import pad_ids, real_tokens
 
 FAMILY = "piper_encoder"
 REWRITE_VERSION = 2  # bump when the producer changes what it writes (keys the cache)
-PAD_SAFE_GATE = gates.Gate("padded_vs_exact_fp32", 100.0)  # seeds: 117-130 dB
-REWRITE_GATE = gates.Gate("rewritten_vs_raw_fp32", 100.0)  # seeds: 121-131 dB
+PAD_SAFE_GATE = gates.Gate("padded_vs_exact_fp32", 100.0)  # reference: 117-130 dB
+REWRITE_GATE = gates.Gate("rewritten_vs_raw_fp32", 100.0)  # reference: 121-131 dB
 # stage 2 and the study's fidelity rows: the board measured 40-48 dB, the simulator 55-61 dB
 SIM_GATE = gates.Gate("simulator_vs_fp32_tokens", 30.0)
 
@@ -195,7 +195,7 @@ def produce(voice: piper.Voice, frames: int, output: Path | str | None = None,
     if bad:
         raise relshift.RelShiftError(f"{len(bad)} relative-shift chain(s) could not be rewritten "
                                      f"({bad[0].note}); the engine would compute them on the NPU, "
-                                     "which the seeds measured as garbage on the board")
+                                     "which the reference documents measured as garbage on the board")
     rewritten = relshift.rewrite_relshift(folded, findings, mode=mode)
     left = relshift.find_relshift(rewritten)
     if left:
@@ -222,7 +222,7 @@ def produce(voice: piper.Voice, frames: int, output: Path | str | None = None,
 
 
 def fold_basic(model: onnx.ModelProto, frames: int) -> onnx.ModelProto:
-    """onnxruntime's BASIC-level fold of the pinned slice (the seeds' census level)."""
+    """onnxruntime's BASIC-level fold of the pinned slice (the reference documents' census level)."""
     import tempfile
 
     import onnxruntime as ort
@@ -247,7 +247,7 @@ def both(ref: list[np.ndarray], test: list[np.ndarray], n: int) -> dict:
 
 
 def counts_for(frames: int) -> list[int]:
-    """The seeds' token counts {17, 61, N-1, N}, those that fit."""
+    """The reference documents' token counts {17, 61, N-1, N}, those that fit."""
     return sorted({n for n in (17, 61, frames - 1, frames) if 0 < n <= frames})
 
 

@@ -1,7 +1,7 @@
 """The encoder ladder (board side): route each chunk to the smallest engine whose width fits its
 tokens, and above the widest to an fp32 fallback (or refuse, where none is given).
 
-The seeds measured that fp16 duration drift grows with width, so the fallback is a quality gate,
+The reference documents measured that fp16 duration drift grows with width, so the fallback is a quality gate,
 not a convenience. Every rung's contract must come from the same voice and agree on the channel
 counts; against a voice (on the host) they must match its enc_p.proj and dp.proj widths.
 

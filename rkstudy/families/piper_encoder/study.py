@@ -36,7 +36,7 @@ FULL_WIDTHS = (64, 96, 128, 192)
 # 384 (the reference documents' 2.9 GB engine) would pass the ~12 GiB a build may take on this
 # shared 24 GiB machine.
 SIZE_ONLY_WIDTHS = (256, 320)
-SEEDS_LADDER = (128, 192)
+REFERENCE_LADDER = (128, 192)
 # The banded rewrite (relshift mode "banded") from 64 to 512; its converter stays near 1 GB, so 384
 # and 512 build and simulate here. Six widths (64, 128, 256 doubling, then 320, 384, 512) fit its
 # growth; 96 and 192 are measured in the gather form only (each banded width is one more build and
@@ -82,7 +82,7 @@ def config(quick: bool) -> dict:
                 "banded_widths": QUICK_BANDED_WIDTHS, "banded_ladder": (),
                 "banded_plan": QUICK_BANDED_WIDTHS, "plan_chars": (20, 100)}
     return {"widths": FULL_WIDTHS, "carried": SIZE_ONLY_WIDTHS, "chunk_chars": (25, 40, 60, 120), "drift_chunks": 12,
-            "ladder": SEEDS_LADDER, "ladder_chars": 100, "census_width": 128,
+            "ladder": REFERENCE_LADDER, "ladder_chars": 100, "census_width": 128,
             "sensitivity_chunks": 12, "sensitivity_draws": 3,
             "banded_widths": BANDED_WIDTHS, "banded_ladder": BANDED_LADDER,
             "banded_plan": BANDED_PLAN, "plan_chars": (100, 200, 400)}

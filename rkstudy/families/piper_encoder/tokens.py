@@ -16,7 +16,7 @@ from ...errors import UsageError
 
 def chunk_text(text: str, chunk_chars: int) -> list[str]:
     """Split at word boundaries into pieces of at most `chunk_chars` characters, never across
-    a sentence end: the runtime's --text-chunk-size chunker the seeds measured with."""
+    a sentence end: the runtime's --text-chunk-size chunker the reference documents measured with."""
     chunks = []
     for sentence in re.split(r"(?<=[.!?])\s+", text.strip()):
         cur = ""

@@ -11,7 +11,7 @@ released decoder's. They match Qwen3-Omni's `code2wav_config` (hidden 1024, inte
 and lack `codebook_dim` altogether (the decoder cannot even be constructed without it). The
 package ships no `config.json` and documents none of these values, so `RELEASED_DECODER_CONFIG`
 is taken from stored public copies of the released `speech_tokenizer/config.json`
-(`CONFIG_SOURCES` says where each value came from). The seeds' exported contract (head_dim 64,
+(`CONFIG_SOURCES` says where each value came from). The reference documents' exported contract (head_dim 64,
 KV length 71) is consistent with it: with hidden 512 and 16 heads, an omitted head_dim would be 32.
 
 Weights are seeded random, scaled so that every path of the decoder (codebooks, transformer,
@@ -56,8 +56,8 @@ CONFIG_SOURCES = {
     "hidden_size": "package default 1024 (= Qwen3-Omni code2wav); 512 from " + _STORED,
     "intermediate_size": "package default 3072 (= Qwen3-Omni code2wav); 1024 from " + _STORED,
     "head_dim": ("package derives hidden_size // num_attention_heads (32 at hidden 512); 64 from "
-                 + _STORED + "; agrees with the seeds' exported head_dim 64"),
-    "sliding_window": "package default 72 = released; the seeds' kv_len 71 = 72 - 1 agrees",
+                 + _STORED + "; agrees with the reference documents' exported head_dim 64"),
+    "sliding_window": "package default 72 = released; the reference documents' kv_len 71 = 72 - 1 agrees",
     "*": "every other key: package default, equal to the released value",
 }
 

@@ -9,7 +9,7 @@ stateful walker), the cache size N (`cache_numel` = `state_floats`), head dim, K
 layers, the cache layout (name, shape, offset of every state tensor) and its digest (two engines
 share a cache only when their layouts' digests agree).
 
-The census counts, after export, the ops the seeds name as rknn.build hazards (rkstudy.graph.census:
+The census counts, after export, the ops the reference documents name as rknn.build hazards (rkstudy.graph.census:
 Pad, Exp, Shape, ConstantOfShape, ...) and LayerNorm/Softmax spelt out into primitive patterns, and
 predicts an abort in fold_constant from what lint's RK101 rule finds (Shape -> ConstantOfShape /
 Range / Expand chains that size a tensor at run time): the producer warns at export time.
@@ -106,7 +106,8 @@ def step_contract(step, *, source: Digest, producer: str, exporter: str, widths:
 
 
 def contract_row(c: Contract) -> dict:
-    """The numbers stage 2 reads back out of the graph (the seeds' "batch size, cache size, head dim, KV length")."""
+    """The numbers stage 2 reads back out of the graph (the reference documents' "batch size, cache size, head
+    dim, KV length")."""
     return {k: c.params[k] for k in ("codes_length", "cache_numel", "head_dim", "kv_len", "num_heads", "num_layers")}
 
 
@@ -297,13 +298,14 @@ MAX_OPSET = 19
 
 def predict_abort(census: dict) -> tuple[bool, str]:
     """(failure expected, why) for rknn.build on a graph with this census: an opset past MAX_OPSET
-    (load_onnx refuses it), or run-time shape chains (lint RK101), which the seeds saw abort
+    (load_onnx refuses it), or run-time shape chains (lint RK101), which the reference documents saw abort
     fold_constant with a core dump (rknn-toolkit2 2.3.2; their 2653-node export). The measured builds
     beside the prediction say what 2.5.0 does."""
     if census.get("opset", 0) > MAX_OPSET:
         return True, f"opset {census['opset']}: load_onnx of rknn-toolkit2 2.5.0 takes opset <= {MAX_OPSET}"
     if census.get("shape_chains", 0) > 0:
-        return True, (f"{census['shape_chains']} run-time Shape -> ConstantOfShape/Range/Expand chain(s): the seeds' "
+        return True, (f"{census['shape_chains']} run-time Shape -> ConstantOfShape/Range/Expand chain(s): the "
+                      "reference documents' "
                       "rknn.build would abort in fold_constant with a core dump")
     if census.get("shape_chains", 0) < 0:
         return True, "lint could not pin the graph's shapes (a dynamic axis)"

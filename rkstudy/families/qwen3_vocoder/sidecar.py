@@ -4,7 +4,7 @@ streaming steps on any runner (fp32, simulator, board, replay).
 A step engine voices `codes_length` tokens and carries one flat fp32 cache from `cache_out` back to
 `cache_in` (the contract's one state pair); rkstudy.walk.stateful.StatefulWalker walks it. The step is
 causal (no lookahead), so the walker's flush is one zero-padded step: padding after the last real
-token changes none of the real samples. Three ways to run it, as the seeds' runtime has them:
+token changes none of the real samples. Three ways to run it, as the reference documents' runtime has them:
 
 * offline: every token on the main (64-token) engine, from a zeroed cache;
 * streaming: the first group on the `first` (16-token) engine, so the first audio waits for 16

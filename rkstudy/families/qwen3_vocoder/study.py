@@ -22,7 +22,7 @@ from ...tables.results import HOST
 from ...toolkit.build import build_engine
 from .sidecar import SAMPLES_PER_TOKEN, random_codes
 
-GATE = gates.Gate("stepwise_vs_full_decode", 40.0)   # the seeds' self-check gate
+GATE = gates.Gate("stepwise_vs_full_decode", 40.0)   # the reference documents' self-check gate
 FP32 = {"where": "fp32", "target": "none"}
 HOST_ROW = {"where": HOST.where, "target": HOST.target}
 CODES_SEED = 7
@@ -201,7 +201,7 @@ def int8_rows(onnx_path, target: str = "rk3588", out_dir=None, steps: int = 3, k
     evaluation steps engine_rows runs. `fp16` takes the engine table's rows of this graph and target
     (the same function on the same feeds) instead of building the fp16 engine again. With seeded
     random weights the int8 SNR measures the quantizer on these activations, not on the released
-    model's (the Snake's sin^2 is what the seeds blame)."""
+    model's (the Snake's sin^2 is what the reference documents blame)."""
     from .producer import read_contract
 
     n = read_contract(onnx_path).params["codes_length"]

@@ -11,7 +11,7 @@ from ...toolkit.build import BuildFailed, build_engine
 from ...toolkit.convert import simulator_vs_fp32
 from ...toolkit.probes import long_axis_probe, save_probe, vocoder_probe
 
-SNR_GATE = gates.Gate("simulator_vs_fp32_probe", 40.0)  # the seeds' export gates sit at 40 dB and up
+SNR_GATE = gates.Gate("simulator_vs_fp32_probe", 40.0)  # the reference documents' export gates sit at 40 dB and up
 
 
 def _probe_simulated(target: str, frames: int = 64, seed: int = 1):

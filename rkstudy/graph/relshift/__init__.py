@@ -4,7 +4,7 @@ VITS-style attention (Piper's text encoder, window_size=4) turns relative-positi
 into absolute ones and back with pure data movement: `_relative_position_to_absolute_position`
 (Pad one column, flatten, Pad the flat tail, reshape to [L+1, 2L-1], Slice [:L, L-1:]) and its
 inverse for the value path. Folded at a fixed width, each attention layer keeps two such chains
-of Pad + Reshape + ... + Slice. The seeds measured that the RKNN board kernels compute exactly
+of Pad + Reshape + ... + Slice. The reference documents measured that the RKNN board kernels compute exactly
 those chains as garbage (the flatten-Pad tails read uninitialised memory; NaN and ±65504 in the
 last row's window) while the PC simulator computes them fine, so the simulator is no gate for
 them and the chains must go before a graph is compiled.

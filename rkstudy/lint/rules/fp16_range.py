@@ -12,7 +12,7 @@ from collections.abc import Mapping
 import numpy as np
 import onnx
 
-from .. import FP16_MAX, Hit, node_name, rule, seeds
+from .. import FP16_MAX, Hit, node_name, reference, rule
 
 FLOAT = onnx.TensorProto.FLOAT
 
@@ -64,9 +64,10 @@ def fp16_range(g):
     yield Hit("error", [r["node"] for r in over],
               f"{len(over)} node(s) pass the fp16 range on the sample: first {first['node']} ({first['op']}, "
               f"{first['max_abs']:.6g}), largest {largest['node']} ({largest['op']}, {largest['max_abs']:.6g})",
-              why=f"{seeds('Kokoro W=256 sliced fine axis: first node past fp16 max (a Mul), fp32 max |x|')}, "
-                  f"{seeds('Kokoro W=256 sliced fine axis: largest node (an Add), fp32 max |x|')}, and that engine "
-                  f"voiced {seeds('Kokoro W=256 sliced fine axis: non-finite output values in a 14.85 s utterance')}",
+              why=f"{reference('Kokoro W=256 sliced fine axis: first node past fp16 max (a Mul), fp32 max |x|')}, "
+                  f"{reference('Kokoro W=256 sliced fine axis: largest node (an Add), fp32 max |x|')}, and that engine "
+                  "voiced "
+                  f"{reference('Kokoro W=256 sliced fine axis: non-finite output values in a 14.85 s utterance')}",
               fix="keep intermediates in range: statistics as means or count fractions rather than raw sums, a "
                   "narrower window (fewer frames per reduction), or a rescale before the growth; rkstudy has no "
                   "automatic rewrite for it. Cross-check with rkstudy.toolkit.convert.accuracy_analysis (q_inf layers)",

@@ -6,7 +6,7 @@ in fp32 and in the simulator, and wrongly on the board.
 
 from __future__ import annotations
 
-from .. import Hit, node_name, rule, seeds
+from .. import Hit, node_name, reference, rule
 
 MASKING = ("Mul", "Cast", "Where", "Equal", "Greater", "Less", "Not")
 
@@ -42,8 +42,8 @@ def resize_upsample(g):
         if src and dst and src[-1] and dst[-1] and dst[-1] <= src[-1]:
             continue  # downsampling: not what was measured
         (mask if _mask_like(g, n) else other).append(node_name(n))
-    why = (f"{seeds('mask upsample by Resize: board', 'piper_decoder')} against "
-           f"{seeds('mask upsample by Resize: simulator', 'piper_decoder')}: Resize does not lower to a target the "
+    why = (f"{reference('mask upsample by Resize: board', 'piper_decoder')} against "
+           f"{reference('mask upsample by Resize: simulator', 'piper_decoder')}: Resize does not lower to a target the "
            "board runtime accepts, and the simulator does not show it")
     fix = ("upsample with an all-ones depthwise ConvTranspose (exact nearest, the op the decoder already runs on the "
            "NPU): rkstudy.graph.decmask.resize_to_convtranspose(model); the Piper decoder producer's --dec-mask "

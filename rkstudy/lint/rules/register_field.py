@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from ...graph import REGISTER_FIELD_MAX
-from .. import Hit, node_name, rule, seeds
+from .. import Hit, node_name, reference, rule
 
 # ops that move no data the NPU tiles: shape bookkeeping the compiler folds or handles as metadata
 NOT_TILED = {"Shape", "Size", "Constant", "ConstantOfShape", "Identity", "Range"}
@@ -41,10 +41,10 @@ def _reduced_axes(g, n) -> list[int]:
 
 
 def _why() -> str:
-    return (f"{seeds('REGTASK lines: Kokoro generator W=512 (fine axis 30721)', 'toolchain')} with "
-            f"{seeds('REGTASK field value: Kokoro generator W=512', 'toolchain')}, an engine at "
-            f"{seeds('Kokoro W=512 engine vs CPU decode (clipped noise)', 'toolchain')}; yet "
-            f"{seeds('REGTASK lines: Kokoro w128 engine', 'toolchain')} measured clean on the board. Which "
+    return (f"{reference('REGTASK lines: Kokoro generator W=512 (fine axis 30721)', 'toolchain')} with "
+            f"{reference('REGTASK field value: Kokoro generator W=512', 'toolchain')}, an engine at "
+            f"{reference('Kokoro W=512 engine vs CPU decode (clipped noise)', 'toolchain')}; yet "
+            f"{reference('REGTASK lines: Kokoro w128 engine', 'toolchain')} measured clean on the board. Which "
             "regime a graph is in depends on the op's tiling: build it and read regtask / regtask_max_value "
             "(rkstudy build; results/toolchain/regtask.md)")
 
@@ -82,8 +82,9 @@ def register_field(g):
                   why=_why(), fix=FIX, detail={"axis": length, "field": REGISTER_FIELD_MAX})
     for length, nodes in sorted(reductions.items(), reverse=True):
         yield Hit("warning", nodes, f"{len(nodes)} reduction(s) over an axis of {length} (> {REGISTER_FIELD_MAX})",
-                  why="the seeds: a ReduceSum over the time axis lowers to a register field capped at 8191, and raw "
-                      f"sums over a long axis leave fp16 ({seeds(LARGEST)}); "
+                  why="the reference documents: a ReduceSum over the time axis lowers to a register field capped at "
+                      "8191, and raw "
+                      f"sums over a long axis leave fp16 ({reference(LARGEST)}); "
                       "lint --sample measures the range",
                   fix="normalize over the axis with GlobalAveragePool (the pooling engine's own reduction) or reduce "
                       "in windows; " + FIX, detail={"axis": length, "field": REGISTER_FIELD_MAX, "reduction": True})

@@ -7,9 +7,9 @@ index probe; this rule turns its findings into lint findings.
 from __future__ import annotations
 
 from ...graph.relshift import find
-from .. import Hit, rule, seeds
+from .. import Hit, reference, rule
 
-STUDY = "piper_encoder"  # where the seeds' figures for these chains live
+STUDY = "piper_encoder"  # where the reference documents' figures for these chains live
 REWRITE = ("rewrite it exactly: rkstudy.graph.relshift.rewrite_relshift(model, mode='gather'|'banded') "
            "(the Piper encoder producer does it: `rkstudy piper encoder --voice-onnx VOICE.onnx --frames N "
            "[--relshift banded]`)")
@@ -30,9 +30,9 @@ def relshift_chain(g):
             "(not onnxslim given input_shapes again), lint again, or keep this layer off the NPU")
         yield Hit("error", f.nodes,
                   f"{f.scope or 'graph'}: {f.kind} chain {'+'.join(f.ops)} over [.., {f.length}, ..]",
-                  why=f"{seeds('attn_layers.0 alone (no rewrite) SNR vs fp32 on the board', STUDY)} "
-                      f"while {seeds('attn_layers.0 alone (no rewrite) SNR vs fp32 in the simulator', STUDY)}; "
-                      f"{seeds('rel-value chain probe: NaN values on the board', STUDY)}: the simulator "
+                  why=f"{reference('attn_layers.0 alone (no rewrite) SNR vs fp32 on the board', STUDY)} "
+                      f"while {reference('attn_layers.0 alone (no rewrite) SNR vs fp32 in the simulator', STUDY)}; "
+                      f"{reference('rel-value chain probe: NaN values on the board', STUDY)}: the simulator "
                       "is no gate for these chains",
                   fix=fix, detail={"kind": f.kind, "length": f.length, "verified": f.verified,
                                    "rewritable": f.rewritable})

@@ -1,13 +1,13 @@
 """RK101 shape-plumbing: shape computations left in the graph that materialize a tensor.
 
 A dynamic export sizes tensors from run-time shapes (Shape -> Gather/Concat/... -> ConstantOfShape,
-Range, Expand or Tile). The seeds measured rknn.build aborting inside fold_constant on such graphs,
+Range, Expand or Tile). The reference documents measured rknn.build aborting inside fold_constant on such graphs,
 with a core dump and no traceback (rknn-toolkit2 2.3.2); folding at pinned shapes removes them.
 """
 
 from __future__ import annotations
 
-from .. import Hit, node_name, rule, seeds
+from .. import Hit, node_name, reference, rule
 
 SOURCES = ("Shape", "Size")
 # ops through which a shape value flows as a shape value (integer arithmetic and indexing on shapes)
@@ -19,9 +19,9 @@ MATERIALIZERS = {"ConstantOfShape": (0,), "Range": (0, 1, 2), "Expand": (1,), "T
 
 
 def _why() -> str:
-    qwen3 = seeds("qwen3 vocoder export, nodes: toolkit-era torch/onnx (compiles) -> current pair (rknn.build aborts "
-                  "in fold_constant)")
-    inflect = seeds("fold census: nodes / Shape / ConstantOfShape", "inflect_decoder")
+    qwen3 = reference("qwen3 vocoder export, nodes: toolkit-era torch/onnx (compiles) -> current pair "
+                      "(rknn.build aborts in fold_constant)")
+    inflect = reference("fold census: nodes / Shape / ConstantOfShape", "inflect_decoder")
     return (f"{qwen3}; the Inflect v2 slice carried the same Shape -> ConstantOfShape plumbing and aborted it the same "
             f"way until folded ({inflect}). rknn-toolkit2 2.5.0 folds small chains and the unfolded Piper decoder "
             "slice here (results/lint/honesty.md), so this is a warning, not an error")

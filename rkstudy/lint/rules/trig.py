@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from .. import Hit, measured, node_name, rule, seeds
+from .. import Hit, measured, node_name, reference, rule
 
 POLYNOMIAL = "range-reduced sine polynomial, degree 5, vs exact sine: sine level / generator output"
 SEVERITY = {"fails": "error", "inaccurate": "error", "cpu": "warning", "unprobed": "warning"}
@@ -26,9 +26,10 @@ def trig_on_cpu(g):
         if support == "npu":
             continue
         yield Hit(SEVERITY[support], nodes, f"{len(nodes)} {op} node(s)",
-                  why=f"{said}; {seeds('Kokoro w128 window: 48 Sin nodes on the CPU, share of window time')}",
+                  why=f"{said}; {reference('Kokoro w128 window: 48 Sin nodes on the CPU, share of window time')}",
                   fix="rkstudy.graph.sine.reduce_sin(model): the range-reduced odd polynomial of Mul/Add/Floor/Sub "
-                      f"(k = Floor(x/2π + 0.5), r = x − 2πk; Cos as sin(x + π/2); {seeds(POLYNOMIAL)}), whose Floor "
+                      f"(k = Floor(x/2π + 0.5), r = x − 2πk; Cos as sin(x + π/2); {reference(POLYNOMIAL)}), "
+                      "whose Floor "
                       "the toolkit also leaves on the CPU (RK304 reports it); reduce_sin(model, fold=False) clips the "
                       "argument at ±π instead: every node on the NPU, exact only where |x| <= π",
                   detail={"op": op, "support": support})
