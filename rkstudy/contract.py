@@ -96,7 +96,7 @@ class Tensor:
 
 
 @dataclass(frozen=True)
-class Window:
+class WindowShape:
     """A fixed window walked over a latent: `frames = emit + 2 * context`, advancing `hop` frames a step."""
 
     frames: int
@@ -137,7 +137,7 @@ class Contract:
     source: Digest                   # the model the stage was carved from
     producer: str                    # the stage-1 command that made the graph
     params: Mapping[str, Any] = field(default_factory=dict)  # family-specific (hop, dec_mask, ...)
-    window: Window | None = None
+    window: WindowShape | None = None
     state: tuple[tuple[str, str], ...] = ()  # (input, output) pairs carried from step to step
     target: str | None = None        # stage 2: the SoC the engine was compiled for
     toolkit: str | None = None       # stage 2: the toolkit that compiled it
@@ -434,7 +434,7 @@ def from_dict(d: Mapping, *, remake: str = DEFAULT_REMAKE) -> Contract:
     window = None
     if d["window"] is not None:
         w = _keys(d["window"], WINDOW_FIELDS, "the window", remake)
-        window = Window(**{k: _int(w[k], f"window {k}", remake, 0) for k in WINDOW_FIELDS})
+        window = WindowShape(**{k: _int(w[k], f"window {k}", remake, 0) for k in WINDOW_FIELDS})
         if window.frames != window.emit + 2 * window.context or window.emit < 1 or not 1 <= window.hop <= window.emit:
             raise _refuse(f"the window {w} is not frames = emit + 2 x context with 1 <= hop <= emit", remake)
     if not isinstance(d["state"], list):

@@ -31,7 +31,7 @@ FIX_ENV = "make venv   (or: pip install -e '.[converter]' && pip install --no-de
 
 
 @dataclass
-class Finding:
+class Check:
     ok: bool
     what: str
     fix: str = ""
@@ -54,45 +54,45 @@ def versions() -> dict[str, str | None]:
             "rkstudy": __version__, **{p: _version(p) for p in PACKAGES}}
 
 
-def converter_findings(v: dict[str, str | None]) -> list[Finding]:
+def converter_findings(v: dict[str, str | None]) -> list[Check]:
     """Checks for the host side (export, convert, simulate). Each failing one names its fix."""
     out = []
     if v["rknn-toolkit2"] is None:
-        out.append(Finding(False, "rknn-toolkit2 is not installed", "make toolkit (or pip install --no-deps "
+        out.append(Check(False, "rknn-toolkit2 is not installed", "make toolkit (or pip install --no-deps "
                            "rknn-toolkit2==2.5.0 after the converter extra)"))
     else:
-        out.append(Finding(True, f"rknn-toolkit2 {v['rknn-toolkit2']}"))
+        out.append(Check(True, f"rknn-toolkit2 {v['rknn-toolkit2']}"))
     onnx_v = v["onnx"]
     if onnx_v is None:
-        out.append(Finding(False, "onnx is not installed", "pip install onnx==1.18.0"))
+        out.append(Check(False, "onnx is not installed", "pip install onnx==1.18.0"))
     elif _major_minor(onnx_v) >= (1, 19):
-        out.append(Finding(False, f"onnx {onnx_v} removed onnx.mapping, which the toolkit imports",
+        out.append(Check(False, f"onnx {onnx_v} removed onnx.mapping, which the toolkit imports",
                            "pip install onnx==1.18.0"))
     else:
-        out.append(Finding(True, f"onnx {onnx_v}"))
+        out.append(Check(True, f"onnx {onnx_v}"))
     st = v["setuptools"]
     if st is None or _major_minor(st) >= (81, 0):
-        out.append(Finding(False, f"setuptools {st} has no pkg_resources, which the toolkit imports",
+        out.append(Check(False, f"setuptools {st} has no pkg_resources, which the toolkit imports",
                            "pip install 'setuptools<81'"))
     else:
-        out.append(Finding(True, f"setuptools {st}"))
+        out.append(Check(True, f"setuptools {st}"))
     np_v = v["numpy"]
     if np_v is None or _major_minor(np_v) >= (2, 0):
-        out.append(Finding(False, f"numpy {np_v}: the toolkit is built against numpy 1.x",
+        out.append(Check(False, f"numpy {np_v}: the toolkit is built against numpy 1.x",
                            "pip install numpy==1.26.4 'ml-dtypes<0.6'"))
     else:
-        out.append(Finding(True, f"numpy {np_v}"))
+        out.append(Check(True, f"numpy {np_v}"))
     if v["torch"] is None:
-        out.append(Finding(False, "torch is not installed (the toolkit imports it)",
+        out.append(Check(False, "torch is not installed (the toolkit imports it)",
                            "pip install torch==2.13.0 (the CPU build)"))
     else:
-        out.append(Finding(True, f"torch {v['torch']}"))
+        out.append(Check(True, f"torch {v['torch']}"))
     if v["rknn-toolkit2"] and all(f.ok for f in out):
         try:  # the import itself is the last word: it fails on any pin we did not think of
             from rknn.api import RKNN  # noqa: F401
-            out.append(Finding(True, "rknn.api imports"))
+            out.append(Check(True, "rknn.api imports"))
         except Exception as exc:  # noqa: BLE001 - report whatever the toolkit raised
-            out.append(Finding(False, f"rknn.api does not import: {type(exc).__name__}: {exc}", FIX_ENV))
+            out.append(Check(False, f"rknn.api does not import: {type(exc).__name__}: {exc}", FIX_ENV))
     return out
 
 
@@ -107,67 +107,67 @@ def release(text: str | None) -> tuple[int, int, int] | None:
     return tuple(int(g) for g in m.groups()) if m else None
 
 
-def _device_finding() -> Finding:
+def _device_finding() -> Check:
     nodes = sysfs.npu_device_nodes()
     if not nodes:
-        return Finding(False, "no NPU device node (a /dev/dri/renderD* of the rknpu driver, or /dev/rknpu)",
+        return Check(False, "no NPU device node (a /dev/dri/renderD* of the rknpu driver, or /dev/rknpu)",
                        "load the rknpu driver (vendor kernel: dmesg | grep -i rknpu) and check ls -l /dev/dri")
     from .paths import on_board
 
     denied = [n for n in nodes if not os.access(on_board(n), os.R_OK | os.W_OK)]
     if not denied:
-        return Finding(True, f"NPU device {', '.join(nodes)} readable and writable by this user")
+        return Check(True, f"NPU device {', '.join(nodes)} readable and writable by this user")
     st = on_board(denied[0]).stat()
     try:
         group = grp.getgrgid(st.st_gid).gr_name
     except KeyError:
         group = str(st.st_gid)
-    return Finding(False, f"NPU device {denied[0]} (group {group}, mode {st.st_mode & 0o777:o}) is not readable "
+    return Check(False, f"NPU device {denied[0]} (group {group}, mode {st.st_mode & 0o777:o}) is not readable "
                    "and writable by this user", f"sudo usermod -aG {group} $USER, then log in again (or run as root)")
 
 
-def engine_findings(engine, runtime: str | None) -> list[Finding]:
+def engine_findings(engine, runtime: str | None) -> list[Check]:
     """The engine's contract (bytes, this board's SoC) and its compiler against this board's librknnrt."""
     from .contract import for_engine
 
     try:
         c = for_engine(engine, soc=sysfs.soc())
     except EngineMismatch as exc:
-        return [Finding(False, f"engine {os.path.basename(engine)}: {exc}")]
-    out = [Finding(True, f"engine {os.path.basename(engine)}: compiled for {c.target} by {c.toolkit}")]
+        return [Check(False, f"engine {os.path.basename(engine)}: {exc}")]
+    out = [Check(True, f"engine {os.path.basename(engine)}: compiled for {c.target} by {c.toolkit}")]
     built, rt = release(c.toolkit), release(runtime)
     if built is None or rt is None:
-        out.append(Finding(False, f"cannot compare the engine's toolkit ({c.toolkit}) with librknnrt "
+        out.append(Check(False, f"cannot compare the engine's toolkit ({c.toolkit}) with librknnrt "
                            f"({runtime or '-'})", FIX_LIBRKNNRT))
     elif rt < built:
         v = ".".join(map(str, built))
-        out.append(Finding(False, f"librknnrt {runtime} is older than the toolkit that compiled the engine "
+        out.append(Check(False, f"librknnrt {runtime} is older than the toolkit that compiled the engine "
                            f"({c.toolkit}): an older runtime can load the engine and give wrong output",
                            f"update librknnrt to {v} ({FIX_LIBRKNNRT.split(': ', 1)[1]}), or build the engine with "
                            f"rknn-toolkit2=={'.'.join(map(str, rt))} on the host"))
     else:
         newer = " (newer than the compiler: runtimes read older engines)" if rt > built else ""
-        out.append(Finding(True, f"librknnrt {runtime} runs engines from {c.toolkit}{newer}"))
+        out.append(Check(True, f"librknnrt {runtime} runs engines from {c.toolkit}{newer}"))
     return out
 
 
-def board_findings(engine=None) -> list[Finding]:
+def board_findings(engine=None) -> list[Check]:
     """What a board needs beyond pip: rknnlite importing, librknnrt, the driver, the device node, and
     (given an engine) the engine against this board's runtime."""
     problem = rknnlite_problem()
-    out = [Finding(problem is None, problem or "rknnlite imports",
+    out = [Check(problem is None, problem or "rknnlite imports",
                    "" if problem is None else "make board-env (or pip install -e '.[board]')")]
     runtime, path = check.librknnrt()
     if runtime is None:
-        out.append(Finding(False, f"librknnrt.so not found ({', '.join(check.librknnrt_candidates())})", FIX_LIBRKNNRT))
+        out.append(Check(False, f"librknnrt.so not found ({', '.join(check.librknnrt_candidates())})", FIX_LIBRKNNRT))
     else:
         lite = _version("rknn-toolkit-lite2")
         older = (f"; older than rknn-toolkit-lite2 {lite}: check an engine with --engine"
                  if release(lite) and release(runtime) and release(runtime) < release(lite) else "")
-        out.append(Finding(True, f"librknnrt {runtime} ({path}{older})"))
+        out.append(Check(True, f"librknnrt {runtime} ({path}{older})"))
     driver, source, _ = sysfs.npu_driver()
-    out.append(Finding(True, f"rknpu driver {driver} ({source})") if driver else
-               Finding(False, f"no rknpu driver version ({', '.join(sysfs.NPU_VERSION_FILES)})",
+    out.append(Check(True, f"rknpu driver {driver} ({source})") if driver else
+               Check(False, f"no rknpu driver version ({', '.join(sysfs.NPU_VERSION_FILES)})",
                        "load the rknpu driver of the vendor kernel (dmesg | grep -i rknpu; sudo modprobe rknpu)"))
     out.append(_device_finding())
     if engine is not None:
@@ -175,7 +175,7 @@ def board_findings(engine=None) -> list[Finding]:
     return out
 
 
-def _finding_lines(findings: list[Finding]) -> tuple[list[str], int]:
+def _finding_lines(findings: list[Check]) -> tuple[list[str], int]:
     lines, code = [], 0
     for f in findings:
         lines.append(f"  [{'ok' if f.ok else 'FAIL'}] {f.what}" + (f"\n         fix: {f.fix}" if f.fix else ""))

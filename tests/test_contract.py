@@ -6,7 +6,7 @@ from dataclasses import replace
 import pytest
 
 from rkstudy import contract
-from rkstudy.contract import Contract, Digest, Tensor, Window
+from rkstudy.contract import Contract, Digest, Tensor, WindowShape
 from rkstudy.errors import EngineMismatch
 
 PRODUCER = "rkstudy piper decoder --voice-onnx v.onnx --skip-rknn --output decoder_z.onnx"
@@ -18,7 +18,7 @@ def decoder(**kw) -> Contract:
                          Tensor("y_mask", (1, 1, 93), role="mask", axis=2)),
                  outputs=(Tensor("audio", (1, 1, 93 * 256), role="walked", axis=2, rate=256),),
                  source=Digest("v.onnx", "a" * 64), producer=PRODUCER, params={"hop": 256},
-                 window=Window(frames=93, emit=45, context=24, hop=45))
+                 window=WindowShape(frames=93, emit=45, context=24, hop=45))
     return replace(c, **kw)
 
 
@@ -30,7 +30,7 @@ def kokoro_like() -> Contract:
                             Tensor("s", (1, 128), role="constant")),
                     outputs=(Tensor("spec", (1, 22, 60 * 128 + 1), role="walked", axis=2, rate=60, extra=1),),
                     source=Digest("k.onnx", "b" * 64), producer="rkstudy kokoro generator --frames 128",
-                    window=Window(128, 72, 28, 72))
+                    window=WindowShape(128, 72, 28, 72))
 
 
 def stateful() -> Contract:

@@ -12,7 +12,7 @@ import pytest
 
 from rkstudy import inputs
 from rkstudy.errors import InputError
-from rkstudy.families.kokoro_generator import inputs as kokoro_inputs
+from rkstudy.families.kokoro_generator import input_file as kokoro_inputs
 from rkstudy.families.kokoro_generator.head import IstftHead
 from rkstudy.families.piper import latents
 from rkstudy.families.piper.voice import Latent

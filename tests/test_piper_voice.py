@@ -16,7 +16,7 @@ def test_seam_is_found_by_structure(voice):
 def test_a_graph_without_flow_is_refused(voice):
     from rkstudy.toolkit.probes import vocoder_probe
 
-    with pytest.raises(piper.SeamNotFound, match="is this a Piper"):
+    with pytest.raises(piper.VoiceSeamNotFound, match="is this a Piper"):
         piper.find_decoder_seam(vocoder_probe())
 
 

@@ -173,7 +173,7 @@ def test_board_run_kokoro_generator_equals_the_fp32_walk(tmp_path):
     Stage 2 of this graph is a 6-minute toolkit build at any window (the notebook's full mode makes the real
     engines), and the double never reads an engine's bytes, so the compiled contract here is written by the
     same Contract.compiled stage 2 uses, over a placeholder engine file."""
-    from rkstudy.families.kokoro_generator import head, inputs
+    from rkstudy.families.kokoro_generator import head, input_file
     from rkstudy.families.kokoro_generator.producer import read_contract as kokoro_contract
     from rkstudy.families.kokoro_generator.sidecar import GeneratorSidecar
     from rkstudy.tables.results import toolkit_version
@@ -192,7 +192,7 @@ def test_board_run_kokoro_generator_equals_the_fp32_walk(tmp_path):
                    "--gain", "--overlap", 4, "--outputs", tmp_path / "out.npz", "--audio", tmp_path / "out.wav",
                    "--results", tmp_path / "results")
     assert "kokoro_generator on replay (rk3588, cores 0_1_2)" in proc.stdout
-    data = inputs.load(tmp_path / "inputs.npz")
+    data = input_file.load(tmp_path / "inputs.npz")
     assert len(data.sentences) == 2 and all(s.frames > 32 for s in data.sentences)  # several windows each
     side = GeneratorSidecar(OrtRunner(graph), c, channels=512, rows=22, samples_per_frame=300, overlap=4, gain=True)
     refs = [side.generate(s.x, s.har, s.style, reference=s.energy, progress=False) for s in data.sentences]

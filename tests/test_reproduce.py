@@ -207,8 +207,9 @@ def test_a_new_commit_starts_over_and_a_selection_runs_only_what_it_names(repo, 
 
 
 def test_selection_by_study_or_stem():
-    steps = [reproduce.Step("00_alpha", ("alpha",), ()), reproduce.Step("01_pair", ("beta", "gamma"), ()),
-             reproduce.Step("walker", ("benchmarks",), ())]
+    Step = reproduce.ReproduceStep
+    steps = [Step("00_alpha", ("alpha",), ()), Step("01_pair", ("beta", "gamma"), ()),
+             Step("walker", ("benchmarks",), ())]
     assert [s.name for s in reproduce.select(steps, ["gamma 00_alpha"])] == ["00_alpha", "01_pair"]
     assert [s.name for s in reproduce.select(steps, ["walker,beta"])] == ["01_pair", "walker"]
     with pytest.raises(UsageError, match="no study or notebook 'delta' to reproduce; choose from 00_alpha, 01_pair"):
@@ -294,15 +295,16 @@ def test_a_second_job_waits_when_the_recorded_peaks_do_not_fit_in_memory(repo):
     runner = SideBySide(repo)
     with pytest.raises(Failed, match=r"00_alpha \(alpha\) stopped after .* min \(exit 3\)"):
         reproduce.reproduce(repo, ("alpha", "beta"), runner=runner, clock=runner.clock, jobs=2, memory_gb=12)
-    assert reproduce.fits(reproduce.Step("b", (), ()), [reproduce.Step("a", (), ())], {"a": 3.0, "b": 5.0}, 12)
-    assert not reproduce.fits(reproduce.Step("b", (), ()), [reproduce.Step("a", (), ())], {"a": 3.0}, 12)
+    Step = reproduce.ReproduceStep
+    assert reproduce.fits(Step("b", (), ()), [Step("a", (), ())], {"a": 3.0, "b": 5.0}, 12)
+    assert not reproduce.fits(Step("b", (), ()), [Step("a", (), ())], {"a": 3.0}, 12)
 
 
 def test_a_step_that_does_not_fit_lets_a_smaller_one_take_the_slot():
     # the peaks of the run at f77f7c4 on this 2-core, 23.5 GiB machine (21.2 GiB for steps side by side):
     # beside Kokoro neither lint nor the levers fit, the port study does; beside lint, the levers do
     peaks = {"03": 14.18, "06": 12.92, "08": 7.64, "04": 11.39, "07": 4.12, "01": 2.75}
-    step = {name: reproduce.Step(name, (), ()) for name in peaks}
+    step = {name: reproduce.ReproduceStep(name, (), ()) for name in peaks}
     pending = [step[n] for n in ("06", "08", "04", "07", "01")]
     assert reproduce.next_fitting(pending, [step["03"]], peaks, 23.5) is step["07"]
     assert reproduce.next_fitting(pending[1:], [step["06"]], peaks, 23.5) is step["08"]

@@ -73,11 +73,11 @@ def test_tolerance_by_kind(tmp_path, column, b_value, fails):
 
 
 def test_relative_tolerance_on_cells_written_with_more_digits():
-    rule = results_diff.Rule("relative", "float values")
+    rule = results_diff.Tolerance("relative", "float values")
     assert results_diff.moved(rule, "1.0000001", "1.0000009") == (False, pytest.approx(8e-7))
     assert results_diff.moved(rule, "1.0000001", "1.0000021")[0]
     assert results_diff.moved(rule, "inf", "inf") == (False, 0.0)
-    assert results_diff.moved(results_diff.Rule("dB", "name"), "inf", "120.5") == (True, float("inf"))
+    assert results_diff.moved(results_diff.Tolerance("dB", "name"), "inf", "120.5") == (True, float("inf"))
 
 
 def test_times_are_reported_with_their_ratio(tmp_path):

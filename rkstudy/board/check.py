@@ -121,7 +121,7 @@ def cpu_clusters() -> list[Cluster]:
 
 
 @dataclass
-class Verdict:
+class Comparability:
     comparable: bool | None  # None: cannot tell from a snapshot (read the clock during a run)
     why: str
     fix: str = ""
@@ -142,30 +142,30 @@ def reference_npu_hz() -> int:
     return int(reference_figure("flow_estimator", "NPU clock under load (cur_freq)")["value"])
 
 
-def verdict(soc_name: str | None, clock: NpuClock | None) -> Verdict:
+def verdict(soc_name: str | None, clock: NpuClock | None) -> Comparability:
     """Can this board's NPU figures be set beside the reference documents' (RK3588, NPU at its top OPP, the
     clock reference_npu_hz() names)?"""
     if soc_name is None:
-        return Verdict(False, "not a Rockchip board (no rockchip,rkXXXX in the device tree)")
+        return Comparability(False, "not a Rockchip board (no rockchip,rkXXXX in the device tree)")
     if soc_name != REFERENCE_SOC:
-        return Verdict(False, f"this is an {soc_name}; the reference documents' board figures are RK3588 "
+        return Comparability(False, f"this is an {soc_name}; the reference documents' board figures are RK3588 "
                        "(another NPU, another clock): compare ratios, not absolute figures")
     if clock is None:
-        return Verdict(None, f"the NPU clock cannot be read ({missing_devfreq(soc_name)})",
+        return Comparability(None, f"the NPU clock cannot be read ({missing_devfreq(soc_name)})",
                        "check that the rknpu driver is loaded (dmesg | grep -i rknpu)")
     reference_hz = reference_npu_hz()
     if clock.top_hz is not None and clock.top_hz < reference_hz:
-        return Verdict(False, f"the NPU's OPP table tops out at {_mhz(clock.top_hz)}; the reference documents ran at "
-                       f"{_mhz(reference_hz)}")
+        return Comparability(False, f"the NPU's OPP table tops out at {_mhz(clock.top_hz)}; the reference "
+                             f"documents ran at {_mhz(reference_hz)}")
     if clock.cur_hz == clock.top_hz == reference_hz:
-        return Verdict(True, f"NPU at its top OPP, {_mhz(clock.cur_hz)}, governor {clock.governor}")
+        return Comparability(True, f"NPU at its top OPP, {_mhz(clock.cur_hz)}, governor {clock.governor}")
     node = f"{sysfs.DEVFREQ}/{clock.node}"
     if clock.governor == "rknpu_ondemand":
-        return Verdict(None, f"NPU at {_mhz(clock.cur_hz)} now under rknpu_ondemand (the reference documents' "
+        return Comparability(None, f"NPU at {_mhz(clock.cur_hz)} now under rknpu_ondemand (the reference documents' "
                              "governor), "
                        f"which ramps to {_mhz(clock.top_hz)} under load",
                        f"read {node}/cur_freq during a run; it must show {reference_hz}")
-    return Verdict(False, f"NPU at {_mhz(clock.cur_hz)} under governor {clock.governor}, not at its top OPP "
+    return Comparability(False, f"NPU at {_mhz(clock.cur_hz)} under governor {clock.governor}, not at its top OPP "
                    f"{_mhz(clock.top_hz)}: every NPU figure scales with this clock",
                    f"echo performance | sudo tee {node}/governor")
 
@@ -192,7 +192,7 @@ class BoardCheck:
     librknnrt_path: str | None
     clusters: list[Cluster]
     npu_load_readable: bool
-    verdict: Verdict
+    verdict: Comparability
 
 
 def board_check() -> BoardCheck:

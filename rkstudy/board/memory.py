@@ -78,7 +78,7 @@ class EngineCost:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class Admission:
     """Whether a set of engines can be resident in one process, and why."""
 
     admit: bool
@@ -108,7 +108,7 @@ def refused_alone(cost: EngineCost, budget: Budget) -> str | None:
     return None
 
 
-def check_set(costs: Sequence[EngineCost], budget: Budget) -> Verdict:
+def check_set(costs: Sequence[EngineCost], budget: Budget) -> Admission:
     """Admit or refuse a set of engines resident at once in one process.
 
     The single-mapping ceiling is checked first, per engine: a set holding an engine refused alone
@@ -119,18 +119,18 @@ def check_set(costs: Sequence[EngineCost], budget: Budget) -> Verdict:
     total = sum(known) if len(known) == len(costs) else None
     alone = [why for c in costs if (why := refused_alone(c, budget))]
     if alone:
-        return Verdict(False, "; ".join(dict.fromkeys(alone)), names, total)
+        return Admission(False, "; ".join(dict.fromkeys(alone)), names, total)
     if total is None:
         missing = ", ".join(c.name for c in costs if c.context_mib is None)
         raise ValueError(f"no measured context cost for {missing}: measure it on the board with "
                          "`rkstudy board memory ENGINE.rknn` (or pass context_mib)")
     label = "+".join(names)
     if total > budget.mib:
-        return Verdict(False, f"{label}: {_fmt_mib(total)} MiB of contexts exceeds the "
+        return Admission(False, f"{label}: {_fmt_mib(total)} MiB of contexts exceeds the "
                        f"{_fmt_mib(budget.mib)} MiB per-process budget by "
                        f"{_fmt_mib(total - budget.mib)} MiB (rknn_init refuses the context that "
                        "overruns)", names, total)
-    return Verdict(True, f"{label}: {_fmt_mib(total)} MiB of contexts fits the {_fmt_mib(budget.mib)} "
+    return Admission(True, f"{label}: {_fmt_mib(total)} MiB of contexts fits the {_fmt_mib(budget.mib)} "
                    f"MiB per-process budget ({_fmt_mib(budget.mib - total)} MiB spare)", names, total)
 
 

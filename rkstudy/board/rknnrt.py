@@ -44,7 +44,7 @@ from pathlib import Path
 
 from .check import LIBRKNNRT_ENV, LIBRKNNRT_PATHS
 from .dmesg import InitRefused, Versions, read_dmesg, refused_bytes, remember_versions
-from .memory import Budget, EngineCost, Verdict, check_set, fmt_bytes
+from .memory import Admission, Budget, EngineCost, check_set, fmt_bytes
 from .runner import BoardUnavailable
 
 RKNN_FLAG_COLLECT_MODEL_INFO_ONLY = 0x00000100
@@ -167,7 +167,7 @@ def internal_wrap_suspect(mem: EngineMemory, refused_bytes: Iterable[int]) -> in
 
 
 def memory_report(engines: list[Path], budget: Budget, lib: ctypes.CDLL | None = None,
-                  kernel_log: list[str] | None = None) -> tuple[list[str], Verdict]:
+                  kernel_log: list[str] | None = None) -> tuple[list[str], Admission]:
     """`rkstudy board memory`: one line per engine (its context cost, ~0.5 s each, no network built),
     then whether the set fits `budget`.
 

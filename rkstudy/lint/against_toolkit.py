@@ -346,7 +346,7 @@ class Outcome:
 
     case: Case
     lint_said: str
-    verdict: compiler.Verdict
+    verdict: compiler.CompilerAnswer
     compiler_flags: bool
     compiler_did: str
     findings: list = field(default_factory=list)
@@ -370,7 +370,7 @@ class Outcome:
                 "target": self.verdict.target}
 
 
-def _compiler_side(case: Case, model: onnx.ModelProto, v: compiler.Verdict) -> tuple[bool, str]:
+def _compiler_side(case: Case, model: onnx.ModelProto, v: compiler.CompilerAnswer) -> tuple[bool, str]:
     """(flags, what it did) for the case's signal."""
     if not v.built:
         return case.signal == "build", f"{v.status} at {v.failed_step}: {v.error}"

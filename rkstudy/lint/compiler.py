@@ -18,12 +18,12 @@ import onnx
 
 from ..toolkit.log import IO_OPS, Layer, layer_table
 
-VERDICT_VERSION = 2  # bump when what a Verdict records changes (keys the verdict cache)
+VERDICT_VERSION = 2  # bump when what a CompilerAnswer records changes (keys the verdict cache)
 LAYOUT_OPS = ("Reshape", "Transpose")  # what the compiler inserts around 3-D tensors (its layouts are 4-D)
 
 
 @dataclass
-class Verdict:
+class CompilerAnswer:
     """The compiler's answer for one graph on one target."""
 
     target: str
@@ -95,7 +95,7 @@ def _key(path: Path, target: str, feeds, shapes) -> str:
 
 
 def ask(model, target: str, feeds: Mapping[str, np.ndarray] | None = None, *,
-        shapes: Mapping[str, Sequence[int]] | None = None, name: str = "probe", reuse: bool = True) -> Verdict:
+        shapes: Mapping[str, Sequence[int]] | None = None, name: str = "probe", reuse: bool = True) -> CompilerAnswer:
     """Build `model` (a ModelProto or a path) for `target` in a verbose toolkit child and, when it
     builds and `feeds` are given, run the simulator on them against onnxruntime fp32
     (rkstudy.toolkit.convert.simulator_vs_fp32). `shapes={}` hands the toolkit no input shapes at all, which
@@ -114,13 +114,13 @@ def ask(model, target: str, feeds: Mapping[str, np.ndarray] | None = None, *,
     if reuse and record.is_file():
         saved = json.loads(record.read_text(encoding="utf-8"))
         saved["layers"] = [Layer(**x) for x in saved["layers"]]
-        return Verdict(**saved)
+        return CompilerAnswer(**saved)
     verdict = _ask(path, target, feeds, shapes)
     write_text(record, json.dumps(asdict(verdict)))
     return verdict
 
 
-def _ask(path: Path, target: str, feeds, shapes) -> Verdict:
+def _ask(path: Path, target: str, feeds, shapes) -> CompilerAnswer:
     """One verbose build through the shared engine cache (with `feeds`, in a simulator child whose outputs
     the cache keeps too), so a graph another study already built at the same key is not built again."""
     from ..toolkit.build import BuildFailed, build_engine
@@ -144,7 +144,7 @@ def _ask(path: Path, target: str, feeds, shapes) -> Verdict:
                 raise
             report = exc.report
     log = Path(report.log).read_text(encoding="utf-8", errors="replace") if report.log else ""
-    return Verdict(target=target, status=report.status, failed_step=report.failed_step,
+    return CompilerAnswer(target=target, status=report.status, failed_step=report.failed_step,
                    error="" if report.ok else _error_line(report), regtask=report.regtask,
                    regtask_max=report.regtask_max, layers=layer_table(log), snr_db=snr, nonfinite=nonfinite,
                    build_s=report.seconds)

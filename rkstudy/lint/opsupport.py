@@ -220,7 +220,7 @@ def probes() -> list[Probe]:
 
 
 def classify(verdict, model: onnx.ModelProto) -> str:
-    """npu / cpu / fails / inaccurate, from a compiler.Verdict of a probe graph: `cpu` when any layer of
+    """npu / cpu / fails / inaccurate, from a compiler.CompilerAnswer of a probe graph: `cpu` when any layer of
     the probe (the compiler's own helpers for it included, layout plumbing and prelude nodes not) runs
     on the CPU."""
     if not verdict.built:

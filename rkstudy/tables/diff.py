@@ -44,7 +44,7 @@ UNIT_FIRST = "; in a row whose unit is dB or a time, that rule"
 
 
 @dataclass(frozen=True)
-class Rule:
+class Tolerance:
     kind: str   # exact, dB, time, machine, relative
     why: str    # what gave it: the name, or the values
 
@@ -65,43 +65,43 @@ def _is_int(text: str) -> bool:
     return re.fullmatch(r"[-+]?\d+", text.strip()) is not None
 
 
-def name_rule(column: str) -> Rule | None:
+def name_rule(column: str) -> Tolerance | None:
     """The rule a column's name gives, or None when the name says nothing."""
     name = column.lower()
     words = set(column.split("_"))  # case kept: S is a sequence length, s a second
     if name.endswith("_db") or name == "db":
-        return Rule("dB", "name")
+        return Tolerance("dB", "name")
     if words & TIME_WORDS or "ratio_vs" in name:
-        return Rule("time", "name")
+        return Tolerance("time", "name")
     if MACHINE_NAME.search(name):
-        return Rule("machine", "name")
+        return Tolerance("machine", "name")
     if EXACT_NAME.search(name):
-        return Rule("exact", "name")
+        return Tolerance("exact", "name")
     return None
 
 
-def column_rule(column: str, values: list[str]) -> Rule:
+def column_rule(column: str, values: list[str]) -> Tolerance:
     """The name's rule for a numeric column (peak_from, a text, takes the values' rule), else the values'."""
     filled = [v for v in values if v != ""]
     by_name = name_rule(column)
     if by_name is not None and all(_number(v) is not None for v in filled):
         return by_name
     if filled and all(_number(v) is not None for v in filled) and not all(_is_int(v) for v in filled):
-        return Rule("relative", "float values")
-    return Rule("exact", "integer values" if filled and all(_is_int(v) for v in filled) else "string values")
+        return Tolerance("relative", "float values")
+    return Tolerance("exact", "integer values" if filled and all(_is_int(v) for v in filled) else "string values")
 
 
-def unit_rule(unit: str) -> Rule | None:
+def unit_rule(unit: str) -> Tolerance | None:
     """The rule a row's `unit` cell gives its `value`/`measured` cell."""
     first = unit.strip().split("/")[0].strip().lower()
     if first == "db":
-        return Rule("dB", "unit")
+        return Tolerance("dB", "unit")
     if first in TIME_WORDS or first in ("min", "h"):
-        return Rule("time", "unit")
+        return Tolerance("time", "unit")
     return None
 
 
-def moved(rule: Rule, a: str, b: str) -> tuple[bool, float | None]:
+def moved(rule: Tolerance, a: str, b: str) -> tuple[bool, float | None]:
     """(past tolerance, numeric change B - A or None) for one cell."""
     if a == b:
         return False, 0.0 if _number(a) is not None else None
@@ -127,12 +127,12 @@ class TableDiff:
     name: str
     keys: list[str] = field(default_factory=list)
     by_order: bool = False
-    rules: dict[str, Rule] = field(default_factory=dict)
+    rules: dict[str, Tolerance] = field(default_factory=dict)
     columns_only: dict[str, list[str]] = field(default_factory=dict)
     rows_only: dict[str, list[str]] = field(default_factory=dict)
     failures: list[tuple[str, str, str, str, str, float | None]] = field(default_factory=list)
     # (column, the rule its cells got) -> [(B - A, A, B)] for cells that changed within their tolerance
-    changes: dict[tuple[str, Rule], list[tuple[float | None, str, str]]] = field(
+    changes: dict[tuple[str, Tolerance], list[tuple[float | None, str, str]]] = field(
         default_factory=lambda: defaultdict(list))
 
     @property
@@ -153,7 +153,7 @@ def _tables(root: Path) -> dict[str, list[dict]]:
     return out
 
 
-def _keys(columns: list[str], rules: dict[str, Rule], a: list[dict], b: list[dict]) -> tuple[list[str], bool]:
+def _keys(columns: list[str], rules: dict[str, Tolerance], a: list[dict], b: list[dict]) -> tuple[list[str], bool]:
     # the SoC and the runner are part of what a row is (a sweep on two targets has two rows per width)
     candidates = [c for c in ("target", "where") if all(c in r for r in a + b)]
     # then the columns in table order (tables lead with what a row is), skipping the ones named as
@@ -225,7 +225,7 @@ def _fmt_delta(delta: float | None, a: str) -> str:
     return f"{delta:+.6g}{rel}"
 
 
-def _change_summary(column: str, rule: Rule, changes: list[tuple[float | None, str, str]]) -> str:
+def _change_summary(column: str, rule: Tolerance, changes: list[tuple[float | None, str, str]]) -> str:
     numeric = [d for d, _, _ in changes if d is not None and math.isfinite(d)]
     text = f"`{column}` ({rule.describe()}): {len(changes)} row{'s' * (len(changes) > 1)} changed"
     if numeric:

@@ -71,7 +71,7 @@ Runner = Callable[[list[str], Path, "Path | None"], "tuple[int, float | None]"]
 
 
 @dataclass(frozen=True)
-class Step:
+class ReproduceStep:
     name: str                  # the notebook's stem, or "walker"
     studies: tuple[str, ...]   # the result folders it writes
     command: tuple[str, ...]
@@ -81,20 +81,21 @@ class Step:
         return f"{self.name} ({', '.join(self.studies)})" if self.studies else self.name
 
 
-def steps(repo: Path) -> list[Step]:
+def steps(repo: Path) -> list[ReproduceStep]:
     """Every notebook in notebooks/, in order, then the walker benchmark."""
     made = provenance.notebook_studies(repo)
     out = []
     for nb in sorted((Path(repo) / "notebooks").glob("*.ipynb")):
         studies = tuple(s for s, notebooks in made.items() if f"notebooks/{nb.name}" in notebooks)
-        out.append(Step(nb.stem, studies, (sys.executable, "-m", "papermill", "--cwd", "notebooks", "--kernel",
+        out.append(ReproduceStep(nb.stem, studies, (sys.executable, "-m", "papermill", "--cwd", "notebooks", "--kernel",
                                            "rkstudy", "-p", "QUICK", "False", f"notebooks/{nb.name}",
                                            f"results/notebooks/{nb.name}")))
-    out.append(Step(WALKER, ("benchmarks",), (sys.executable, "-m", "rkstudy", "bench", "walker"), tables=(WALKER,)))
+    out.append(ReproduceStep(WALKER, ("benchmarks",), (sys.executable, "-m", "rkstudy", "bench", "walker"),
+                             tables=(WALKER,)))
     return out
 
 
-def select(all_steps: list[Step], names: Sequence[str]) -> list[Step]:
+def select(all_steps: list[ReproduceStep], names: Sequence[str]) -> list[ReproduceStep]:
     """The steps named by study names or notebook stems ("kokoro_generator", "03_kokoro_generator"),
     in run order; names may also come as one comma or space separated string."""
     wanted = [n for item in names for n in re.split(r"[,\s]+", item) if n]
@@ -157,7 +158,7 @@ def last_recorded(repo: Path) -> dict[str, dict]:
     return {r["step"]: r for r in results.read_table(path)} if path.is_file() else {}
 
 
-def tables(repo: Path, step: Step) -> dict[Path, int]:
+def tables(repo: Path, step: ReproduceStep) -> dict[Path, int]:
     """{table: its mtime in ns} for what `step` writes, as it is now."""
     out = {}
     for study in step.studies:
@@ -167,7 +168,7 @@ def tables(repo: Path, step: Step) -> dict[Path, int]:
     return out
 
 
-def written(repo: Path, step: Step, short: str, before: dict[Path, int]) -> list[str]:
+def written(repo: Path, step: ReproduceStep, short: str, before: dict[Path, int]) -> list[str]:
     """Why `step`'s tables do not count as written by this run at `short` (empty when they do);
     `before` is tables() from before it ran."""
     problems = []
@@ -198,7 +199,8 @@ def available_gb() -> float:
     raise Failed("no MemTotal in /proc/meminfo: cannot tell how many steps fit in memory; run with --jobs 1")
 
 
-def prior_minutes(repo: Path, all_steps: list[Step], recorded: dict[str, dict]) -> dict[str, tuple[float, str]]:
+def prior_minutes(repo: Path, all_steps: list[ReproduceStep],
+                  recorded: dict[str, dict]) -> dict[str, tuple[float, str]]:
     """{step: (minutes, where that figure comes from)} from the last recorded run: the reproduce
     table, else papermill's own duration in the executed notebook under results/notebooks/."""
     out = {}
@@ -215,14 +217,14 @@ def prior_minutes(repo: Path, all_steps: list[Step], recorded: dict[str, dict]) 
     return out
 
 
-def expected(step: Step, prior: dict[str, tuple[float, str]]) -> str:
+def expected(step: ReproduceStep, prior: dict[str, tuple[float, str]]) -> str:
     if step.name not in prior:
         return "no earlier run recorded"
     minutes, source = prior[step.name]
     return f"expected {minutes:.0f} min ({source})"
 
 
-def record(repo: Path, all_steps: list[Step], done: dict, recorded: dict[str, dict],
+def record(repo: Path, all_steps: list[ReproduceStep], done: dict, recorded: dict[str, dict],
            prior: dict[str, tuple[float, str]], walls: Sequence[float], jobs: int = 1) -> Path:
     """results/benchmarks/reproduce.csv: this commit's minutes and peak per step (beside the last
     recorded figure), the last recorded row for a step not run at this commit (carried, with its
@@ -279,7 +281,7 @@ def run_command(command: list[str], cwd: Path, log: Path | None = None) -> tuple
 
 
 
-def order(todo: list[Step], prior: dict[str, tuple[float, str]], jobs: int) -> list[Step]:
+def order(todo: list[ReproduceStep], prior: dict[str, tuple[float, str]], jobs: int) -> list[ReproduceStep]:
     """Run order: as listed with one job; longest expected first with more (a long step started last
     would leave a core idle at the end), steps with no recorded time first of all."""
     if jobs == 1:
@@ -287,7 +289,7 @@ def order(todo: list[Step], prior: dict[str, tuple[float, str]], jobs: int) -> l
     return sorted(todo, key=lambda s: -prior[s.name][0] if s.name in prior else -math.inf)
 
 
-def fits(step: Step, running: Sequence[Step], peaks: dict[str, float], memory_gb: float) -> bool:
+def fits(step: ReproduceStep, running: Sequence[ReproduceStep], peaks: dict[str, float], memory_gb: float) -> bool:
     """Whether `step` may start beside `running`: their recorded peaks fit in MEMORY_SHARE of memory."""
     if not running:
         return True
@@ -295,8 +297,8 @@ def fits(step: Step, running: Sequence[Step], peaks: dict[str, float], memory_gb
     return need <= MEMORY_SHARE * memory_gb
 
 
-def next_fitting(pending: Sequence[Step], running: Sequence[Step], peaks: dict[str, float],
-                 memory_gb: float) -> Step | None:
+def next_fitting(pending: Sequence[ReproduceStep], running: Sequence[ReproduceStep], peaks: dict[str, float],
+                 memory_gb: float) -> ReproduceStep | None:
     """The first of `pending` (in run order) that fits beside `running`, or None. A step too large for
     the memory the running ones leave waits for them, and a smaller one takes the free slot meanwhile:
     waiting in line would leave a core idle for as long as the largest step runs."""
@@ -342,7 +344,7 @@ def reproduce(repo: Path, names: Sequence[str] = (), *, restart: bool = False, r
     numbers = {s.name: i for i, s in enumerate(todo, 1)}
     pending, running, failures = list(todo), {}, []
 
-    def start(pool: ThreadPoolExecutor, step: Step) -> None:
+    def start(pool: ThreadPoolExecutor, step: ReproduceStep) -> None:
         i = numbers[step.name]
         log = repo / LOGS / f"{step.name}.log" if jobs > 1 else None
         print(f"reproduce [{i}/{len(todo)}] {step.label()}: running, {expected(step, prior)}"

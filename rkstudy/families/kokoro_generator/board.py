@@ -17,10 +17,10 @@ def generate_job(*, contract, engine: Path, cores: str, payload: dict) -> dict:
     import numpy as np
 
     from ...board.runner import BoardRunner, runtime_versions
-    from . import head, inputs
+    from . import head, input_file
     from .sidecar import GeneratorSidecar
 
-    data = inputs.load(payload["inputs"])
+    data = input_file.load(payload["inputs"])
     first = data.sentences[0]
     runner = BoardRunner(engine, contract.input_names, cores=cores)
     try:
@@ -48,10 +48,10 @@ def generate_job(*, contract, engine: Path, cores: str, payload: dict) -> dict:
 
 def _run(args) -> int:
     from ...board.run import measure, require_board
-    from . import inputs
+    from . import input_file
 
     require_board()  # before reading any input: off a board, that is the one thing to say
-    data = inputs.load(args.inputs)
+    data = input_file.load(args.inputs)
     if args.gain and any(s.energy is None for s in data.sentences):
         from ...errors import UsageError
 

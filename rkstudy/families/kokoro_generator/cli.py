@@ -60,7 +60,7 @@ def _generator(args) -> int:
 def _inputs(args) -> int:
     text = text_to_speak(args)  # before the model loads: bad input is said at once
     from ...contract import Digest
-    from . import frontend, inputs
+    from . import frontend, input_file
     from .producer import full_feed, load_model, run_torch
     from .sidecar import frame_energy
 
@@ -73,9 +73,10 @@ def _inputs(args) -> int:
         if trunk is not None:  # the full-length fp32 decode the board's --gain corrects toward
             energy = frame_energy(run_torch(trunk, full_feed(utt)), utt.har.shape[-1] // utt.frames,
                                   model.head.bins)
-        sentences.append(inputs.Sentence(text=sentence, x=utt.x[0], har=utt.har[0], style=utt.style[0], energy=energy))
+        sentences.append(input_file.Sentence(text=sentence, x=utt.x[0], har=utt.har[0], style=utt.style[0],
+                                             energy=energy))
     d = Digest.of(model.path)
-    path = inputs.save(args.output, inputs.Inputs(sentences=sentences, head=model.head,
+    path = input_file.save(args.output, input_file.Inputs(sentences=sentences, head=model.head,
                                                   sample_rate=frontend.SAMPLE_RATE,
                                                   source={"file": d.file, "sha256": d.sha256}))
     frames = [s.frames for s in sentences]

@@ -18,9 +18,9 @@ from ...runtime import OrtRunner
 from ...toolkit.build import Calibration
 from ...toolkit.simulator import simulate
 from . import frontend, generator
-from .compiler import Case, case_graph, probe_feed, simulate_case
-from .fp16_range import FP16_MAX, node_maxima
+from .compiler_sweep import SweepBuild, case_graph, probe_feed, simulate_case
 from .global_statistics import fed_stats_simulated, global_statistics
+from .node_ranges import FP16_MAX, node_maxima
 from .producer import KokoroModel
 
 RAW_SUMS = generator.Rewrites(stats="sum")
@@ -63,7 +63,7 @@ def int16_overflow_rows(model: KokoroModel, window_utt: frontend.Utterance, walk
     error when it fails)."""
     rows = []
     for rewrite, rw in (("raw sums", RAW_SUMS), ("count fractions (the project's fix)", generator.ENGINE)):
-        case = Case(256, target, rw=rw)
+        case = SweepBuild(256, target, rw=rw)
         produced = case_graph(model, case)
         feed = probe_feed(window_utt, produced)
         reference = OrtRunner(produced.path).run(feed)[0]
@@ -86,7 +86,7 @@ def int16_overflow_rows(model: KokoroModel, window_utt: frontend.Utterance, walk
 def raw_sum_ranges(model: KokoroModel, utt: frontend.Utterance, frames: int = 256) -> dict:
     """fp32 only (notebook 08's quick stand-in): the raw-sum graph's node maxima at W = `frames` on the sweep
     window of `utt`: how many nodes pass the fp16 maximum (what the int16 mode has to catch) and the largest."""
-    produced = case_graph(model, Case(frames, rw=RAW_SUMS))
+    produced = case_graph(model, SweepBuild(frames, rw=RAW_SUMS))
     rows = node_maxima(produced.path, probe_feed(utt, produced))
     top = max(rows, key=lambda r: r["max_abs"])
     return {"graph": f"W = {frames}, one window", "statistics": "raw sums", "utterance": utt.name, "nodes": len(rows),

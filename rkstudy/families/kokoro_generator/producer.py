@@ -36,7 +36,7 @@ import onnx
 import torch
 
 from ... import cache, gates, graph
-from ...contract import METADATA_KEY, Contract, Digest, Tensor, Window, from_metadata
+from ...contract import METADATA_KEY, Contract, Digest, Tensor, WindowShape, from_metadata
 from ...produced import Produced
 from ...walk.window import plan_windows
 from . import DEFAULT_CONTEXT, DEFAULT_FRAMES, frontend, generator, weights
@@ -210,7 +210,7 @@ def generator_contract(*, frames: int, context: int, rw: Rewrites, max_axis: int
               "weights": "int8-dequantized (kokoro-v1.0.int8.onnx)"}
     return Contract(family=FAMILY, stage="generator", inputs=inputs, outputs=outputs, source=source,
                     producer=producer_command(frames, context, rw, max_axis), params=params,
-                    window=Window(frames=frames, emit=emit, context=context, hop=emit))
+                    window=WindowShape(frames=frames, emit=emit, context=context, hop=emit))
 
 
 def _code_digest() -> str:

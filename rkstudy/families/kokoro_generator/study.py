@@ -8,16 +8,15 @@ rows), quantization (notebook 08's quantization stage). Every row carries `where
 the runner that made its numbers (rows.py).
 """
 
-from .compiler import (  # noqa: F401
+from .compiler_sweep import (  # noqa: F401
     PROBES,
     QUICK_PROBES,
-    Case,
+    SweepBuild,
     build_row,
     in_graph_pieces,
     sweep,
     toolkit_probes,
 )
-from .fp16_range import FP16_MAX, node_maxima, range_summary  # noqa: F401
 from .global_statistics import (  # noqa: F401
     fed_stats_graph,
     fed_stats_walk,
@@ -25,6 +24,7 @@ from .global_statistics import (  # noqa: F401
     global_statistics_simulator,
     torch_walk,
 )
+from .node_ranges import FP16_MAX, node_maxima, range_summary  # noqa: F401
 from .planning import PLAN_CONTEXTS, Seam, known_builds, plan_target  # noqa: F401
 from .producer_gates import census_row, export_gate_rows, padded_window_rows  # noqa: F401
 from .quantization import (  # noqa: F401

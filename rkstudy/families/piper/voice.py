@@ -31,7 +31,7 @@ class VoiceNotInstalled(InputError):
     """The voice package is missing."""
 
 
-class SeamNotFound(graph.SeamNotFound):
+class VoiceSeamNotFound(graph.SeamNotFound):
     """The graph does not have the structure a Piper/VITS seam is found by."""
 
 
@@ -70,7 +70,7 @@ def find_decoder_seam(model: onnx.ModelProto) -> DecoderSeam:
     """
     nodes = model.graph.node
     if not any(n.name.startswith(FLOW) for n in nodes) or not any(n.name.startswith(DEC) for n in nodes):
-        raise SeamNotFound("no /flow/ and /dec/ nodes in this graph; is this a Piper (VITS) voice "
+        raise VoiceSeamNotFound("no /flow/ and /dec/ nodes in this graph; is this a Piper (VITS) voice "
                            "exported by piper's exporter?")
     idx = Index(model)
     producer, consumers, weights = idx.producer, idx.consumers, idx.initializers
@@ -98,7 +98,7 @@ def find_decoder_seam(model: onnx.ModelProto) -> DecoderSeam:
                and t not in masks]
     conds = [t for t in entering if t not in masks and t not in latents]
     if len(masks) != 1 or len(latents) != 1 or len(conds) > 1:
-        raise SeamNotFound(f"expected one latent and one mask entering the flow, found latents "
+        raise VoiceSeamNotFound(f"expected one latent and one mask entering the flow, found latents "
                            f"{latents}, masks {masks}, others {conds}; is this a VITS voice?")
     conv_pre = next((n for n in nodes if n.name.startswith(DEC) and n.op_type == "Conv"), None)
     return DecoderSeam(z=latents[0], y_mask=masks[0], g=conds[0] if conds else None,
@@ -118,7 +118,7 @@ def latent_channels(model: onnx.ModelProto) -> int:
     """Latent channels (inter_channels), read off dec.conv_pre's weight."""
     conv = next((n for n in model.graph.node if n.name.startswith(DEC) and n.op_type == "Conv"), None)
     if conv is None:
-        raise SeamNotFound("no /dec/ Conv in this graph; is this a VITS decoder?")
+        raise VoiceSeamNotFound("no /dec/ Conv in this graph; is this a VITS decoder?")
     weight = next(i for i in model.graph.initializer if i.name == conv.input[1])
     return int(weight.dims[1])
 

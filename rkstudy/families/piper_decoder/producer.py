@@ -21,7 +21,7 @@ from pathlib import Path
 import onnx
 
 from ... import graph
-from ...contract import METADATA_KEY, Contract, Digest, Tensor, Window, from_metadata
+from ...contract import METADATA_KEY, Contract, Digest, Tensor, WindowShape, from_metadata
 from ...graph.decmask import mask_decoder
 from ...produced import Produced
 from ..piper.voice import DecoderModel, DecoderSeam, decoder_hop, find_decoder_seam, latent_channels
@@ -94,7 +94,7 @@ def decoder_contract(*, family: str, window: int, emit: int, context: int, hop: 
                             "upsampler": upsampler if dec_mask else "", "speaker_dims": gin or 0,
                             # the seam's names in the source model: a board exposes them to get latents
                             "seam_z": seam.z if seam else "", "seam_g": (seam.g or "") if seam else ""},
-                    window=Window(frames=window, emit=emit, context=context, hop=emit))
+                    window=WindowShape(frames=window, emit=emit, context=context, hop=emit))
 
 
 def produce(model: onnx.ModelProto, *, source: Digest, emit: int = DEFAULT_EMIT, context: int = DEFAULT_CONTEXT,

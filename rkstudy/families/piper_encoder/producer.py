@@ -157,7 +157,7 @@ def _vocab(model: onnx.ModelProto) -> int:
     gather = next((n for n in model.graph.node if n.op_type == "Gather" and n.input[1] == "input"
                    and n.input[0] in inits), None)
     if gather is None:
-        raise piper.SeamNotFound("no embedding Gather reads the ids; is this a Piper (VITS) voice?")
+        raise piper.VoiceSeamNotFound("no embedding Gather reads the ids; is this a Piper (VITS) voice?")
     return int(inits[gather.input[0]].dims[0])
 
 

@@ -19,7 +19,7 @@ from ...graph.index import Index
 from ..piper import voice as piper
 
 
-class SeamNotFound(piper.SeamNotFound):
+class EncoderSeamNotFound(piper.VoiceSeamNotFound):
     """The graph has no enc_p.proj / dp.proj pair."""
 
 
@@ -46,19 +46,19 @@ def find_encoder_seam(model: onnx.ModelProto) -> EncoderSeam:
     parameter names as initializer names); the frame total found from the single Ceil."""
     stats, cond = _conv_by_weight(model, "enc_p.proj.weight"), _conv_by_weight(model, "dp.proj.weight")
     if stats is None or cond is None:
-        raise SeamNotFound("no Conv reading enc_p.proj.weight and dp.proj.weight in this graph; "
+        raise EncoderSeamNotFound("no Conv reading enc_p.proj.weight and dp.proj.weight in this graph; "
                            "is this a Piper (VITS) voice exported by piper's exporter?")
     consumers = Index(model).consumers
     ceil = [n for n in model.graph.node if n.op_type == "Ceil"]
     if len(ceil) != 1:
-        raise SeamNotFound(f"expected one Ceil (the duration ceiling), found {len(ceil)}")
+        raise EncoderSeamNotFound(f"expected one Ceil (the duration ceiling), found {len(ceil)}")
     total = next((c for c in consumers.get(ceil[0].output[0], []) if c.op_type == "ReduceSum"), None)
     if total is None:
-        raise SeamNotFound("the duration Ceil feeds no ReduceSum; cannot find the frame total")
+        raise EncoderSeamNotFound("the duration Ceil feeds no ReduceSum; cannot find the frame total")
     clip = next((c for c in consumers.get(total.output[0], []) if c.op_type == "Clip"), None)
     names = [i.name for i in model.graph.input]
     if names[:3] != ["input", "input_lengths", "scales"]:
-        raise SeamNotFound(f"voice inputs are {names}; expected input, input_lengths, scales")
+        raise EncoderSeamNotFound(f"voice inputs are {names}; expected input, input_lengths, scales")
     return EncoderSeam(ids="input", lengths="input_lengths", scales="scales",
                        stats=stats.output[0], cond=cond.output[0],
                        frames=(clip or total).output[0])

@@ -28,7 +28,7 @@ from pathlib import Path
 import onnx
 
 from ... import atomic, cache, graph
-from ...contract import METADATA_KEY, Contract, Digest, Tensor, Window, from_metadata
+from ...contract import METADATA_KEY, Contract, Digest, Tensor, WindowShape, from_metadata
 from ...errors import UsageError
 from ...graph.delays import NotStreamable
 from ...graph.stateful import make_step
@@ -213,7 +213,7 @@ def produce_window(port: Port, frames: int, context: int, *, sample_rate: int = 
     contract = Contract(family=FAMILY, stage="vocoder", inputs=tuple(inputs), outputs=tuple(outputs),
                         source=Digest.of(port.path), producer=producer,
                         params={**_params(port, sample_rate), "masked_convs": len(masked)},
-                        window=Window(frames=frames, emit=frames - 2 * context, context=context,
+                        window=WindowShape(frames=frames, emit=frames - 2 * context, context=context,
                                       hop=frames - 2 * context))
     return Produced(graph.with_metadata(model, **{METADATA_KEY: contract.to_json()}), contract, masked)
 

@@ -135,7 +135,7 @@ def build_row(produced: Produced, report: BuildReport, got: np.ndarray | None = 
 
 
 @dataclass(frozen=True)
-class Case:
+class SweepBuild:
     """One build of the sweep: a window for a target, with its rewrites and in-graph walk."""
 
     frames: int
@@ -146,7 +146,7 @@ class Case:
     timeout: float = BUILD_TIMEOUT_S  # a build past it is killed and its row says timeout (a bounded run)
 
 
-def case_graph(model: KokoroModel, case: Case, context: int = DEFAULT_CONTEXT) -> Produced:
+def case_graph(model: KokoroModel, case: SweepBuild, context: int = DEFAULT_CONTEXT) -> Produced:
     return produce(case.frames, min(context, (case.frames - 1) // 2), case.rw, max_axis=case.max_axis, model=model)
 
 
@@ -158,7 +158,7 @@ def probe_feed(utt: frontend.Utterance, produced: Produced) -> dict:
         window_feed(utt.x, utt.har, utt.style, 0, utt.frames, w.frames)
 
 
-def simulate_case(produced: Produced, case: Case, feeds: Sequence[dict]) -> Simulated:
+def simulate_case(produced: Produced, case: SweepBuild, feeds: Sequence[dict]) -> Simulated:
     """One verbose build of the case (the layer table names the CPU ops) through the content-keyed
     simulator cache (rkstudy.toolkit.simulator.simulate): any later ask for the same graph, target and
     feeds, in this notebook or another, reads the recorded outputs instead of building again."""
@@ -166,7 +166,7 @@ def simulate_case(produced: Produced, case: Case, feeds: Sequence[dict]) -> Simu
                     timeout=case.timeout)
 
 
-def sweep(model: KokoroModel, cases: Sequence[Case], utt: frontend.Utterance, *, context: int = DEFAULT_CONTEXT,
+def sweep(model: KokoroModel, cases: Sequence[SweepBuild], utt: frontend.Utterance, *, context: int = DEFAULT_CONTEXT,
           progress: bool = True, extra_feeds: dict[int, list[dict]] | None = None):
     """Build each case once and simulate it on the last window of the walk over `utt` (probe_feed), and
     for case i also on `extra_feeds[i]` (the windows of a walk, so that walk needs no second build).
@@ -201,7 +201,7 @@ def in_graph_pieces(model: KokoroModel, utt: frontend.Utterance, target: str = "
     first = plan_windows(utt.frames, frames - 2 * context, context)[-1].start  # the W = `frames` window's frame 0
     walk = generator.InGraphWalk(model.trunk(generator.ENGINE, clamp_count=True), frames, inner, context)
 
-    def simulated(case: Case, feeds: list[dict]) -> list[tuple[np.ndarray, np.ndarray]]:
+    def simulated(case: SweepBuild, feeds: list[dict]) -> list[tuple[np.ndarray, np.ndarray]]:
         produced = case_graph(model, case, context)
         sim = simulate_case(produced, case, feeds)
         sim.report.raise_for_status()
@@ -211,10 +211,10 @@ def in_graph_pieces(model: KokoroModel, utt: frontend.Utterance, target: str = "
         return [(ort.run(f)[0], out[0]) for f, out in zip(feeds, sim.outputs)]
 
     feed = last_window_feed(utt, frames, context)
-    (walked,) = simulated(Case(frames, target, max_axis=max_axis), [feed])
-    (whole,) = simulated(Case(frames, target), [feed])
-    alone = dict(zip(walk.starts, simulated(Case(inner, target), [window_feed(utt.x, utt.har, utt.style, first + a,
-                                                                               inner, inner) for a in walk.starts])))
+    (walked,) = simulated(SweepBuild(frames, target, max_axis=max_axis), [feed])
+    (whole,) = simulated(SweepBuild(frames, target), [feed])
+    feeds = [window_feed(utt.x, utt.har, utt.style, first + a, inner, inner) for a in walk.starts]
+    alone = dict(zip(walk.starts, simulated(SweepBuild(inner, target), feeds)))
     rows = []
     for w in walk.plan:
         last = 1 if w.emit_stop == frames else 0
