@@ -117,10 +117,10 @@ lab: models
 	$(PY) -m jupyter lab --notebook-dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 lint: venv
-	$(PY) -m ruff check rkstudy tests notebooks
+	$(PY) -m ruff check rkstudy tests notebooks research
 
 format: venv
-	$(PY) -m ruff check --fix rkstudy tests notebooks
+	$(PY) -m ruff check --fix rkstudy tests notebooks research
 
 # On a board without conda: a plain venv with the board extra (RKNNLite on aarch64, no converter).
 board-env:

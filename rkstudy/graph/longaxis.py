@@ -1,8 +1,8 @@
 """Make a fixed-shape 1-D audio graph compile cleanly when its time axis is longer than 8191.
 
 rknn-toolkit2 2.5.0 encodes per-op extents in 13-bit register fields. Measured with one-op probes
-on rk3588 while the Qwen3 vocoder family was researched (the probe scripts are not in the
-repository), over a [1, C, L] tensor with L past 8191:
+on rk3588 (rkstudy.toolkit.probes builds the same kind of graph), over a [1, C, L] tensor with L past
+8191:
 
 * clean (0 REGTASK lines): elementwise ops, Concat, 1x1 Conv, undilated k=7 Conv (L = 122 880),
   ConvTranspose (stride 3, and k=1 with pads);

@@ -120,7 +120,7 @@ def rewrite_banded(model: onnx.ModelProto, todo: Sequence[RelShift], logits=None
     """Insert each chain's band form where its result is consumed, drop the node it replaces
     (the logit chain's last Slice, or the value chain's MatMul), prune what is left dead. A table
     with no non-zero position contributes nothing: a zero constant of the output's shape.
-    `logits`/`values`: other emitters with emit_logits' signature (scripts/relshift_candidates
+    `logits`/`values`: other emitters with emit_logits' signature (research/relshift_candidates
     builds the layouts it was chosen from this way); default: emit_logits / emit_values."""
     logits, values = logits or emit_logits, values or emit_values
     model = copy.deepcopy(model)

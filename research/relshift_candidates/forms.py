@@ -3,7 +3,7 @@
 A candidate is named `LOGITS+VALUES` (a single name uses it on both sides); `gather` is
 rkstudy.graph.relshift's rewrite. The shipped pair, `kconv+stack4`, is relshift.emit_logits /
 relshift.emit_values (mode="banded"); the others live here only so that
-`python -m scripts.relshift_candidates candidates` can compare them again (its tables stay under
+`python -m research.relshift_candidates candidates` can compare them again (its tables stay under
 build/relshift_candidates/). Every form but `floor` is exact; `floor` zeroes both relative terms and
 is a reference only: what the rest of the encoder costs the compiler at that width, the size no
 exact form can go below.

@@ -2,9 +2,9 @@
 
 From the repository root:
 
-    python -m scripts.relshift_candidates candidates   # every layout in forms.py, built + simulated
-    python -m scripts.relshift_candidates widths       # relshift mode="banded" at 64..512
-    python -m scripts.relshift_candidates tables       # the tables from the saved rows
+    python -m research.relshift_candidates candidates   # every layout in forms.py, built + simulated
+    python -m research.relshift_candidates widths       # relshift mode="banded" at 64..512
+    python -m research.relshift_candidates tables       # the tables from the saved rows
 
 `candidates`: every formulation in forms.py (plus relshift's gather form at the widths
 where its build is cheap) on the real encoder, built and simulated for rk3588.
@@ -32,7 +32,6 @@ import numpy as np
 import onnx
 
 from rkstudy.families.piper import voice as piper
-from rkstudy.families.piper_encoder.study import carried_sizes
 from rkstudy.graph import relshift
 from rkstudy.paths import RESULTS as REPO_RESULTS
 from rkstudy.tables.results import read_table
@@ -160,7 +159,7 @@ def _row(form: str, width: int) -> dict | None:
 
 def _main_gather_rows() -> list[dict]:
     """relshift's gather rows at the widths it is not rebuilt at (from the repository's sizes.csv)."""
-    widths = [int(r["frames"]) for r in read_table(MAIN_SIZES)
+    widths = [int(r["frames"]) for r in (read_table(MAIN_SIZES) if MAIN_SIZES.is_file() else [])
               if r.get("relshift", "gather") == "gather" and int(r["frames"]) > GATHER_MAX_WIDTH]
     return [{"candidate": "gather", "L": r["frames"], "status": r["status"], "engine_bytes": r["engine_bytes"],
              "build_s": r["build_s"], "build_cpu_s": "", "load_1min": "",
@@ -168,7 +167,16 @@ def _main_gather_rows() -> list[dict]:
              "child_maxrss_gib": "", "regtask": r["regtask"], "cpu_ops": "", "verbose_build": False,
              "sim_min_snr_db": "", "sim_counts": "", "fp32_worst_snr_db": "", "fp32_worst_max_diff": "",
              "exact": "", "onnx_bytes": "", "source": "results/piper_encoder/sizes.csv (not rebuilt)"}
-            for r in carried_sizes(MAIN_SIZES, widths)]
+            for r in _committed_gather_rows(widths)]
+
+
+def _committed_gather_rows(widths) -> list[dict]:
+    """The gather rows of the repository's sizes.csv at `widths`, numbers parsed (empty when the study
+    has not written that table)."""
+    if not MAIN_SIZES.is_file():
+        return []
+    return [{**r, "converter_peak_mb": float(r["converter_peak_mb"] or 0)} for r in read_table(MAIN_SIZES)
+            if r.get("relshift", "gather") == "gather" and int(r["frames"]) in widths]
 
 
 def _write(name: str, rows: list[dict], title: str) -> None:
