@@ -305,9 +305,118 @@ def next_fitting(pending: Sequence[ReproduceStep], running: Sequence[ReproduceSt
     return next((s for s in pending if fits(s, running, peaks, memory_gb)), None)
 
 
+def list_steps(repo: Path, all_steps: list[ReproduceStep], prior: dict[str, tuple[float, str]]) -> int:
+    """`--list`: each step, finished at this commit (and in how long) or what it is expected to take."""
+    head = git(repo, "rev-parse", "HEAD").strip()
+    done = read_state(repo, head)
+    for i, step in enumerate(all_steps, 1):
+        state = (f"finished at this commit in {done[step.name]['minutes']} min" if step.name in done
+                 else expected(step, prior))
+        print(f"[{i}/{len(all_steps)}] {step.label()}: {state}")
+    return 0
+
+
+class Schedule:
+    """One invocation's run of `todo`: up to `jobs` steps at once, each started when its recorded peak
+    fits beside the running ones (next_fitting), each recorded in the state file and the reproduce
+    table as it finishes. A failed step stops new starts; the ones running are let finish and are
+    recorded, so a rerun continues from the failed one."""
+
+    def __init__(self, repo: Path, head: str, all_steps: list[ReproduceStep], todo: list[ReproduceStep], *,
+                 done: dict, walls: list[float], recorded: dict, prior: dict, peaks: dict[str, float],
+                 runner: Runner, clock: Callable[[], float], jobs: int, memory_gb: float):
+        self.repo, self.head, self.short = repo, head, head[:12]
+        self.all_steps, self.todo = all_steps, todo
+        self.done, self.walls, self.recorded, self.prior, self.peaks = done, walls, recorded, prior, peaks
+        self.runner, self.clock, self.jobs, self.memory_gb = runner, clock, jobs, memory_gb
+        self.numbers = {s.name: i for i, s in enumerate(todo, 1)}
+        self.running: dict[Future, tuple[ReproduceStep, dict, float]] = {}
+        self.failures: list[str] = []
+        self.began = clock()
+        self.walls.append(0.0)  # this invocation's wall time, updated as its steps finish
+
+    def run(self) -> list[str]:
+        """Run every step; the failures, one line each (empty when all finished)."""
+        pending = list(self.todo)
+        with ThreadPoolExecutor(max_workers=self.jobs) as pool:
+            while pending or self.running:
+                while pending and not self.failures and len(self.running) < self.jobs:
+                    step = next_fitting(pending, [s for s, _, _ in self.running.values()], self.peaks, self.memory_gb)
+                    if step is None:
+                        break
+                    pending.remove(step)
+                    self.start(pool, step)
+                if not self.running:
+                    break
+                for future in wait(list(self.running), return_when=FIRST_COMPLETED).done:
+                    self.finish(future)
+        write_state(self.repo, self.head, self.done, self.walls)
+        return self.failures
+
+    def start(self, pool: ThreadPoolExecutor, step: ReproduceStep) -> None:
+        log = self.repo / LOGS / f"{step.name}.log" if self.jobs > 1 else None
+        print(f"reproduce [{self.numbers[step.name]}/{len(self.todo)}] {step.label()}: running, "
+              f"{expected(step, self.prior)}" + (f"; output in {log.relative_to(self.repo)}" if log else ""),
+              flush=True)
+        self.done.pop(step.name, None)
+        write_state(self.repo, self.head, self.done, self.walls)
+        before, t0 = tables(self.repo, step), self.clock()
+        self.running[pool.submit(self.runner, list(step.command), self.repo, log)] = (step, before, t0)
+
+    def finish(self, future: Future) -> None:
+        step, before, t0 = self.running.pop(future)
+        code, peak = future.result()
+        minutes = round((self.clock() - t0) / 60, 2)
+        if code != 0:
+            self.failures.append(f"{step.label()} stopped after {minutes} min (exit {code}); fix it and run "
+                                 f"`make reproduce` again to continue from it")
+            return
+        missing = written(self.repo, step, self.short, before)
+        if missing:
+            self.failures.append(f"{step.label()} ran to the end but {'; '.join(missing)}; it does not count as "
+                                 "finished")
+            return
+        now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+        self.walls[-1] = round((self.clock() - self.began) / 60, 2)  # up to the last step it finished
+        self.done[step.name] = {"minutes": minutes, "peak_gb": peak if peak is not None else "", "finished": now}
+        write_state(self.repo, self.head, self.done, self.walls)
+        table = record(self.repo, self.all_steps, self.done, self.recorded, self.prior, self.walls, self.jobs)
+        print(f"reproduce [{self.numbers[step.name]}/{len(self.todo)}] {step.label()}: finished in {minutes} min"
+              + (f", peak {peak} GiB" if peak is not None else "") + f" -> {table.relative_to(self.repo)}", flush=True)
+
+
+def index_and_diff(repo: Path, short: str, runner: Runner) -> None:
+    """After a run that made tables: the results index regenerated, and the diff of HEAD's committed
+    tables against this run's written to results/benchmarks/reproduce_diff.md."""
+    if runner([sys.executable, "-m", "rkstudy", "results", "index"], repo, None)[0] != 0:
+        raise Failed("`rkstudy results index` failed after the studies ran; run it alone to see why")
+    committed = committed_results(repo)
+    if committed is not None:
+        from . import diff as results_diff
+
+        text, _ = results_diff.report(committed, repo / "results",
+                                      labels=(f"the tables committed at {short}", "this run's"))
+        atomic.write_text(repo / DIFF, text)
+        print(f"reproduce: {text.splitlines()[2]} -> {DIFF}")
+
+
+def check_when_complete(repo: Path) -> int:
+    """Once every study was made at this commit, the committed tree must pass `rkstudy results check`."""
+    problems, counts = provenance.check(repo)
+    for p in problems:
+        print(p.line())
+    print(provenance.summary(problems, counts))
+    return 1 if problems else 0
+
+
 def reproduce(repo: Path, names: Sequence[str] = (), *, restart: bool = False, runner: Runner = run_command,
               listing: bool = False, clock: Callable[[], float] = time.monotonic, jobs: int = 1,
               memory_gb: float | None = None) -> int:
+    """Run the steps `names` selects (all by default) that are not finished at HEAD (all of them with
+    `restart`), `jobs` at a time as memory allows; then regenerate the index and the diff, and, once
+    every step is finished at HEAD, check the committed tree. Returns the exit code (1 when the check
+    finds problems); a step that fails raises Failed after the running ones finish. `listing` only
+    prints each step's state. `runner`, `clock` and `memory_gb` are what tests replace."""
     repo = Path(repo)
     if jobs < 1:
         raise UsageError(f"--jobs {jobs}: give at least 1")
@@ -315,15 +424,8 @@ def reproduce(repo: Path, names: Sequence[str] = (), *, restart: bool = False, r
     chosen = select(all_steps, names) if names else all_steps
     recorded = last_recorded(repo)
     prior = prior_minutes(repo, all_steps, recorded)
-    peaks = prior_peaks(recorded)
     if listing:
-        head = git(repo, "rev-parse", "HEAD").strip()
-        done = read_state(repo, head)
-        for i, step in enumerate(all_steps, 1):
-            state = (f"finished at this commit in {done[step.name]['minutes']} min" if step.name in done
-                     else expected(step, prior))
-            print(f"[{i}/{len(all_steps)}] {step.label()}: {state}")
-        return 0
+        return list_steps(repo, all_steps, prior)
     head = require_clean(repo)
     short = head[:12]
     done = {} if restart else read_state(repo, head)
@@ -339,82 +441,19 @@ def reproduce(repo: Path, names: Sequence[str] = (), *, restart: bool = False, r
           + (f"; {sum(known):.0f} min as last recorded for {len(known)} of them, one after another" if known else ""),
           flush=True)
     memory = memory_gb if memory_gb is not None else (available_gb() if jobs > 1 else 0.0)
-    began = clock()
-    walls.append(0.0)
-    numbers = {s.name: i for i, s in enumerate(todo, 1)}
-    pending, running, failures = list(todo), {}, []
-
-    def start(pool: ThreadPoolExecutor, step: ReproduceStep) -> None:
-        i = numbers[step.name]
-        log = repo / LOGS / f"{step.name}.log" if jobs > 1 else None
-        print(f"reproduce [{i}/{len(todo)}] {step.label()}: running, {expected(step, prior)}"
-              + (f"; output in {log.relative_to(repo)}" if log else ""), flush=True)
-        done.pop(step.name, None)
-        write_state(repo, head, done, walls)
-        before, t0 = tables(repo, step), clock()
-        running[pool.submit(runner, list(step.command), repo, log)] = (step, before, t0)
-
-    def finish(future: Future) -> None:
-        step, before, t0 = running.pop(future)
-        i = numbers[step.name]
-        code, peak = future.result()
-        minutes = round((clock() - t0) / 60, 2)
-        if code != 0:
-            failures.append(f"{step.label()} stopped after {minutes} min (exit {code}); fix it and run "
-                            f"`make reproduce` again to continue from it")
-            return
-        missing = written(repo, step, short, before)
-        if missing:
-            failures.append(f"{step.label()} ran to the end but {'; '.join(missing)}; it does not count as finished")
-            return
-        now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-        walls[-1] = round((clock() - began) / 60, 2)  # up to the last step it finished: a failed one's time is spent
-        done[step.name] = {"minutes": minutes, "peak_gb": peak if peak is not None else "", "finished": now}
-        write_state(repo, head, done, walls)
-        print(f"reproduce [{i}/{len(todo)}] {step.label()}: finished in {minutes} min"
-              + (f", peak {peak} GiB" if peak is not None else "")
-              + f" -> {record(repo, all_steps, done, recorded, prior, walls, jobs).relative_to(repo)}", flush=True)
-
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        while pending or running:
-            # a failed step stops new starts; the ones running are let finish and are recorded
-            while pending and not failures and len(running) < jobs:
-                step = next_fitting(pending, [s for s, _, _ in running.values()], peaks, memory)
-                if step is None:
-                    break
-                pending.remove(step)
-                start(pool, step)
-            if not running:
-                break
-            for future in wait(list(running), return_when=FIRST_COMPLETED).done:
-                finish(future)
-    write_state(repo, head, done, walls)
+    schedule = Schedule(repo, head, all_steps, todo, done=done, walls=walls, recorded=recorded, prior=prior,
+                        peaks=prior_peaks(recorded), runner=runner, clock=clock, jobs=jobs, memory_gb=memory)
+    failures = schedule.run()
     if failures:
         raise Failed("; ".join(failures))
     if todo:
-        if runner([sys.executable, "-m", "rkstudy", "results", "index"], repo, None)[0] != 0:
-            raise Failed("`rkstudy results index` failed after the studies ran; run it alone to see why")
-        committed = committed_results(repo)
-        if committed is not None:
-            from . import diff as results_diff
-
-            text, _ = results_diff.report(committed, repo / "results",
-                                          labels=(f"the tables committed at {short}", "this run's"))
-            atomic.write_text(repo / DIFF, text)
-            print(f"reproduce: {text.splitlines()[2]} -> {DIFF}")
+        index_and_diff(repo, short, runner)
     summed = sum(float(d["minutes"]) for d in done.values())
     left = [s.name for s in all_steps if s.name not in done]
-    print(f"reproduce: {len(todo)} steps in {(clock() - began) / 60:.1f} min this time; {len(done)} of "
+    print(f"reproduce: {len(todo)} steps in {(clock() - schedule.began) / 60:.1f} min this time; {len(done)} of "
           f"{len(all_steps)} finished at {short} ({sum(walls):.1f} min of wall time, {summed:.1f} summed over steps)"
           + (f"; not yet: {', '.join(left)}" if left else ""))
-    if left:
-        return 0
-    # every study was made at this commit: now the committed tree must pass `rkstudy results check`
-    problems, counts = provenance.check(repo)
-    for p in problems:
-        print(p.line())
-    print(provenance.summary(problems, counts))
-    return 1 if problems else 0
+    return check_when_complete(repo) if not left else 0
 
 
 def main(names: Sequence[str], restart: bool = False, listing: bool = False, jobs: int = 1) -> int:
