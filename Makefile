@@ -73,16 +73,18 @@ lite-wheel: venv
 doctor: venv
 	$(PY) -m rkstudy doctor
 
-# Unit tests and every notebook in quick mode (papermill; each test checks the numbers its notebook recorded),
-# on TEST_JOBS workers (one test per notebook, so a notebook of two studies runs once). The notebook
-# tests are collected first, longest first, and an idle worker steals queued tests from a busy one, so
-# no worker is left running a long notebook alone at the end.
-# The second toolkit's environment too: notebook 08 and the interpreter-choice tests build with it.
-# Every run ends with its 25 slowest tests, so a test that grows past the 30-minute budget shows itself.
-# Neither tier loads the nbmake plugin (it is for `pytest --nbmake notebooks/`): loading it builds
-# jsonschema's format grammars, seconds in every worker.
+# Every notebook in quick mode through nbmake, as a user's CI runs them (`pytest --nbmake notebooks/`: each
+# notebook's own kernelspec and cell timeout, its `parameters` cell as it stands), then the unit tests, whose
+# notebook checks read the headlines those runs wrote to build/quick-results/. Both on TEST_JOBS workers; an
+# idle worker steals queued tests from a busy one. The second toolkit's environment too: notebook 08 and the
+# interpreter-choice tests build with it. Every run ends with its 25 slowest tests, so a test that grows past
+# the 30-minute budget shows itself. The unit-test step does not load the nbmake plugin (loading it builds
+# jsonschema's format grammars, seconds in every worker). Both steps run; make fails if either did.
 test: models toolkit-venv lite-wheel
-	$(PY) -m pytest -p no:nbmake -n $(TEST_JOBS) --dist worksteal --durations=25 tests
+	status=0; \
+	$(PY) -m pytest -n $(TEST_JOBS) --dist worksteal --nbmake notebooks || status=1; \
+	$(PY) -m pytest -p no:nbmake -n $(TEST_JOBS) --dist worksteal --durations=25 tests || status=1; \
+	exit $$status
 
 # Everything that starts no toolkit child, runs no notebook and starts no JupyterLab (150-177 s on
 # 2 cores once the build cache holds the models' derived files; the first run in a clone fills it,

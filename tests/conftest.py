@@ -19,7 +19,7 @@ _engine_allowed = {"now": True}
 _start_engine = build.EngineProcess.__init__
 UNMARKED = ("a test not marked @pytest.mark.simulator may not start a toolkit child "
             "(rkstudy.toolkit.build.EngineProcess)")
-BUILDERS = ("simulator", "notebooks")  # a quick-mode notebook builds engines in its kernel
+BUILDERS = ("simulator",)
 
 
 def _guarded_start(self, *args, **kwargs):
@@ -60,8 +60,9 @@ def pytest_runtest_setup(item):
 
 
 def pytest_collection_modifyitems(config, items):
-    # the notebook runs take minutes each: they go first, in the order test_notebooks gives them
-    items.sort(key=lambda item: getattr(item, "originalname", "") != "test_notebook_headlines")
+    # the engine-building tests take the longest: they go first, so `--dist worksteal` fills in around them
+    # instead of leaving one worker alone with a long build at the end of the run
+    items.sort(key=lambda item: item.get_closest_marker("simulator") is None)
 
 
 def make_model(nodes, inputs, outputs, inits=()):

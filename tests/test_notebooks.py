@@ -1,8 +1,11 @@
-"""Every study notebook in quick mode (papermill), then the headline numbers it recorded, checked
-against the gates with tolerances (recommenders' pattern: running is not enough, the numbers must hold).
+"""The headline numbers each study notebook recorded in quick mode, checked against the gates with
+tolerances (recommenders' pattern: running is not enough, the numbers must hold).
 
-Quick mode writes to build/quick-results/ (never the committed results/); the executed notebooks go
-to build/quick-notebooks/.
+The notebooks run under nbmake, as a user's CI would run them: `pytest --nbmake notebooks/` (the first
+step of `make test`), each in quick mode as its `parameters` cell stands, writing its tables and
+headlines to build/quick-results/ (never the committed results/). These checks read what that run
+wrote; a study with no quick headlines, or headlines older than its notebook, fails and says to run the
+notebooks first.
 """
 
 import json
@@ -179,40 +182,23 @@ EXPECT = {
 }
 
 
-def run_notebook(name: str) -> None:
-    import papermill
-
-    out = REPO / "build" / "quick-notebooks"
-    out.mkdir(parents=True, exist_ok=True)
-    papermill.execute_notebook(str(NOTEBOOKS / name), str(out / name), parameters={"QUICK": True},
-                               cwd=str(NOTEBOOKS), kernel_name="rkstudy", progress_bar=False)
-
-
-# one test per notebook, so a notebook with two studies runs once whichever worker takes it (xdist 3.8's
-# `xdist_group` has no effect under pytest 9.2: the nodeid field it rewrites is no longer read)
 STUDIES = {nb: [s for s, (n, _) in EXPECT.items() if n == nb] for nb, _ in EXPECT.values()}
+RUN_FIRST = "run the notebooks first: `pytest --nbmake notebooks/` (the first step of `make test`)"
 
 
-def longest_first(notebooks) -> list[str]:
-    """The notebooks by their minutes in the last recorded `make reproduce`, longest first (unrecorded
-    ones last, by name). conftest puts these tests before all others, and `make test` schedules with
-    `--dist worksteal`: an idle worker takes queued tests from the end of the busy one's queue, so the
-    longest runs start first and everything shorter fills in around them, instead of one worker
-    finishing a long notebook alone at the end of the run."""
-    minutes = {}
-    table = REPO / "results" / "benchmarks" / "reproduce.csv"
-    if table.is_file():
-        minutes = {r["step"]: float(r["minutes"]) for r in results.read_table(table) if r["minutes"]}
-    return sorted(notebooks, key=lambda nb: (-minutes.get(nb.removesuffix(".ipynb"), 0.0), nb))
-
-
-@pytest.mark.parametrize("notebook", longest_first(STUDIES))
+@pytest.mark.parametrize("notebook", sorted(STUDIES))
 def test_notebook_headlines(notebook):
-    run_notebook(notebook)
     outside = []
     for study in STUDIES[notebook]:
+        path = QUICK_RESULTS / study / "headlines.json"
+        assert path.is_file(), f"{study}: no quick-mode headlines in {path.parent}; {RUN_FIRST}"
+        assert path.stat().st_mtime >= (NOTEBOOKS / notebook).stat().st_mtime, \
+            f"{study}: the quick-mode headlines are older than {notebook}; {RUN_FIRST}"
         recorded = results.read_headlines(study, QUICK_RESULTS)["headlines"]
         for name, (low, high) in EXPECT[study][1].items():
+            if name not in recorded:
+                outside.append(f"{study}: {name} was not recorded")
+                continue
             value = float(recorded[name]["value"])
             if not low <= value <= high:
                 outside.append(f"{study}: {name} = {value}, expected in [{low}, {high}]")
@@ -223,10 +209,13 @@ def test_every_notebook_is_checked():
     assert sorted({nb for nb, _ in EXPECT.values()}) == sorted(p.name for p in NOTEBOOKS.glob("*.ipynb"))
 
 
-def test_notebooks_name_the_project_kernel_and_a_parameters_cell():
+def test_notebooks_name_the_project_kernel_a_cell_timeout_and_a_parameters_cell():
+    """What `pytest --nbmake notebooks/` needs from each notebook with no flags: the project's kernel,
+    and a cell timeout of its own (nbmake's default, 300 s, is shorter than a quick Kokoro build)."""
     for path in NOTEBOOKS.glob("*.ipynb"):
         nb = json.loads(path.read_text())
         assert nb["metadata"]["kernelspec"]["name"] == "rkstudy", path.name
+        assert nb["metadata"].get("execution", {}).get("timeout", 0) >= 1800, path.name
         tagged = [c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", [])]
         assert len(tagged) == 1 and "QUICK = True" in "".join(tagged[0]["source"]), path.name
 
