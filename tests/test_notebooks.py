@@ -13,7 +13,7 @@ import math
 
 import pytest
 
-from rkstudy.paths import NOTEBOOKS, QUICK_RESULTS, REPO
+from rkstudy.paths import NOTEBOOKS, QUICK_RESULTS
 from rkstudy.tables import results
 
 pytestmark = pytest.mark.notebooks
