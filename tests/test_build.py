@@ -3,6 +3,7 @@
 import os
 import signal
 import sys
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -130,10 +131,27 @@ def test_an_unreadable_graph_is_refused_before_a_child_starts(tmp_path):
 
 
 def test_a_hung_build_is_killed_at_its_timeout(probe, tmp_path):
-    proc = build.EngineProcess(probe, "rk3588", out=tmp_path / "x.rknn", timeout=0.5)
+    proc = build.EngineProcess(probe, "rk3588", out=tmp_path / "x.rknn", timeout=0.05)  # the build takes ~0.4 s
     report = proc.wait_built()
     assert report.status == "timeout" and "killed after 0 s" in report.error
     assert report.engine is None and not (tmp_path / "x.rknn").exists()
+
+
+def test_a_build_forked_from_the_fork_server_is_the_fresh_interpreters_build(probe, tmp_path, monkeypatch):
+    """The fork server only saves the imports: the same engine, the same toolkit and log, the same REGTASK
+    count; and the child runs in the requester's environment as it is now, not as it was when the server
+    started (a variable set after the first build reaches the second)."""
+    forked = build.build_engine(probe, "rk3588", out=tmp_path / "forked.rknn", reuse=False)
+    monkeypatch.setenv("RKNN_LOG_LEVEL", "5")  # the toolkit reads it: a chattier build log
+    chatty = build.build_engine(probe, "rk3588", out=tmp_path / "chatty.rknn", reuse=False)
+    monkeypatch.setenv(build.FORK_SERVER_ENV, "0")
+    monkeypatch.delenv("RKNN_LOG_LEVEL")
+    fresh = build.build_engine(probe, "rk3588", out=tmp_path / "fresh.rknn", reuse=False)
+    assert forked.status == fresh.status == "ok" and forked.toolkit_version == fresh.toolkit_version
+    assert forked.engine_bytes == fresh.engine_bytes and forked.regtask == fresh.regtask == 0
+    quiet = Path(forked.log).read_text().count("\n")
+    assert abs(quiet - Path(fresh.log).read_text().count("\n")) <= 2
+    assert Path(chatty.log).read_text().count("\n") > quiet
 
 
 def test_a_killed_build_leaves_no_partial_engine(probe, tmp_path):
