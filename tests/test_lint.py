@@ -515,3 +515,25 @@ def test_lint_study_first_window_sample(frames, window):
     np.testing.assert_array_equal(got["z"][0, :, :real], z[:, :real])
     assert not got["z"][0, :, real:].any()
     assert got["y_mask"].ravel().tolist() == [1.0] * real + [0.0] * (window - real)
+
+
+def test_placement_builds_one_graph_per_shape_family():
+    """Full mode builds each distinct graph once for the placement check: the long-axis probe at every
+    length and the encoder at every width are one graph each; a different graph of the same family and
+    stage (the Resize mask upsampler beside the ConvTranspose one) is kept."""
+    from rkstudy.lint import study
+
+    def fg(family, stage, label):
+        return (study.FamilyGraph(family, stage, label, onnx.ModelProto()), None)
+
+    linted = [fg("toolchain", "raw", "vocoder_probe"), fg("toolchain", "raw", "long_axis_probe L=4096"),
+              fg("toolchain", "raw", "long_axis_probe L=65536"), fg("piper_encoder", "raw", "folded at width 64"),
+              fg("piper_encoder", "raw", "folded at width 192"),
+              fg("piper_encoder", "rewritten", "rewritten at width 96"),
+              fg("piper_decoder", "rewritten", "produced --dec-mask (ConvTranspose mask upsampler)"),
+              fg("piper_decoder", "rewritten", "--dec-mask with a Resize mask upsampler")]
+    got = [(g.family, g.label) for g, _ in study.one_per_shape(linted)]
+    assert got == [("toolchain", "vocoder_probe"), ("toolchain", "long_axis_probe L=4096"),
+                   ("piper_encoder", "folded at width 64"), ("piper_encoder", "rewritten at width 96"),
+                   ("piper_decoder", "produced --dec-mask (ConvTranspose mask upsampler)"),
+                   ("piper_decoder", "--dec-mask with a Resize mask upsampler")]
