@@ -479,7 +479,7 @@ def test_lint_study_loops_over_the_family_registry(monkeypatch):
     monkeypatch.setattr(registry, "load_all", lambda: fake)
     monkeypatch.setattr(families.Family, "resolve", lambda self, which: lambda quick: calls.append(
         (self.name, quick)) or [study.FamilyGraph(self.name, "raw", f"{self.name} graph", onnx.ModelProto())])
-    got = study.family_graphs(quick=True)
+    got = list(study.family_graphs(quick=True))
     assert calls == [("b", True), ("c", True)] and [g.family for g in got] == ["b", "c"]
 
 
@@ -537,3 +537,19 @@ def test_placement_builds_one_graph_per_shape_family():
                    ("piper_encoder", "folded at width 64"), ("piper_encoder", "rewritten at width 96"),
                    ("piper_decoder", "produced --dec-mask (ConvTranspose mask upsampler)"),
                    ("piper_decoder", "--dec-mask with a Resize mask upsampler")]
+
+
+def test_linted_family_graphs_are_kept_on_disk_not_in_memory(tmp_path, monkeypatch):
+    """lint_family lints each graph as the hook yields it and stores it: the study never holds every family's
+    weights at once, and a later step reads the same bytes back."""
+    from rkstudy.families.toolchain.lint_graphs import lint_graphs
+    from rkstudy.lint import study
+
+    monkeypatch.setenv("RKSTUDY_CACHE", str(tmp_path))
+    graphs = lint_graphs(quick=True)
+    originals = [g.model.SerializeToString() for g in graphs]
+    linted = study.lint_family(iter(graphs))
+    assert all(fg.model is None and fg.path.is_file() for fg, _ in linted)
+    assert [fg.graph().SerializeToString() for fg, _ in linted] == originals
+    assert [r["nodes"] for r in study.summary_rows(linted)] == [len(onnx.load_from_string(b).graph.node)
+                                                                 for b in originals]

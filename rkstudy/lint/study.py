@@ -12,8 +12,9 @@ import re
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -25,26 +26,54 @@ from . import Report, lint
 @dataclass
 class FamilyGraph:
     """One graph a family study compiles: which family and stage (raw / rewritten), the graph, the
-    input shapes lint pins, and a real input for the fp16-range rules."""
+    input shapes lint pins, and a real input for the fp16-range rules.
+
+    Once linted the graph is stored (`store`: written to the cache by its bytes, `model` dropped) and
+    read back by `graph()` when a later step builds it: every family's graphs held at once (the Kokoro
+    and Qwen3 ones carry their weights) took the lint study's kernel to 11 GB."""
 
     family: str
     stage: str
     label: str
-    model: onnx.ModelProto
+    model: onnx.ModelProto | None
     inputs: Mapping[str, tuple] = field(default_factory=dict)
     sample: Mapping[str, np.ndarray] | None = None
+    path: Path | None = None
+    nodes: int = 0
+
+    def graph(self) -> onnx.ModelProto:
+        return self.model if self.model is not None else onnx.load(str(self.path))
+
+    def store(self) -> FamilyGraph:
+        """Write the graph to the cache (content-keyed) and let go of it in memory."""
+        from ..cache import cached_bytes
+
+        if self.model is not None:
+            self.nodes = len(self.model.graph.node)
+            name = re.sub(r"[^A-Za-z0-9]+", "_", f"{self.family}_{self.stage}")[:60]
+            self.path = cached_bytes("lint_graphs", name, self.model.SerializeToString(), ".onnx")
+            self.model = None
+        return self
 
 
-def family_graphs(quick: bool) -> list[FamilyGraph]:
+def family_graphs(quick: bool) -> Iterator[FamilyGraph]:
     """Every registered family's lint graphs, in registry order (each family's `lint_graphs` hook
-    decides what a quick run leaves out)."""
+    decides what a quick run leaves out), one family at a time."""
     from ..registry import load_all
 
-    return [g for family in load_all().values() if family.lint_graphs for g in family.resolve("lint_graphs")(quick)]
+    for family in load_all().values():
+        if family.lint_graphs:
+            yield from family.resolve("lint_graphs")(quick)
 
 
 def lint_family(graphs: Iterable[FamilyGraph], target: str = "rk3588") -> list[tuple[FamilyGraph, Report]]:
-    return [(fg, lint(fg.model, fg.inputs, target=target, sample=fg.sample)) for fg in graphs]
+    """Lint each graph as it comes, then store it (FamilyGraph.store), so only the family whose hook is
+    producing its graphs is in memory."""
+    out = []
+    for fg in graphs:
+        report = lint(fg.graph(), fg.inputs, target=target, sample=fg.sample)
+        out.append((fg.store(), report))
+    return out
 
 
 def summary_rows(linted) -> list[dict]:
@@ -52,7 +81,8 @@ def summary_rows(linted) -> list[dict]:
     rows = []
     for fg, report in linted:
         by = Counter(f"{f.code} {f.severity}" for f in report.findings)
-        rows.append({"family": fg.family, "stage": fg.stage, "graph": fg.label, "nodes": len(fg.model.graph.node),
+        nodes = fg.nodes or len(fg.graph().graph.node)
+        rows.append({"family": fg.family, "stage": fg.stage, "graph": fg.label, "nodes": nodes,
                      **report.counts, "exit_code": report.exit_code,
                      "codes": ", ".join(f"{k} x{v}" if v > 1 else k for k, v in sorted(by.items())) or "-",
                      "target": report.target, "where": HOST.where})
@@ -128,7 +158,7 @@ def cli_exit_codes(linted, workdir) -> list[dict]:
     first = None
     for k, (fg, report) in enumerate(linted):
         path = workdir / f"{fg.family}_{k}.onnx"
-        save_onnx(fg.model, path)
+        save_onnx(fg.graph(), path)
         first = first or (path, fg)
         args = [str(path)] + [a for name, shape in fg.inputs.items()
                               for a in ("--input", f"{name}={'x'.join(map(str, shape))}")]
@@ -141,5 +171,5 @@ def cli_exit_codes(linted, workdir) -> list[dict]:
     corrupt.write_bytes(path.read_bytes()[: path.stat().st_size // 3])
     run("corrupt copy of the first graph", [str(corrupt)], 2)
     run("unknown input name", [str(path), "--input", "no_such_input=1x2"], 2)
-    run("a shape that does not parse", [str(path), "--input", f"{fg.model.graph.input[0].name}=1xNx3"], 2)
+    run("a shape that does not parse", [str(path), "--input", f"{fg.graph().graph.input[0].name}=1xNx3"], 2)
     return rows
