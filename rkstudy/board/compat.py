@@ -31,7 +31,8 @@ from . import check, sysfs
 from .runner import BoardUnavailable
 
 # Where the runtime a fix names comes from (the SDK's own copy; its release must be the toolkit's)
-RUNTIME_SOURCE = "rknn-toolkit2's rknpu2/runtime/Linux/librknn_api/aarch64/librknnrt.so"
+RUNTIME_DIR = "rknn-toolkit2's rknpu2/runtime/Linux/librknn_api/aarch64/"
+RUNTIME_SOURCE = RUNTIME_DIR + "librknnrt.so"
 _RELEASE = re.compile(r"(\d+)\.(\d+)\.(\d+)")
 _TOOLKITS = re.compile(r"^toolkits\s*=\s*\[([^\]]*)\]", re.MULTILINE)
 
@@ -102,12 +103,11 @@ def too_old(contract: Contract, runtime: str, soc: str | None = None) -> str | N
     remake = contract.remake_engine(target=soc or contract.target)
     if usable:
         v = _dotted(usable[0])
-        rebuild = f"build it with toolkit {v} (`make toolkit-venv TOOLKIT={v}`, then `{remake} --toolkit {v}`)"
+        rebuild = f"build for {v}: `make toolkit-venv TOOLKIT={v}`, then `{remake} --toolkit {v}`"
     else:
-        rebuild = f"build it with rknn-toolkit2 {_dotted(rt)} or older (no converter environment here is)"
-    return (f"{engine} was compiled by rknn-toolkit2 {_dotted(built)} and this board's librknnrt is {_dotted(rt)}, "
-            f"older: it refuses such an engine at init. Fix: {rebuild}, or install librknnrt {_dotted(built)} "
-            f"({RUNTIME_SOURCE}) into /usr/lib")
+        rebuild = f"build with rknn-toolkit2 {_dotted(rt)} or older (no converter environment here is)"
+    return (f"{engine} is from rknn-toolkit2 {_dotted(built)}; this board's librknnrt {_dotted(rt)} is older and "
+            f"refuses it at init. Fix: put librknnrt {_dotted(built)} in /usr/lib ({RUNTIME_DIR}), or {rebuild}")
 
 
 def check_engine(contract: Contract, *, soc: str | None = None, runtime: str | None = None) -> None:
@@ -159,11 +159,13 @@ def choose(given: Sequence[Path | str], *, family: str, soc: str | None = None, 
            several: bool = False, remake: str | None = None) -> list[Path]:
     """This board's engines among `given` (files or folders): one (a ladder, `several`: one per compiled
     graph) of family `family` compiled for a target this SoC runs; of one graph built by several toolkits,
-    the newest this librknnrt runs. One file given is taken as it is (for_engine then says what is wrong
-    with it). Refusals are one line naming what was given and the command that makes a matching engine."""
+    the newest this librknnrt runs. Files alone are taken as given where they cannot be a choice (one file,
+    or a ladder's rungs, each of which must run here: the caller checks every one, and for_engine says what
+    is wrong with it). Refusals are one line naming what was given and the command that makes a matching
+    engine."""
     remake = remake or help_for(family)
     paths = engine_files(given)
-    if len(paths) == 1 and not any(Path(g).is_dir() for g in given):
+    if not any(Path(g).is_dir() for g in given) and (len(paths) == 1 or several):
         return paths
     soc = soc or sysfs.soc()
     if runtime is None and soc is not None:
