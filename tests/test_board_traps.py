@@ -203,6 +203,24 @@ def test_board_run_takes_this_boards_engine_from_the_set(port_set, tmp_path, tre
     assert (row["engine"], row["target"]) == (f"port-w48-{soc}-k.rknn", soc)
 
 
+def test_a_single_core_rk3562_runs_on_auto_once_its_runtime_runs_the_engine(port_set, tmp_path, monkeypatch):
+    """The rk3562 tree with the runtime its refusal names: the mask falls back to AUTO, and the single-core load
+    file ("NPU load:  0%", no CoreN fields) is sampled."""
+    d, _, _ = port_set
+    tree = tmp_path / "rk3562"
+    shutil.copytree(BOARDS / "rk3562", tree)
+    monkeypatch.syspath_prepend(str(BOARDS))
+    from make_trees import RUNTIME_2_5_0, fake_library
+
+    (tree / "usr" / "lib" / "librknnrt.so").write_bytes(fake_library(RUNTIME_2_5_0))
+    proc = rkstudy("board", "run", "port", "--engine", d / "engines", "--inputs", d / "in.npz", "--results",
+                   tmp_path / "results", board=tree, check=0)
+    assert "this rk3562 board runs port-w48-rk3562-k.rknn (of 4 engines given)" in proc.stdout
+    (row,) = results.read_table(tmp_path / "results" / "board" / "port.csv")
+    assert (row["target"], row["cores"], row["npu_load_mean_pct"]) == ("rk3562", "auto", "0")
+    assert proc.stderr == ""  # the runtime's refusal of the mask stays in its log: the row says auto
+
+
 def test_of_one_graph_built_by_two_toolkits_the_newest_this_runtime_runs_is_taken(port_set, tmp_path):
     d, contract, graph = port_set
     folder = tmp_path / "engines"
@@ -268,3 +286,56 @@ def test_every_rung_of_the_encoder_ladder_is_checked_not_only_the_first(tmp_path
     proc = rkstudy("board", "run", "piper_encoder", "--engine", first, "--engine", other, "--latents",
                    tmp_path / "lat.npz", "--results", tmp_path / "results", board="rk3576", check=2)
     assert why in one_line(proc.stderr) and not (tmp_path / "results").exists()
+
+
+def test_target_takes_one_soc_a_list_or_all():
+    import argparse
+
+    from rkstudy.cliutil import targets
+
+    assert targets("rk3576") == ["rk3576"] and targets("rk3588, rk3576,rk3588") == ["rk3588", "rk3576"]
+    assert targets("all") == list(ALL_TARGETS) == ["rk3588", "rk3576", "rk3566", "rk3562"]
+    with pytest.raises(argparse.ArgumentTypeError, match="rk9999 is not a target; give one or more of rk3588"):
+        targets("rk3588,rk9999")
+
+
+def test_several_targets_and_one_engine_path_is_a_usage_error_before_any_build(port_set, tmp_path):
+    d, _, graph = port_set
+    proc = rkstudy("port", "build", "--onnx", graph, "--inputs", d / "in.npz", "--target", "all", "--out",
+                   tmp_path / "e.rknn", board="rk3588", check=2)
+    assert one_line(proc.stderr) == (
+        f"rkstudy: error: --out {tmp_path / 'e.rknn'} names one engine and --target names 4 SoCs "
+        "(rk3588,rk3576,rk3566,rk3562); give a folder for the set, such as --out engines/")
+    bad = rkstudy("piper", "decoder", "--onnx", graph, "--target", "rk3588,rk9999", board="rk3588", check=2)
+    assert "argument --target: rk9999 is not a target" in one_line(bad.stderr)
+
+
+def test_a_target_that_fails_does_not_stop_the_others(port_set, tmp_path, monkeypatch, capsys):
+    """stage 2 over a list builds every target, writes each one's engine and contract, and then fails (exit 1)
+    naming the targets that did not build."""
+    from types import SimpleNamespace
+
+    from rkstudy import cliutil, gates
+    from rkstudy.errors import Failed
+    from rkstudy.toolkit import convert
+
+    _, _, graph = port_set
+    built = []
+
+    def fake_convert(onnx_path, target, out, **kw):
+        if target == "rk3576":
+            raise gates.GateFailed(f"{target} simulator vs fp32 on the probe: 3.0 dB < 15 dB")
+        out.write_bytes(b"engine")
+        built.append((target, out.name, kw["toolkit"]))
+        report = SimpleNamespace(row=lambda: {"target": target}, engine_bytes=6, log="build.log")
+        return SimpleNamespace(engine=out, simulated=SimpleNamespace(report=report, worst_snr_db=40.0))
+
+    monkeypatch.setattr(convert, "convert", fake_convert)
+    with pytest.raises(Failed, match=r"^1 of 3 targets failed \(rk3576; the others' engines are written\): rk3576 "
+                                     r"simulator vs fp32 on the probe: 3.0 dB < 15 dB$"):
+        cliutil.stage2(graph, ["rk3588", "rk3576", "rk3562"], tmp_path / "set", describe=str, remake="x",
+                       as_json=True, toolkit="2.3.2")
+    key = convert.engine_key(graph, "2.3.2")
+    assert built == [("rk3588", f"port-w48-rk3588-{key}.rknn", "2.3.2"), ("rk3562", f"port-w48-rk3562-{key}.rknn",
+                                                                            "2.3.2")]
+    assert key.endswith("-tk2.3.2") and "rk3576: rk3576 simulator vs fp32" in capsys.readouterr().err

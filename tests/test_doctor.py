@@ -148,7 +148,9 @@ def test_a_folder_of_engines_checks_the_ones_this_soc_runs(board, capsys, tmp_pa
     assert "[ok] engine decoder-rk3576.rknn: compiled for rk3576" in out and "decoder-rk3588" not in out
     board("rk3562")
     assert main(["doctor", "--board", "--engine", str(tmp_path)]) == 1
-    assert f"[FAIL] no engine in {tmp_path} runs on this rk3562 board" in capsys.readouterr().out
+    assert ("[FAIL] none of the 3 piper_decoder engines given runs on this rk3562 board (compiled for rk3566, "
+            "rk3576, rk3588); convert the graph for it with `rkstudy piper decoder --onnx <decoder_z.onnx> --target "
+            "rk3562` (or --target all)") in capsys.readouterr().out
 
 
 def test_a_runtime_found_through_librknnrt_path_says_what_sudo_does(board, capsys, tmp_path, monkeypatch):

@@ -150,11 +150,6 @@ def _read(path: Path, remake: str) -> Contract:
     return from_json(beside(path).read_text(encoding="utf-8"), where=beside(path).name, remake=remake)
 
 
-def runs_here(engine: Path, soc: str) -> bool:
-    """Whether the contract beside `engine` names a target this SoC runs (its bytes are not read)."""
-    return runs_engine_for(soc, _read(Path(engine), "rkstudy --help").target or "")
-
-
 def choose(given: Sequence[Path | str], *, family: str, soc: str | None = None, runtime: str | None = None,
            several: bool = False, remake: str | None = None) -> list[Path]:
     """This board's engines among `given` (files or folders): one (a ladder, `several`: one per compiled
@@ -191,6 +186,14 @@ def choose(given: Sequence[Path | str], *, family: str, soc: str | None = None, 
         raise EngineMismatch(f"{len(chosen)} {family} engines given run on this {soc} board, from different graphs "
                              f"({', '.join(p.name for p in chosen)}); pass the one to run with --engine")
     return sorted(chosen)
+
+
+def this_boards(given: Sequence[Path | str], *, soc: str | None = None, runtime: str | None = None) -> list[Path]:
+    """Of the engines given (files or folders), the ones a board run here would take, for every family among
+    them (a ladder's every width): what `rkstudy doctor --board --engine` checks."""
+    paths = engine_files(given)
+    families = sorted({_read(p, "rkstudy --help").family for p in paths})
+    return [p for family in families for p in choose(given, family=family, soc=soc, runtime=runtime, several=True)]
 
 
 def _newest_runnable(group: list[Path], contracts: dict[Path, Contract], runtime: str | None) -> Path:
