@@ -14,6 +14,7 @@ The engines are a real `rkstudy port` window graph (a seeded HiFi-GAN V3) with p
 double serves the graph named in each contract and never reads an engine's bytes, and a compiled contract
 is what stage 2 writes (Contract.compiled). No toolkit child starts here."""
 
+import json
 import os
 import shutil
 import signal
@@ -339,3 +340,25 @@ def test_a_target_that_fails_does_not_stop_the_others(port_set, tmp_path, monkey
     assert built == [("rk3588", f"port-w48-rk3588-{key}.rknn", "2.3.2"), ("rk3562", f"port-w48-rk3562-{key}.rknn",
                                                                             "2.3.2")]
     assert key.endswith("-tk2.3.2") and "rk3576: rk3576 simulator vs fp32" in capsys.readouterr().err
+
+
+@pytest.mark.simulator
+def test_port_all_builds_every_target_and_board_run_takes_this_boards(port_set, tmp_path):
+    """`rkstudy port all --target rk3588,rk3576`: a window and a step engine per SoC, each with its contract; a
+    folder of both kinds is ambiguous (two graphs) and says so, a window engine for the SoC runs."""
+    d, contract, _ = port_set
+    hop = contract.params["hop"]
+    rkstudy("port", "all", d / "voc.onnx", "--walk", "mel:2:1", "--output", f"audio:{hop}", "--frames", FRAMES,
+            "--inputs", d / "in.npz", "--target", "rk3588,rk3576", "--out-dir", tmp_path / "set", board="rk3576",
+            check=0, timeout=3000)
+    engines = sorted(p.name for p in (tmp_path / "set").glob("*.rknn"))
+    assert len(engines) == 4 and all((tmp_path / "set" / n).with_suffix(".contract.json").is_file() for n in engines)
+    assert sorted(n.split("-")[2] for n in engines) == ["rk3576", "rk3576", "rk3588", "rk3588"]
+    both = rkstudy("board", "run", "port", "--engine", tmp_path / "set", "--inputs", d / "in.npz", board="rk3576",
+                   check=2)
+    assert "2 port engines given run on this rk3576 board, from different graphs" in one_line(both.stderr)
+    window = [p for p in (tmp_path / "set" / n for n in engines)
+              if not json.loads(p.with_suffix(".contract.json").read_text())["state"]]
+    proc = rkstudy("board", "run", "port", *[a for p in window for a in ("--engine", p)], "--inputs", d / "in.npz",
+                   "--results", tmp_path / "results", board="rk3576", check=0)
+    assert f"this rk3576 board runs port-w{FRAMES}-rk3576-" in proc.stdout and "(of 2 engines given)" in proc.stdout
