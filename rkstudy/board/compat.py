@@ -2,7 +2,7 @@
 board's librknnrt against the rknn-toolkit2 that compiled it; and which engine of a set is this board's.
 
 A librknnrt older than the toolkit that compiled an engine refuses it inside rknn_init, where RKNNLite
-hides the reason in a traceback: librknnrt 1.3.0-1.5.0 under engines of toolkits 2.x printed "Invalid RKNN
+hides the reason in a traceback: librknnrt 1.3.0-1.5.0 under engines of newer toolkits printed "Invalid RKNN
 model version 6" and failed with RKNN_ERR_FAIL or RKNN_ERR_MODEL_INVALID (airockchip/rknn-toolkit2#254,
 #281; rockchip-linux/rknn-toolkit2#316), and -6 with one context reads like the aperture overrun it means
 when many are resident. Vendor images mostly carry librknnrt 1.x-2.3.x, so this is the common first

@@ -231,7 +231,7 @@ def run_child(spec: dict, folder: Path, *, timeout: float | None = None) -> tupl
                         "RKSTUDY_BOARD_TIMEOUT=<seconds> for a longer run") from None
     except KeyboardInterrupt:
         how = stop_child(proc)
-        raise Interrupted(f"interrupted: the board run of {engine} was stopped ({how}) and wrote nothing") from None
+        raise Interrupted(f"interrupted: the board run of {engine} wrote nothing; {how}") from None
     error = Path(spec["error"])
     if error.is_file():
         failure = json.loads(error.read_text())
@@ -244,26 +244,27 @@ def run_child(spec: dict, folder: Path, *, timeout: float | None = None) -> tupl
         return result, {k: data[k] for k in data.files}
 
 
-STOP_GRACE_S = 10.0  # for the child's own cleanup (contexts released, the sampler stopped) after SIGINT
+STOP_GRACE_S = 10.0  # a wedged NPU can hold the child in the driver past SIGTERM
 
 
 def stop_child(proc: subprocess.Popen, grace: float = STOP_GRACE_S) -> str:
-    """End a board child and its process group: SIGINT first, so the job releases its contexts, then
-    SIGKILL past `grace` seconds or at a second Ctrl-C (a wedged NPU ignores the first). Says how it ended."""
+    """End a board child and its process group: SIGTERM (at once, wherever it is: still importing, or inside
+    an init; the driver releases its contexts as the process goes), then SIGKILL past `grace` seconds or at
+    a second Ctrl-C. Says how it ended."""
     def signal_group(sig: int) -> None:
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:  # it ended on its own meanwhile
             pass
 
-    signal_group(signal.SIGINT)
+    signal_group(signal.SIGTERM)
     try:
         proc.wait(timeout=grace)
-        return "its child ended"
+        return "its child process stopped with it"
     except (subprocess.TimeoutExpired, KeyboardInterrupt):
         signal_group(signal.SIGKILL)
         proc.wait()
-        return "its child was killed"
+        return "its child process was killed, as it did not stop (a wedged NPU? dmesg | tail says)"
 
 
 def child_failure(exc: BaseException) -> tuple[str, int]:
@@ -328,7 +329,7 @@ def main(argv=None) -> int:
         raise UsageError("usage: python -m rkstudy.board.run SPEC_JSON (started by `rkstudy board run`)")
     try:
         return _child(argv[0])
-    except KeyboardInterrupt:  # the parent stops its child with SIGINT (stop_child) and says so itself
+    except KeyboardInterrupt:  # a Ctrl-C sent to the child itself: the parent says what happened
         return 130
     except Exception as exc:  # noqa: BLE001 - every child error reaches the parent as one line
         if os.environ.get("RKSTUDY_DEBUG") == "1":
