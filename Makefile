@@ -17,7 +17,7 @@ unexport PYTHONDONTWRITEBYTECODE
 TOOLKIT_PIN = $$($(PY) -c 'import tomllib; print(tomllib.load(open("pyproject.toml","rb"))["tool"]["rkstudy"]["toolkit"])')
 NO_DEPS = $$($(PY) -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml","rb"))["tool"]["rkstudy"]["models-no-deps"]))')
 
-.PHONY: venv models lite-wheel toolkit toolkit-venv test test-fast check-results reproduce bench doctor lab lint format board-env clean
+.PHONY: venv models lite-wheel toolkit toolkit-venv test test-fast check-results reproduce bench doctor lab lint format board-env board-venv clean
 
 $(ENV_STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -125,16 +125,25 @@ format: venv
 	$(PY) -m ruff check --fix rkstudy tests notebooks research
 
 # On a board without conda: a plain venv with the board extra (RKNNLite on aarch64, no converter).
-board-env:
-	@$(PYTHON) -c 'import sys; v = sys.version_info[:2]; sys.exit(0 if (3, 10) <= v < (3, 13) else \
-	  f"board-env: {sys.executable} is Python {v[0]}.{v[1]}; rknn-toolkit-lite2 2.5.0 has wheels for 3.10-3.12: make board-env PYTHON=python3.11")'
-	@test -x $(BOARD_VENV)/bin/python || $(PYTHON) -m venv --help >/dev/null 2>&1 || \
-	  { echo "board-env: $(PYTHON) has no venv module: sudo apt install python3-venv"; exit 2; }
-	test -x $(BOARD_VENV)/bin/python || $(PYTHON) -m venv $(BOARD_VENV)
+board-env: board-venv
 	$(BOARD_VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(BOARD_VENV)/bin/python -m pip install --quiet -e '.[board]'
 	$(BOARD_VENV)/bin/python -m rkstudy doctor --board || true
 	@echo "board environment in $(BOARD_VENV): $(BOARD_VENV)/bin/rkstudy board run --help"
+
+# The venv alone, with pip in it. Debian and Ubuntu ship `venv` without `ensurepip` (python3-venv holds it):
+# there `python3 -m venv` fails after making the folder, and a venv without pip would be skipped by every
+# later run. So ensurepip is checked first, a failed venv is not left behind, and one without pip is made again.
+board-venv:
+	@$(PYTHON) -c 'import sys; v = sys.version_info[:2]; sys.exit(0 if (3, 10) <= v < (3, 13) else \
+	  f"board-env: {sys.executable} is Python {v[0]}.{v[1]}; rknn-toolkit-lite2 2.5.0 has wheels for 3.10-3.12: make board-env PYTHON=python3.11")'
+	@$(PYTHON) -c 'import venv, ensurepip' 2>/dev/null || { pkg=$$($(PYTHON) -c 'import sys; print("python3.%d-venv" % sys.version_info[1])'); \
+	  echo "board-env: $(PYTHON) has no ensurepip, so a venv it makes has no pip: sudo apt install $$pkg (Debian/Ubuntu), then make board-env again"; exit 2; }
+	@if test -x $(BOARD_VENV)/bin/python && ! $(BOARD_VENV)/bin/python -m pip --version >/dev/null 2>&1; then \
+	  echo "board-env: $(BOARD_VENV) has no pip (made before python3-venv was installed?): making it again"; \
+	  rm -rf $(BOARD_VENV); fi
+	@test -x $(BOARD_VENV)/bin/python || $(PYTHON) -m venv $(BOARD_VENV) || { rm -rf $(BOARD_VENV); \
+	  echo "board-env: $(PYTHON) -m venv $(BOARD_VENV) failed (above); nothing was left behind"; exit 2; }
 
 clean:
 	rm -rf build

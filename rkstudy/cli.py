@@ -187,7 +187,7 @@ def _cmd_board_check(args) -> int:
 
     c = check.board_check()
     print(json.dumps(asdict(c), indent=1) if args.json else check.render(c))
-    return 0 if c.verdict.comparable else 1
+    return c.verdict.exit_code
 
 
 def _cmd_board_memory(args) -> int:
@@ -217,7 +217,8 @@ def _cmd_board_dram(args) -> int:
 def _add_board_kit(board_cmds) -> None:
     """`rkstudy board check | memory | dram`: the board measurement kit (board side, stdlib/numpy/ctypes)."""
     c = board_cmds.add_parser("check", help="governor, NPU clock, driver, librknnrt, CPU clusters, and whether "
-                              "this board's figures compare with the reference documents' (exit 0 only when they do)")
+                              "this board's figures compare with the reference documents' (exit 1 when this RK3588 "
+                              "keeps them from comparing; another SoC is not comparable and exits 0)")
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=_cmd_board_check)
 
@@ -393,6 +394,11 @@ def _run(args, debug: bool) -> int:
         if getattr(args, "validate_args", None):
             args.validate_args(args)  # conflicting flags: refused by the parser (exit 2)
         return args.func(args)
+    except KeyboardInterrupt:  # Ctrl-C: one line, the shell's exit code for SIGINT, no traceback
+        if debug:
+            raise
+        _error("interrupted")
+        return 130
     except Exception as exc:  # noqa: BLE001 - every error ends here as one line and an exit code
         if debug:
             raise

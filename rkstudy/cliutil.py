@@ -10,8 +10,8 @@ import json
 import sys
 from pathlib import Path
 
-from .contract import TARGETS
-from .errors import InputError, UsageError
+from .contract import ALL_TARGETS, TARGETS
+from .errors import Failed, InputError, UsageError
 
 
 class Parser(argparse.ArgumentParser):
@@ -32,17 +32,46 @@ def positive(text: str) -> int:
     return value
 
 
+def targets(text: str) -> list[str]:
+    """An argparse type: one target, a comma-separated list (`rk3588,rk3576`), or `all` (ALL_TARGETS: one
+    engine for every board `rkstudy board run` serves, one per NPU)."""
+    if text.strip() == "all":
+        return list(ALL_TARGETS)
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    unknown = [t for t in names if t not in TARGETS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"{', '.join(unknown) or repr(text)} is not a target; give one or more of "
+                                         f"{', '.join(TARGETS)} (comma-separated), or all ({','.join(ALL_TARGETS)})")
+    return list(dict.fromkeys(names))
+
+
+def add_target_arg(p: argparse.ArgumentParser) -> None:
+    """`--target` of every stage-2 command: one SoC, a list, or all of them, one engine and contract each."""
+    p.add_argument("--target", type=targets, default=["rk3588"], metavar="T[,T...]|all",
+                   help=f"the SoC(s) to build for: one of {', '.join(TARGETS)}, a comma-separated list, or all "
+                        f"({','.join(ALL_TARGETS)}: one engine per NPU a board run serves); default rk3588")
+
+
 def add_stage_args(p: argparse.ArgumentParser, *, output_help: str = "where stage 1 writes the graph") -> None:
     """The two-stage flags every producer takes: stage 1 writes a graph (--skip-rknn --output X),
-    stage 2 converts one (--onnx X --target T [--out E])."""
+    stage 2 converts one (--onnx X --target T[,T...]|all [--out E|FOLDER] [--toolkit V])."""
     p.add_argument("--onnx", type=Path, help="stage 2: a produced graph; its contract is read from it")
     p.add_argument("--output", type=Path, help=output_help + " (always rewritten)")
     p.add_argument("--skip-rknn", action="store_true", help="stage 1 only: produce and self-check the graph")
-    p.add_argument("--target", choices=TARGETS, default="rk3588")
+    add_target_arg(p)
     p.add_argument("--out", type=Path,
-                   help="engine path (default: beside the graph, <family>-w<frames>-<target>-<graph digest>.rknn)")
+                   help="engine path, or with several targets (or a path ending in /) the folder the engines go "
+                        "to (default: beside the graph, <family>-w<frames>-<target>-<graph digest>.rknn)")
+    add_toolkit_arg(p)
     p.add_argument("--json", action="store_true",
                    help="stage 2: print the build and gate row as JSON instead of the summary line")
+
+
+def add_toolkit_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--toolkit", metavar="VERSION",
+                   help="stage 2: build with this rknn-toolkit2 version's environment, .venv-rknn-VERSION (`make "
+                        "toolkit-venv TOOLKIT=VERSION`), for a board whose librknnrt is that version "
+                        "(default: the toolkit installed here)")
 
 
 def add_board_run_args(p: argparse.ArgumentParser, *,
@@ -59,11 +88,22 @@ def add_board_run_args(p: argparse.ArgumentParser, *,
                    help="NPU core mask (0_1_2 falls back to auto where the driver refuses it)")
 
 
+def add_engine_arg(p: argparse.ArgumentParser, what: str = "the .rknn (its .contract.json beside it)",
+                   rungs: bool = False) -> None:
+    """`--engine` of every `rkstudy board run <family>`: one engine, several, or a folder of them (the set
+    `--target all` writes, one per SoC); the run takes the one this board runs (rkstudy.board.compat.choose)."""
+    also = ("; repeat per width, or give folders: every width compiled for this board's SoC is a rung" if rungs
+            else "; or several, or a folder of them (one per SoC from --target all): this board's is taken")
+    p.add_argument("--engine", type=Path, action="append", required=True, metavar="ENGINE", help=what + also)
+
+
 def refuse_mixed(p: argparse.ArgumentParser, args, stage1: tuple[str, ...]) -> None:
     """Stage-1 flags with --onnx (stage 2) are a usage error, not silently ignored."""
     if args.onnx is None:
         if args.out is not None and args.skip_rknn:
             p.error("--out names the engine, and --skip-rknn builds none")
+        if getattr(args, "toolkit", None) and args.skip_rknn:
+            p.error("--toolkit chooses the compiler, and --skip-rknn builds no engine")
         if getattr(args, "json", False) and args.skip_rknn:
             p.error("--json prints stage 2's row, and --skip-rknn builds no engine")
         return
@@ -105,24 +145,64 @@ def print_build(report) -> None:
                       "log": report.log}, indent=1))
 
 
-def stage2(onnx_path: Path, target: str, out: Path | None, *, describe, remake: str, probe=None, gate=None,
-           probed_on: str = "white noise", as_json: bool = False) -> int:
-    """Stage 2 of every family: read the contract back out of the graph and say in one line what it
-    is (`describe(contract)`), build the engine and gate the simulator against fp32 on `probe`'s
-    inputs in the same child (rkstudy.toolkit.convert.convert; white noise and engine.ALIVE_GATE when not
-    given), write the compiled contract beside the engine, and print the summary line a person
-    reads, or with `as_json` the row alone. Returns 0; a failed build or gate raises (exit 1)."""
+def engine_out(out: Path | None, targets: list[str]) -> tuple[Path | None, bool]:
+    """(where stage 2 writes, whether that is a folder): an engine path for one target; with several,
+    or a path that is a folder or ends in a slash, the folder each target's engine (Contract.engine_name)
+    goes to."""
+    if out is None:
+        return None, False
+    folder = len(targets) > 1 or out.is_dir() or str(out).endswith(("/", "\\"))
+    if folder and out.suffix == ".rknn":
+        raise UsageError(f"--out {out} names one engine and --target names {len(targets)} SoCs "
+                         f"({','.join(targets)}); give a folder for the set, such as --out engines/")
+    return out, folder
+
+
+def stage2(onnx_path: Path, target: str | list[str], out: Path | None, *, describe, remake: str, probe=None,
+           gate=None, probed_on: str = "white noise", as_json: bool = False, toolkit: str | None = None) -> int:
+    """Stage 2 of every family, for each target: read the contract back out of the graph and say in one
+    line what it is (`describe(contract)`), build the engine and gate the simulator against fp32 on
+    `probe`'s inputs in the same child (rkstudy.toolkit.convert.convert; white noise and engine.ALIVE_GATE
+    when not given), write the compiled contract beside the engine, and print the summary line a person
+    reads, or with `as_json` the row alone (a list of rows for several targets). `toolkit` builds with that
+    rknn-toolkit2 version's environment. Every target is built even when one fails; returns 0, or raises
+    the failure (exit 1) naming the targets that failed once the others are done."""
     from . import graph
     from .contract import from_metadata
-    from .toolkit.convert import ALIVE_GATE, convert
+    from .toolkit.convert import ALIVE_GATE, convert, engine_key
 
+    targets = [target] if isinstance(target, str) else list(target)
+    out, folder = engine_out(out, targets)
     gate = gate or ALIVE_GATE
     contract = from_metadata(graph.metadata(onnx_path), where=Path(onnx_path).name, remake=remake)
     if not as_json:
         print(describe(contract), flush=True)  # before the build: it takes minutes on a wide graph
-    done = convert(onnx_path, target, out, probe=probe, gate=gate, remake=remake)
-    row = stage2_row(done, gate, probed_on)
-    print(json.dumps(row, indent=1) if as_json else summary_line(row))
+    rows, failed = [], []
+    for t in targets:
+        if len(targets) > 1 and not as_json:
+            print(f"{t} ({targets.index(t) + 1} of {len(targets)}):", flush=True)
+        engine = None
+        if out is not None:
+            if folder:
+                out.mkdir(parents=True, exist_ok=True)
+            engine = out / contract.engine_name(t, engine_key(onnx_path, toolkit)) if folder else out
+        try:
+            done = convert(onnx_path, t, engine, probe=probe, gate=gate, remake=remake, toolkit=toolkit)
+        except Failed as exc:
+            if len(targets) == 1:
+                raise
+            print(f"{t}: {' '.join(str(exc).split())}", file=sys.stderr, flush=True)
+            failed.append((t, exc))
+            continue
+        rows.append(stage2_row(done, gate, probed_on))
+        if not as_json:
+            print(summary_line(rows[-1]), flush=True)
+    if as_json:
+        print(json.dumps(rows[0] if len(targets) == 1 else rows, indent=1))
+    if failed:
+        first = failed[0][1]
+        raise Failed(f"{len(failed)} of {len(targets)} targets failed ({', '.join(t for t, _ in failed)}; "
+                          f"the others' engines are written): {' '.join(str(first).split())}")
     return 0
 
 

@@ -42,6 +42,9 @@ SOC_TARGETS = {"rk3588": "rk3588", "rk3588s": "rk3588", "rk3576": "rk3576", "rk3
                "rk3566": "rk3566", "rk3562": "rk3562"}
 # Targets whose engines run on one another: rk3566 and rk3568 carry the same NPU.
 SAME_NPU = ({"rk3566", "rk3568"},)
+# `--target all`: one engine for every RKNPU2 board a board run serves, one per NPU (rk3568 runs rk3566's;
+# the RV110x parts take only quantized builds).
+ALL_TARGETS = ("rk3588", "rk3576", "rk3566", "rk3562")
 
 
 def runs_engine_for(soc_name: str, target: str) -> bool:
@@ -296,13 +299,20 @@ class Contract:
                                  f"engine with `{remake or help_for(family)}`")
 
     def remake_engine(self, target: str | None = None) -> str:
-        """The stage-2 command: the producer's own `rkstudy <group> <stage>` (a family whose stage 1
-        is a flag of another family's command converts there too), with --onnx and --target."""
+        """The stage-2 command: the one the family registers (Family.stage2) where it has one, else the
+        producer's own `rkstudy <group> <stage>` (a family whose stage 1 is a flag of another family's
+        command converts there too) with --onnx; and --target."""
+        from .registry import load_all
+
+        graph = self.onnx.file if self.onnx else "slice.onnx"
+        target = target or self.target or "rk3588"
+        family = load_all().get(self.family)
+        if family is not None and family.stage2:
+            return f"{family.stage2.format(graph=graph)} --target {target}"
         words = self.producer.split()
         cmd = " ".join(words[1:3]) if words[:1] == ["rkstudy"] and len(words) >= 3 else \
             self.family.replace("_", " ", 1)
-        graph = self.onnx.file if self.onnx else "slice.onnx"
-        return f"rkstudy {cmd} --onnx <{graph}> --target {target or self.target or 'rk3588'}"
+        return f"rkstudy {cmd} --onnx <{graph}> --target {target}"
 
 
 def refuse_unlisted(names, shapes, shape_sets) -> None:

@@ -1,9 +1,10 @@
 """`rkstudy doctor`: what this environment is, and what to fix when the converter side is broken.
 
 Board side: `rkstudy doctor --board` imports nothing of the converter. It checks what pip cannot:
-that rknnlite imports, librknnrt.so and its version, the NPU driver, access to the NPU's device
-node, and (with --engine) that this board's librknnrt is not older than the toolkit that compiled
-the engine: a runtime older than its compiler can load an engine and give wrong output.
+that rknnlite imports, librknnrt.so where RKNNLite loads it (and what sudo would drop) and its version,
+the NPU driver, access to the NPU's device node, and (with --engine, a file or the folder of one engine
+per SoC) the check `rkstudy board run` makes before any init (rkstudy.board.compat.check_engine): the
+engine is this SoC's, and this board's librknnrt is not older than the toolkit that compiled it.
 
 The toolkit's own pins (torch<=2.4.0, an old onnx) cannot be resolved on a current Python
 without a multi-GB CUDA torch, so this project installs it with --no-deps over pins of its own.
@@ -15,15 +16,14 @@ from __future__ import annotations
 import grp
 import os
 import platform
-import re
 import sys
 from dataclasses import dataclass
 from importlib import metadata
 
 from . import __version__
-from .board import check, sysfs
+from .board import check, compat, sysfs
 from .board.runner import board_available, rknnlite_problem
-from .errors import EngineMismatch
+from .errors import EngineMismatch, InputError
 
 PACKAGES = ("torch", "numpy", "onnx", "onnxruntime", "onnxslim", "protobuf", "setuptools",
             "rknn-toolkit2", "rknn-toolkit-lite2")
@@ -98,13 +98,6 @@ def converter_findings(v: dict[str, str | None]) -> list[Check]:
 
 FIX_LIBRKNNRT = ("install the RKNPU2 runtime: librknnrt.so from rknn-toolkit2's rknpu2/runtime/Linux/librknn_api/"
                  "aarch64/ (the release matching the compiler, 2.5.0) into /usr/lib, or set LIBRKNNRT_PATH")
-_RELEASE = re.compile(r"(\d+)\.(\d+)\.(\d+)")
-
-
-def release(text: str | None) -> tuple[int, int, int] | None:
-    """(2, 5, 0) from "rknn-toolkit2 2.5.0", "2.3.2 (429f97ae6b@...)" or "v0.9.8"; None without one."""
-    m = _RELEASE.search(text or "")
-    return tuple(int(g) for g in m.groups()) if m else None
 
 
 def _device_finding() -> Check:
@@ -127,28 +120,56 @@ def _device_finding() -> Check:
 
 
 def engine_findings(engine, runtime: str | None) -> list[Check]:
-    """The engine's contract (bytes, this board's SoC) and its compiler against this board's librknnrt."""
+    """The engine's contract (bytes, this board's SoC) and its compiler against this board's librknnrt: the
+    check `rkstudy board run` makes before any init. A folder (one engine per SoC) checks the ones this
+    SoC runs."""
     from .contract import for_engine
 
-    try:
-        c = for_engine(engine, soc=sysfs.soc())
-    except EngineMismatch as exc:
-        return [Check(False, f"engine {os.path.basename(engine)}: {exc}")]
-    out = [Check(True, f"engine {os.path.basename(engine)}: compiled for {c.target} by {c.toolkit}")]
-    built, rt = release(c.toolkit), release(runtime)
-    if built is None or rt is None:
-        out.append(Check(False, f"cannot compare the engine's toolkit ({c.toolkit}) with librknnrt "
-                           f"({runtime or '-'})", FIX_LIBRKNNRT))
-    elif rt < built:
-        v = ".".join(map(str, built))
-        out.append(Check(False, f"librknnrt {runtime} is older than the toolkit that compiled the engine "
-                           f"({c.toolkit}): an older runtime can load the engine and give wrong output",
-                           f"update librknnrt to {v} ({FIX_LIBRKNNRT.split(': ', 1)[1]}), or build the engine with "
-                           f"rknn-toolkit2=={'.'.join(map(str, rt))} on the host"))
-    else:
-        newer = " (newer than the compiler: runtimes read older engines)" if rt > built else ""
-        out.append(Check(True, f"librknnrt {runtime} runs engines from {c.toolkit}{newer}"))
+    soc = sysfs.soc()
+    try:  # a folder: the engines a board run here would take from it (this SoC's, newest runnable toolkit)
+        engines = compat.this_boards([engine], soc=soc, runtime=runtime) if soc else compat.engine_files([engine])
+    except InputError as exc:  # EngineMismatch too: no engine for this SoC, a contract that does not read
+        return [Check(False, str(exc))]
+    out = []
+    for path in engines:
+        name = os.path.basename(path)
+        try:
+            c = for_engine(path, soc=soc)
+        except EngineMismatch as exc:
+            out.append(Check(False, f"engine {name}: {exc}"))
+            continue
+        out.append(Check(True, f"engine {name}: compiled for {c.target} by {c.toolkit}"))
+        built, rt = compat.release(c.toolkit), compat.release(runtime)
+        refusal = compat.too_old(c, runtime or "", soc)
+        if runtime is None:  # no librknnrt: its own finding above names the fix
+            continue
+        if built is None or rt is None:
+            out.append(Check(False, f"cannot compare the engine's toolkit ({c.toolkit}) with librknnrt "
+                               f"({runtime or '-'})", FIX_LIBRKNNRT))
+        elif refusal:
+            said, fix = refusal.split(" Fix: ", 1)
+            out.append(Check(False, said, fix))
+        else:
+            newer = " (newer than the compiler: runtimes read older engines)" if rt > built else ""
+            out.append(Check(True, f"librknnrt {runtime} runs engines from {c.toolkit}{newer}"))
     return out
+
+
+def _runtime_finding() -> Check:
+    """librknnrt where RKNNLite loads it, and what sudo would do to a runtime found through LIBRKNNRT_PATH."""
+    runtime, path = check.librknnrt()
+    if runtime is None:
+        return Check(False, *compat.missing_runtime_parts())
+    lite = _version("rknn-toolkit-lite2")
+    older = (f"; older than rknn-toolkit-lite2 {lite}: check an engine with --engine"
+             if compat.release(lite) and compat.release(runtime) and compat.release(runtime) < compat.release(lite)
+             else "")
+    env = os.environ.get(check.LIBRKNNRT_ENV)
+    if env and check.library_version(check.LIBRKNNRT_DEFAULT) != runtime:
+        return Check(True, f"librknnrt {runtime} ({path}, through {check.LIBRKNNRT_ENV}{older})",
+                     f"sudo drops {check.LIBRKNNRT_ENV} (and the NPU load needs root): run `sudo env "
+                     f"{check.LIBRKNNRT_ENV}={env} rkstudy ...`, or copy it to {check.LIBRKNNRT_DEFAULT}")
+    return Check(True, f"librknnrt {runtime} ({path}{older})")
 
 
 def board_findings(engine=None) -> list[Check]:
@@ -157,14 +178,8 @@ def board_findings(engine=None) -> list[Check]:
     problem = rknnlite_problem()
     out = [Check(problem is None, problem or "rknnlite imports",
                    "" if problem is None else "make board-env (or pip install -e '.[board]')")]
-    runtime, path = check.librknnrt()
-    if runtime is None:
-        out.append(Check(False, f"librknnrt.so not found ({', '.join(check.librknnrt_candidates())})", FIX_LIBRKNNRT))
-    else:
-        lite = _version("rknn-toolkit-lite2")
-        older = (f"; older than rknn-toolkit-lite2 {lite}: check an engine with --engine"
-                 if release(lite) and release(runtime) and release(runtime) < release(lite) else "")
-        out.append(Check(True, f"librknnrt {runtime} ({path}{older})"))
+    runtime, _ = check.librknnrt()
+    out.append(_runtime_finding())
     driver, source, _ = sysfs.npu_driver()
     out.append(Check(True, f"rknpu driver {driver} ({source})") if driver else
                Check(False, f"no rknpu driver version ({', '.join(sysfs.NPU_VERSION_FILES)})",

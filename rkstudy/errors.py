@@ -2,7 +2,8 @@
 
 Exit 0: everything passed. Exit 1: a gate or a build failed (the measurement is the answer, and it
 says no). Exit 2: bad usage or input that cannot be used (a missing or corrupt file, a wrong name, a
-shape that does not parse, an engine that does not match). Every message is one line naming the fix.
+shape that does not parse, an engine that does not match). Exit 130: interrupted (Ctrl-C). Every
+message is one line naming the fix.
 
 Board side: standard library only.
 """
@@ -43,6 +44,12 @@ class Failed(RkstudyError):
     """A gate or a build said no. Exit 1."""
 
     exit_code = 1
+
+
+class Interrupted(RkstudyError):
+    """The user stopped the command (Ctrl-C): exit 130, the shell's code for SIGINT."""
+
+    exit_code = 130
 
 
 def one_line(text: str, limit: int = 400) -> str:

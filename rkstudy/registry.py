@@ -36,6 +36,9 @@ class Family:
     lint_graphs: str | None = None         # "module:function(quick) -> [rkstudy.lint.study.FamilyGraph]" (notebook 06)
     lever_graphs: str | None = None        # "module:function(quick) -> rkstudy.levers.LeverGraphs" (notebook 08)
     compiler_cases: str | None = None      # "module:function() -> [rkstudy.lint.against_toolkit.Case]" (notebook 06)
+    # stage 2 where it is not the stage-1 command with --onnx: "rkstudy port build --onnx {graph} --inputs ..."
+    # ({graph} is the produced graph; a refusal's fix adds --target)
+    stage2: str | None = None
 
     @property
     def study(self) -> str:

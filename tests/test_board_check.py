@@ -69,7 +69,16 @@ def test_not_a_board(on, tmp_path):
     assert c.verdict.comparable is False and "not a Rockchip board" in c.verdict.why
 
 
-def test_the_command_exits_0_only_when_comparable(monkeypatch, capsys):
+@pytest.mark.parametrize("tree", ["rk3576", "rk3566-orangepi-3b", "rk3562"])
+def test_another_soc_is_not_comparable_and_not_a_failure(monkeypatch, capsys, tree):
+    monkeypatch.setenv("RKSTUDY_SYSROOT", str(BOARDS / tree))
+    assert main(["board", "check"]) == 0
+    soc = tree.split("-")[0]
+    assert (f"verdict: NOT COMPARABLE with the reference documents' RK3588 figures: this is an {soc}; "
+            "the reference documents' board figures are RK3588") in capsys.readouterr().out
+
+
+def test_the_command_exits_1_when_an_rk3588_does_not_compare(monkeypatch, capsys):
     monkeypatch.setenv("RKSTUDY_SYSROOT", str(BOARDS / "rk3588"))
     assert main(["board", "check"]) == 0
     text = capsys.readouterr().out

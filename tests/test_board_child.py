@@ -106,3 +106,21 @@ def test_a_hung_child_is_killed_at_its_timeout(spec):
     with pytest.raises(RknnError, match=r"did not finish in 2 s and was killed .*RKSTUDY_BOARD_TIMEOUT"):
         run.run_child(make("hangs"), work, timeout=2)
     assert time.monotonic() - t0 < 20
+
+
+def test_a_child_that_ignores_sigterm_is_killed_past_the_grace():
+    """stop_child (what Ctrl-C in the parent does): SIGTERM to the child's group, SIGKILL past the grace (a
+    child held in the driver by a wedged NPU does not end on the first)."""
+    import subprocess
+    import sys
+
+    code = "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); " \
+           "time.sleep(60)"
+    proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "up"
+    t0 = time.monotonic()
+    assert run.stop_child(proc, grace=1) == ("its child process was killed, as it did not stop (a wedged NPU? "
+                                             "dmesg | tail says)")
+    assert proc.returncode == -9 and time.monotonic() - t0 < 20
+    quick = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    assert run.stop_child(quick, grace=10) == "its child process stopped with it" and quick.returncode == -15

@@ -4,6 +4,7 @@ RKNNLite 2.5.0's init_runtime hides, through the replay double."""
 
 import hashlib
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from rkstudy.board import dmesg
+from rkstudy.board import runner as runner_module
 from rkstudy.board.dmesg import InitRefused, Versions, format_failure
 from rkstudy.paths import REPO
 
@@ -184,6 +186,7 @@ def board(monkeypatch, tmp_path):
     monkeypatch.syspath_prepend(str(REPO / "tests" / "doubles"))
     forget_rknnlite()
     monkeypatch.setenv("RKSTUDY_SYSROOT", str(FIXTURES / "boards" / "rk3588"))
+    monkeypatch.setattr(runner_module, "_resident", [0])  # contexts earlier tests left open are not this one's
     g = helper.make_graph([helper.make_node("Neg", ["x"], ["y"])], "g",
                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
@@ -211,9 +214,20 @@ def test_board_runner_names_the_code_init_runtime_hides(board, monkeypatch, capf
                              "refused the init: on RK3588 the IOVA ceiling")
     assert [r.nbytes for r in e.refusals] == [None, 4710850560, 6189218496]
     assert "dma map of 4710850560 B (4.71 GB) refused" in str(e)
-    log = capfd.readouterr().err  # the runtime's log is passed on
-    assert "Exception: RKNN init failed. error code: RKNN_ERR_MALLOC_FAIL" in log and "Traceback" in log
-    assert log.count("E Catch exception when init runtime!") == 1  # one init: no retry with AUTO
+    assert "Exception: RKNN init failed. error code: RKNN_ERR_MALLOC_FAIL" in e.log and "Traceback" in e.log
+    assert e.log.count("E Catch exception when init runtime!") == 1  # one init: no retry with AUTO
+    assert capfd.readouterr().err == ""  # the runtime's log, traceback and all, is not passed on
+
+
+def test_the_runtime_log_reaches_stderr_only_under_debug(board, monkeypatch, capfd):
+    from rkstudy.board.runner import BoardRunner
+
+    monkeypatch.setenv("RKNNLITE_REPLAY_INIT_CODE", "-4")
+    monkeypatch.setattr(dmesg, "read_dmesg", lambda: [])
+    monkeypatch.setenv("RKSTUDY_DEBUG", "1")
+    with pytest.raises(InitRefused):
+        BoardRunner(board, ["x"])
+    assert "E Traceback (most recent call last)" in capfd.readouterr().err
 
 
 def test_board_runner_stamps_later_failures_with_the_first_contexts_versions(board, monkeypatch):
@@ -223,11 +237,52 @@ def test_board_runner_stamps_later_failures_with_the_first_contexts_versions(boa
     runner = BoardRunner(board, ["x"])
     assert runner.where == "replay" and runner.cores == "0_1_2"
     assert runtime_versions().startswith("driver none, api replay double (onnxruntime ")
-    runner.close()
     monkeypatch.setenv("RKNNLITE_REPLAY_INIT_CODE", "-6")
     with pytest.raises(InitRefused, match=r"code -6 \(RKNN_ERR_MODEL_INVALID: the driver refused the init: an "
                                           r"aperture overrun.*\(driver none, api replay double"):
+        BoardRunner(board, ["x"])  # a second context while the first is resident
+
+
+def test_minus_6_with_no_other_context_resident_is_not_an_aperture_overrun(board, monkeypatch):
+    from rkstudy.board.runner import BoardRunner, resident_contexts
+
+    monkeypatch.setattr(dmesg, "read_dmesg", lambda: [])
+    runner = BoardRunner(board, ["x"])
+    assert resident_contexts() == 1
+    runner.close()
+    runner.close()  # twice: still counted once
+    assert resident_contexts() == 0
+    monkeypatch.setenv("RKNNLITE_REPLAY_INIT_CODE", "-6")
+    with pytest.raises(InitRefused) as err:
         BoardRunner(board, ["x"])
+    assert ("RKNN_ERR_MODEL_INVALID: the runtime refused the engine file itself (no other context resident: no "
+            "aperture overrun): an engine of a newer rknn-toolkit2 than this librknnrt, or a damaged copy") \
+        in str(err.value)
+    assert "aperture overrun (too many" not in str(err.value)
+
+
+@pytest.mark.parametrize("tree,code,name", [("rk3588", -6, "RKNN_ERR_MODEL_INVALID"),
+                                            ("rk3566-orangepi-3b", -6, "RKNN_ERR_MODEL_INVALID")])
+def test_a_runtime_older_than_the_engines_toolkit_fails_at_init_as_the_real_one_does(board, monkeypatch, capfd,
+                                                                                     tree, code, name):
+    """The double on the 2.3.2 and 2.3.0 trees, with an engine of rknn-toolkit2 2.5.0: librknnrt's own lines,
+    then the wheel's traceback; the runner's one line says what that means and no traceback reaches stderr."""
+    from rkstudy.board.runner import BoardRunner
+
+    monkeypatch.setattr(dmesg, "read_dmesg", lambda: [])
+    monkeypatch.setenv("RKSTUDY_SYSROOT", str(FIXTURES / "boards" / tree))
+    contract = json.loads(board.with_suffix(".contract.json").read_text())
+    board.with_suffix(".contract.json").write_text(json.dumps({**contract, "toolkit": "rknn-toolkit2 2.5.0"}))
+    with pytest.raises(InitRefused) as err:
+        BoardRunner(board, ["x"])
+    e = err.value
+    runtime = "2.3.2" if tree == "rk3588" else "2.3.0"
+    assert e.code == code and f"librknnrt {runtime} said \"Invalid RKNN model version 6\"" in str(e)
+    assert f"({name}: the engine is from a newer rknn-toolkit2 than this librknnrt: install that toolkit's " \
+           "librknnrt into /usr/lib" in str(e)
+    assert re.search(rf"I RKNN: \[[\d:.]+\] RKNN Runtime Information: librknnrt version: {runtime} ", e.log)
+    assert "E RKNN:" in e.log and f"Exception: RKNN init failed. error code: {name}" in e.log
+    assert capfd.readouterr().err == ""
 
 
 def test_a_single_core_soc_refuses_the_mask_with_minus_13_and_runs_on_auto(board, monkeypatch, capfd):
@@ -238,8 +293,8 @@ def test_a_single_core_soc_refuses_the_mask_with_minus_13_and_runs_on_auto(board
     runner = BoardRunner(board, ["x"])
     assert runner.cores == "auto"
     assert np.array_equal(runner.run({"x": np.arange(4, dtype=np.float32)[None]})[0], -np.arange(4)[None])
-    log = capfd.readouterr().err
-    assert "The core_mask is only supported by" in log and "set core mask failed" in log
+    assert "The core_mask is only supported by" in runner.log and "set core mask failed" in runner.log
+    assert capfd.readouterr().err == ""  # rkstudy records the mask it got; the runtime's E lines stay in the log
 
 
 def test_a_board_without_librknnrt_fails_once_and_names_the_fix(board, monkeypatch, capfd):
@@ -248,11 +303,10 @@ def test_a_board_without_librknnrt_fails_once_and_names_the_fix(board, monkeypat
     monkeypatch.setattr(dmesg, "read_dmesg", lambda: [])
     monkeypatch.setenv("RKSTUDY_SYSROOT", str(FIXTURES / "boards" / "rk3566"))  # the tree with no librknnrt
     with pytest.raises(InitRefused, match=r"init_runtime\(S900.rknn\) failed with code -1 \(RKNN_ERR_FAIL: "
-                                          r"execute failed; librknnrt.so not found: put the RKNPU2 runtime in "
-                                          r"/usr/lib or set LIBRKNNRT_PATH"):
+                                          r"execute failed; librknnrt.so is not where RKNNLite loads it "
+                                          r"\(/usr/lib/librknnrt.so\): install the RKNPU2 runtime") as err:
         BoardRunner(board, ["x"])
-    log = capfd.readouterr().err
-    assert log.count("Exception: Can not find dynamic library on RK3566!") == 1  # not retried
+    assert err.value.log.count("Exception: Can not find dynamic library on RK3566!") == 1  # not retried
 
 
 def test_rk3576_records_the_two_cores_it_granted(board, monkeypatch):

@@ -76,6 +76,14 @@ def test_every_message_the_double_writes_is_the_real_ones(real, double):
                  double.SET_INPUT_SHAPE_FAILED,
                  "!!! Please put it into /usr/lib/ directory."):
         assert text.encode() in runtime, text
+    for text in ("Catch exception when init runtime!", "Catch exception when setting inputs."):
+        assert text in source, text
+    # what it prints for a runtime older than the engine's toolkit: the wheel's failure line with a code from its
+    # table, beside librknnrt's own lines, which are the C library's (in no file of the wheel)
+    names = {n.decode() for n in re.findall(rb"RKNN_ERR_[A-Z_]+", runtime)}
+    assert {"RKNN_ERR_FAIL", "RKNN_ERR_MODEL_INVALID"} <= names
+    for text in (double.C_RUNTIME_INFO, double.C_DRIVER_INFO, double.C_MODEL_VERSION, double.C_LOAD_FAILED):
+        assert text.split("{")[0].encode() not in runtime and text.split("{")[0] not in source, text
     logged = re.findall(r'_log\("[EWI]", "([^"{]+)', DOUBLE.read_text())
     assert logged and all(m in source for m in logged if m != "*"), logged
     for dtype in double.INPUT_DTYPES:

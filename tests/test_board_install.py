@@ -47,3 +47,45 @@ def test_board_extra_resolves_for_aarch64(python, tmp_path):
     would = re.search(r"Would install (.*)", out).group(1).split()
     assert "rknn-toolkit-lite2-2.5.0" in would and "numpy-1.26.4" in would, would
     assert any(w.startswith("onnxruntime-1.23.2") for w in would), would
+
+
+# --- make board-env on a python3 without ensurepip (Debian and Ubuntu without python3-venv) ----------------------
+@pytest.fixture
+def python_without_ensurepip(tmp_path):
+    """A python3 that has `venv` and no `ensurepip`, as Debian and Ubuntu ship it until python3-venv is
+    installed: this interpreter with an `ensurepip` that cannot be imported first on its path."""
+    stub = tmp_path / "stub"
+    stub.mkdir()
+    (stub / "ensurepip.py").write_text("raise ModuleNotFoundError(\"No module named 'ensurepip'\", name='ensurepip')\n")
+    fake = tmp_path / "python3"
+    fake.write_text(f"#!/bin/sh\nPYTHONPATH={stub} exec {sys.executable} \"$@\"\n")
+    fake.chmod(0o755)
+    assert subprocess.run([str(fake), "-c", "import venv; import ensurepip"], capture_output=True).returncode != 0
+    return fake
+
+
+def make(*args) -> subprocess.CompletedProcess:
+    return subprocess.run(["make", "--no-print-directory", "-C", str(REPO), *args], capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_board_env_without_ensurepip_names_the_package_and_leaves_no_venv(python_without_ensurepip, tmp_path):
+    venv = tmp_path / ".venv-board"
+    proc = make("board-env", f"PYTHON={python_without_ensurepip}", f"BOARD_VENV={venv}")
+    v = sys.version_info
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert (f"board-env: {python_without_ensurepip} has no ensurepip, so a venv it makes has no pip: sudo apt install "
+            f"python3.{v.minor}-venv (Debian/Ubuntu), then make board-env again") in proc.stdout
+    assert not venv.exists()
+
+
+def test_a_venv_left_without_pip_is_made_again(tmp_path):
+    """What an earlier `python3 -m venv` leaves where ensurepip was missing: a venv with no pip, which the
+    next run would otherwise take as made and die in with "No module named pip"."""
+    venv = tmp_path / ".venv-board"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    assert subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "--version"], capture_output=True).returncode
+    proc = make("board-venv", f"PYTHON={sys.executable}", f"BOARD_VENV={venv}")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"board-env: {venv} has no pip (made before python3-venv was installed?): making it again" in proc.stdout
+    assert subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "--version"], capture_output=True).returncode == 0

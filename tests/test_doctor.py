@@ -98,8 +98,12 @@ def engine_for(tmp_path, target, toolkit="rknn-toolkit2 2.5.0"):
                                "[ok] rknpu driver 0.9.6 (/sys/module/rknpu/version)"]),
     ("rk3576", 0, ["[ok] librknnrt 2.5.0 (5d2a7c5e3b@2025-10-20T10:00:00) (/usr/lib/librknnrt.so)",
                    "SoC rk3576; NPU governor rknpu_ondemand, cur_freq 950000000"]),
-    ("rk3566", 1, ["[FAIL] librknnrt.so not found (/usr/lib/librknnrt.so,", "[ok] rknpu driver 0.9.6",
-                   "[FAIL] no NPU device node"]),
+    ("rk3566", 1, ["[FAIL] librknnrt.so is not where RKNNLite loads it (/usr/lib/librknnrt.so)",
+                   "fix: install the RKNPU2 runtime (rknn-toolkit2's rknpu2/runtime/Linux/librknn_api/aarch64/",
+                   "[ok] rknpu driver 0.9.6", "[FAIL] no NPU device node"]),
+    ("rk3562", 0, ["[ok] librknnrt 2.3.0 (c949ad889d@2024-11-07T11:35:33) (/usr/lib/librknnrt.so)",
+                   "[ok] rknpu driver 0.9.8 (/sys/kernel/debug/rknpu/version)",
+                   "SoC rk3562; NPU governor rknpu_ondemand, cur_freq 300000000"]),
 ])
 def test_board_side_on_each_recorded_board(board, capsys, tree, code, lines):
     board(tree)
@@ -117,11 +121,70 @@ def test_a_runtime_older_than_the_engines_compiler_is_refused(board, capsys, tmp
     assert main(["doctor", "--board", "--engine", str(engine)]) == 1
     out = capsys.readouterr().out
     assert "[ok] engine decoder-rk3588.rknn: compiled for rk3588 by rknn-toolkit2 2.5.0" in out
-    assert ("[FAIL] librknnrt 2.3.2 (429f97ae6b@2025-04-09T09:09:27) is older than the toolkit that compiled "
-            "the engine (rknn-toolkit2 2.5.0)") in out
-    assert "fix: update librknnrt to 2.5.0 (librknnrt.so from rknn-toolkit2's" in out
-    assert "or build the engine with rknn-toolkit2==2.3.2 on the host" in out
+    assert ("[FAIL] decoder-rk3588.rknn is from rknn-toolkit2 2.5.0; this board's librknnrt 2.3.2 is older and "
+            "refuses it at init.") in out
+    assert ("fix: put librknnrt 2.5.0 in /usr/lib (rknn-toolkit2's rknpu2/runtime/Linux/librknn_api/aarch64/), or "
+            "build for 2.3.2: `make toolkit-venv TOOLKIT=2.3.2`, then `rkstudy piper decoder --onnx "
+            "<decoder_z.onnx> --target rk3588 --toolkit 2.3.2`") in out
     assert out.rstrip().endswith("then rerun `rkstudy doctor --board`.")
+
+
+def test_a_runtime_no_converter_environment_matches_names_only_the_newer_runtime(board, capsys, tmp_path):
+    board("rk3562")  # librknnrt 2.3.0: [tool.rkstudy] toolkits has 2.5.0 and 2.3.2, both newer
+    assert main(["doctor", "--board", "--engine", str(engine_for(tmp_path, "rk3562"))]) == 1
+    out = capsys.readouterr().out
+    assert "or build with rknn-toolkit2 2.3.0 or older (no converter environment here is)" in out
+
+
+def test_a_folder_of_engines_checks_the_ones_this_soc_runs(board, capsys, tmp_path):
+    for target in ("rk3588", "rk3576", "rk3566"):
+        (tmp_path / target).mkdir()
+        engine = engine_for(tmp_path / target, target)
+        engine.rename(tmp_path / engine.name)
+        engine.with_suffix(".contract.json").rename(tmp_path / engine.with_suffix(".contract.json").name)
+    board("rk3576")
+    assert main(["doctor", "--board", "--engine", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "[ok] engine decoder-rk3576.rknn: compiled for rk3576" in out and "decoder-rk3588" not in out
+    board("rk3562")
+    assert main(["doctor", "--board", "--engine", str(tmp_path)]) == 1
+    assert ("[FAIL] none of the 3 piper_decoder engines given runs on this rk3562 board (compiled for rk3566, "
+            "rk3576, rk3588); convert the graph for it with `rkstudy piper decoder --onnx <decoder_z.onnx> --target "
+            "rk3562` (or --target all)") in capsys.readouterr().out
+
+
+def test_a_runtime_found_through_librknnrt_path_says_what_sudo_does(board, capsys, tmp_path, monkeypatch):
+    """sudo drops LIBRKNNRT_PATH: doctor says so where it finds the runtime only through it."""
+    import shutil
+
+    tree = tmp_path / "rk3566"
+    shutil.copytree(BOARDS / "rk3566-orangepi-3b", tree)
+    (tree / "opt" / "rknpu2").mkdir(parents=True)
+    (tree / "usr" / "lib" / "librknnrt.so").rename(tree / "opt" / "rknpu2" / "librknnrt.so")
+    monkeypatch.setenv("RKSTUDY_SYSROOT", str(tree))
+    monkeypatch.setenv("LIBRKNNRT_PATH", "/opt/rknpu2/librknnrt.so")
+    assert main(["doctor", "--board"]) == 0
+    out = capsys.readouterr().out
+    assert "[ok] librknnrt 2.3.0 (c949ad889d@2024-11-07T11:35:33) (/opt/rknpu2/librknnrt.so, through LIBRKNNRT_PATH)" \
+        in out
+    assert ("fix: sudo drops LIBRKNNRT_PATH (and the NPU load needs root): run `sudo env "
+            "LIBRKNNRT_PATH=/opt/rknpu2/librknnrt.so rkstudy ...`, or copy it to /usr/lib/librknnrt.so") in out
+
+
+def test_a_runtime_where_rknnlite_does_not_look_is_a_failure(board, capsys, tmp_path, monkeypatch):
+    import shutil
+
+    tree = tmp_path / "rk3566"
+    shutil.copytree(BOARDS / "rk3566-orangepi-3b", tree)
+    (tree / "usr" / "local" / "lib").mkdir(parents=True)
+    (tree / "usr" / "lib" / "librknnrt.so").rename(tree / "usr" / "local" / "lib" / "librknnrt.so")
+    monkeypatch.setenv("RKSTUDY_SYSROOT", str(tree))
+    monkeypatch.delenv("LIBRKNNRT_PATH", raising=False)
+    assert main(["doctor", "--board"]) == 1
+    out = capsys.readouterr().out
+    assert ("[FAIL] librknnrt.so is not where RKNNLite loads it (/usr/lib/librknnrt.so); there is one at "
+            "/usr/local/lib/librknnrt.so") in out
+    assert "fix: copy it there (sudo cp /usr/local/lib/librknnrt.so /usr/lib/librknnrt.so)" in out
 
 
 def test_a_matching_or_newer_runtime_passes_and_another_soc_is_refused(board, capsys, tmp_path):

@@ -105,10 +105,10 @@ def forget_rknnlite():
 @pytest.fixture
 def multi_shape_engine(monkeypatch, tmp_path):
     """A stand-in engine the double serves: a Neg over [1, 4, T] (T dynamic in the ONNX), its contract
-    listing T = 64 and 32, on the recorded RK3588 tree."""
+    listing T = 64 and 32, on the recorded RK3588 tree whose librknnrt runs the toolkit's engines."""
     monkeypatch.syspath_prepend(str(REPO / "tests" / "doubles"))
     forget_rknnlite()
-    monkeypatch.setenv("RKSTUDY_SYSROOT", str(FIXTURES / "boards" / "rk3588"))
+    monkeypatch.setenv("RKSTUDY_SYSROOT", str(FIXTURES / "boards" / "rk3588-librknnrt-2.5.0"))
     g = helper.make_graph([helper.make_node("Neg", ["x"], ["y"])], "g",
                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, "T"])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, "T"])])

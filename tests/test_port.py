@@ -164,7 +164,8 @@ def test_build_gate_and_board_run_of_a_step(models, tmp_path):
     snr = float(proc.stdout.split("simulator vs fp32 on your inputs")[1].split(":")[1].split("dB")[0])
     assert snr > 30.0 and (tmp_path / "step.contract.json").is_file()
     proc = rkstudy("board", "run", "port", "--engine", tmp_path / "step.rknn", "--inputs", tmp_path / "in.npz",
-                   "--outputs", tmp_path / "out.npz", "--results", tmp_path / "results", board="rk3588")
+                   "--outputs", tmp_path / "out.npz", "--results", tmp_path / "results",
+                   board="rk3588-librknnrt-2.5.0")
     assert "port on replay (rk3588, cores 0_1_2)" in proc.stdout
     contract = producer.read_contract(tmp_path / "step.onnx")
     side = PortSidecar(OrtRunner(tmp_path / "step.onnx"), contract)

@@ -155,8 +155,9 @@ def test_sidecar_refuses_engines_that_do_not_share_a_cache(graphs, tmp_path):
 
 
 def rkstudy(*argv, check=True):
-    """The CLI in a subprocess that sees a board: the recorded rk3588 tree and the RKNNLite double."""
-    env = {**os.environ, "RKSTUDY_SYSROOT": str(REPO / "tests" / "fixtures" / "boards" / "rk3588"),
+    """The CLI in a subprocess that sees a board: the recorded RK3588 tree whose librknnrt runs the toolkit's
+    engines, and the RKNNLite double."""
+    env = {**os.environ, "RKSTUDY_SYSROOT": str(REPO / "tests" / "fixtures" / "boards" / "rk3588-librknnrt-2.5.0"),
            "PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "doubles"), str(REPO)])}
     proc = subprocess.run([sys.executable, "-m", "rkstudy", *map(str, argv)], capture_output=True, text=True,
                           env=env, cwd=REPO, timeout=900)

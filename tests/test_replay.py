@@ -21,8 +21,9 @@ from rkstudy.tables import results
 TEXT = "Call me at 555 0142, extension 7. Thank you."
 
 
-def rkstudy(*argv, board="rk3588", check=True):
-    """The CLI in a subprocess that sees a board: the recorded tree and the RKNNLite double."""
+def rkstudy(*argv, board="rk3588-librknnrt-2.5.0", check=True):
+    """The CLI in a subprocess that sees a board: the recorded tree (by default the RK3588 whose librknnrt runs
+    the toolkit's engines) and the RKNNLite double."""
     env = {**os.environ, "RKSTUDY_SYSROOT": str(REPO / "tests" / "fixtures" / "boards" / board),
            "PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "doubles"), str(REPO)])}
     proc = subprocess.run([sys.executable, "-m", "rkstudy", *map(str, argv)], capture_output=True, text=True,

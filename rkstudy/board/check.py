@@ -29,8 +29,15 @@ from . import sysfs
 
 REFERENCE_SOC = "rk3588"
 LIBRKNNRT_ENV = "LIBRKNNRT_PATH"
-LIBRKNNRT_PATHS = ("/usr/lib/librknnrt.so", "/usr/lib64/librknnrt.so", "/usr/local/lib/librknnrt.so",
-                   "/usr/lib/aarch64-linux-gnu/librknnrt.so")
+# Where RKNNLite 2.5.0's runtime extension loads librknnrt: $LIBRKNNRT_PATH when it is set, else this file
+# (the two names its rknn_runtime extension carries; the replay double looks the same way). sudo drops
+# $LIBRKNNRT_PATH from the environment, so a runtime found only through it is gone under sudo.
+LIBRKNNRT_DEFAULT = "/usr/lib/librknnrt.so"
+# Other places an SDK install or a distribution package may have put it, where RKNNLite does not look:
+# a copy found there is named in the fix, never taken for the runtime RKNNLite would load.
+LIBRKNNRT_ELSEWHERE = ("/usr/lib64/librknnrt.so", "/usr/local/lib/librknnrt.so",
+                       "/usr/lib/aarch64-linux-gnu/librknnrt.so")
+LIBRKNNRT_PATHS = (LIBRKNNRT_DEFAULT, *LIBRKNNRT_ELSEWHERE)
 # ARM "CPU part" ids (/proc/cpuinfo) of the cores these SoCs carry.
 CPU_PARTS = {"0xd05": "Cortex-A55", "0xd0b": "Cortex-A76", "0xd04": "Cortex-A35", "0xd03": "Cortex-A53",
              "0xd08": "Cortex-A72"}
@@ -65,22 +72,36 @@ def npu_clock() -> NpuClock | None:
 
 
 def librknnrt_candidates() -> list[str]:
-    """Where librknnrt is looked for: $LIBRKNNRT_PATH (the variable RKNNLite's runtime reads), then
-    the usual install places."""
+    """Where RKNNLite loads librknnrt from: $LIBRKNNRT_PATH when it is set, else /usr/lib/librknnrt.so."""
     env = os.environ.get(LIBRKNNRT_ENV)
-    return ([env] if env else []) + list(LIBRKNNRT_PATHS)
+    return [env] if env else [LIBRKNNRT_DEFAULT]
+
+
+def library_version(path: str) -> str | None:
+    """The version compiled into the library at `path` (a board path), as `strings` shows it ("unknown"
+    for a file without one), or None when there is no readable file there."""
+    try:
+        data = on_board(path).read_bytes()
+    except OSError:
+        return None
+    m = _LIBRKNNRT.search(data)
+    return m.group(1).decode("ascii", errors="replace").strip() if m else "unknown"
 
 
 def librknnrt() -> tuple[str | None, str | None]:
-    """(version, path) of the runtime library, read out of the binary as `strings` would."""
+    """(version, path) of the runtime library RKNNLite would load, read out of the binary as `strings`
+    would; (None, None) when there is none where it looks."""
     for path in librknnrt_candidates():
-        try:
-            data = on_board(path).read_bytes()
-        except OSError:
-            continue
-        m = _LIBRKNNRT.search(data)
-        return (m.group(1).decode("ascii", errors="replace").strip() if m else "unknown"), path
+        version = library_version(path)
+        if version is not None:
+            return version, path
     return None, None
+
+
+def librknnrt_elsewhere() -> list[str]:
+    """Copies of librknnrt in places RKNNLite does not look (with $LIBRKNNRT_PATH set, /usr/lib is one)."""
+    looked = set(librknnrt_candidates())
+    return [p for p in LIBRKNNRT_PATHS if p not in looked and library_version(p) is not None]
 
 
 @dataclass
@@ -125,10 +146,18 @@ class Comparability:
     comparable: bool | None  # None: cannot tell from a snapshot (read the clock during a run)
     why: str
     fix: str = ""
+    other_soc: bool = False  # another SoC than the reference documents': a fact about the board, nothing to fix
 
     @property
     def word(self) -> str:
         return {True: "COMPARABLE", False: "NOT COMPARABLE", None: "CHECK UNDER LOAD"}[self.comparable]
+
+    @property
+    def exit_code(self) -> int:
+        """`rkstudy board check`'s code: 0 when the figures compare, or when this is another SoC (it runs
+        every engine built for it; its figures are its own); 1 when this RK3588 (or this machine) has
+        something that keeps them from comparing."""
+        return 0 if self.comparable or self.other_soc else 1
 
 
 def _mhz(hz: int | None) -> str:
@@ -149,7 +178,7 @@ def verdict(soc_name: str | None, clock: NpuClock | None) -> Comparability:
         return Comparability(False, "not a Rockchip board (no rockchip,rkXXXX in the device tree)")
     if soc_name != REFERENCE_SOC:
         return Comparability(False, f"this is an {soc_name}; the reference documents' board figures are RK3588 "
-                       "(another NPU, another clock): compare ratios, not absolute figures")
+                             "(another NPU, another clock): compare ratios, not absolute figures", other_soc=True)
     if clock is None:
         return Comparability(None, f"the NPU clock cannot be read ({missing_devfreq(soc_name)})",
                        "check that the rknpu driver is loaded (dmesg | grep -i rknpu)")

@@ -56,13 +56,19 @@ CODE_NAMES = {
 
 # What the reference documents observed each code to mean on their board ("Who refused: the versions a failure
 # names", "The IOVA ceiling"). The header's names do not say it: -6 reads "model is invalid" but
-# was an aperture overrun on a valid model.
+# was an aperture overrun on a valid model, with other contexts resident.
 REFERENCE_MEANING = {
     -4: "the driver refused the init: on RK3588 the IOVA ceiling (one mapping above ~4 GB) or the "
         "per-process budget; dmesg names the bytes",
     -6: "the driver refused the init: an aperture overrun (too many contexts resident), not a bad "
         "model",
     -13: "target-platform mismatch: the .rknn was compiled for another SoC; rebuild it for this one",
+}
+# -6 with no other context of this process resident cannot be an overrun of what is resident: the runtime
+# refused the file itself, as librknnrt 1.5.0 did an engine of a newer toolkit (rockchip-linux/rknn-toolkit2#316).
+ALONE_MEANING = {
+    -6: "the runtime refused the engine file itself (no other context resident: no aperture overrun): an "
+        "engine of a newer rknn-toolkit2 than this librknnrt, or a damaged copy",
 }
 
 CODES_BY_NAME = {name: code for code, (name, _) in CODE_NAMES.items()}
@@ -74,6 +80,13 @@ CORE_MASK_ONLY = "The core_mask is only supported by"
 NO_LIBRKNNRT = "Can not find dynamic library on"
 # RK3576 has two cores: the runtime swaps a mask naming core 2 for 0_1 (or 0) and says so.
 _RK3576_REPLACED = re.compile(r'will be automatically replaced with "NPU_CORE_([0-9_]+)"')
+
+# librknnrt's own lines, which RKNNLite leaves on fd 2 beside its log ("I RKNN: [21:32:53.643] RKNN Runtime
+# Information: librknnrt version: 1.3.0 (...)", "E RKNN: [...] Invalid RKNN model version 6": the lines
+# of airockchip/rknn-toolkit2#254 and #281); 2.x runtimes write "Information, librknnrt version".
+_C_LINE = re.compile(r"^([EWID]) RKNN: \[[^\]]*\] (.*)$", re.MULTILINE)
+_C_RUNTIME = re.compile(r"librknnrt version: (\S+(?: \([^)]*\))?)")
+MODEL_VERSION = "Invalid RKNN model version"
 
 _DMA_MAP = re.compile(r"rknpu_gem_get_pages: dma map (\d+) fail")
 _MALLOC = re.compile(r"failed to malloc npu memory, size: (\d+)(?:, flags: (0x[0-9a-fA-F]+))?")
@@ -136,6 +149,44 @@ def lite_failures(log_text: str) -> list[LiteFailure]:
             code = int(value)
             out.append(LiteFailure(step, code, CODE_NAMES.get(code, ("unknown code", ""))[0]))
     return out
+
+
+@dataclass(frozen=True)
+class RuntimeSaid:
+    """What librknnrt itself wrote while a context initialized: its version, and its error lines."""
+
+    version: str | None
+    errors: tuple[str, ...]
+
+    @property
+    def model_version_refused(self) -> bool:
+        """The runtime did not know the engine's model version: an engine of a newer toolkit."""
+        return any(MODEL_VERSION in e for e in self.errors)
+
+    def note(self) -> str:
+        """Its last error line worth a reader's time, for a failure's one line ("" when it wrote none)."""
+        said = [e for e in self.errors if not re.fullmatch(r"[\d, ]+", e) and "load model failed" not in e]
+        if not said:
+            return ""
+        return f"{f'librknnrt {self.version.split()[0]}' if self.version else 'librknnrt'} said \"{said[-1]}\""
+
+    def meaning(self) -> str | None:
+        """What the failure is, where the runtime's own lines say it better than the code's name."""
+        if self.model_version_refused:
+            return ("the engine is from a newer rknn-toolkit2 than this librknnrt: install that toolkit's "
+                    "librknnrt into /usr/lib, or build the engine with this runtime's toolkit version (--toolkit)")
+        return None
+
+
+def runtime_said(log_text: str) -> RuntimeSaid:
+    """librknnrt's version and error lines in a log captured around an init."""
+    version, errors = None, []
+    for level, text in _C_LINE.findall(log_text):
+        if version is None and (m := _C_RUNTIME.search(text)):
+            version = m.group(1)
+        if level == "E":
+            errors.append(text.strip())
+    return RuntimeSaid(version, tuple(errors))
 
 
 def cores_granted(log_text: str, asked: str) -> str:
@@ -221,22 +272,28 @@ def known_versions() -> Versions | None:
     return _seen
 
 
-def describe_code(code: int) -> str:
-    """`RKNN_ERR_MALLOC_FAIL: <what the reference documents saw it mean>` for a librknnrt code."""
+def describe_code(code: int, resident: int | None = None, meaning: str | None = None) -> str:
+    """`RKNN_ERR_MALLOC_FAIL: <what the reference documents saw it mean>` for a librknnrt code; with
+    `resident` 0 (no other context of this process holds the NPU), -6 is said for what it is then;
+    `meaning`, where the runtime's own lines said what failed, replaces both."""
     name, header = CODE_NAMES.get(code, ("unknown code", "not in rknn_api.h 2.3.2"))
-    return f"{name}: {REFERENCE_MEANING.get(code, header)}"
+    meaning = meaning or (ALONE_MEANING.get(code) if resident == 0 else None)
+    return f"{name}: {meaning or REFERENCE_MEANING.get(code, header)}"
 
 
 def format_failure(what: str, code: int | None, *, versions: Versions | None = None,
-                   refusals: Iterable[Refusal] = (), note: str = "") -> str:
+                   refusals: Iterable[Refusal] = (), note: str = "", resident: int | None = None,
+                   meaning: str | None = None) -> str:
     """One line: what failed, its code and meaning, the bytes dmesg names, and the versions.
 
     `code` None is a call that returned no code (an inference that returned None). `versions`
     defaults to the ones the first context of this process reported; without any, the line carries
-    none (the first engine of a process can fail before any context reported).
+    none (the first engine of a process can fail before any context reported). `resident` is how many
+    other contexts of this process were initialized (None: not known), which decides what -6 means;
+    `meaning` is what the runtime's own lines said the failure is (RuntimeSaid.meaning).
     """
     versions = versions if versions is not None else (known_versions() or Versions())
-    details = [describe_code(code)] if code is not None else []
+    details = [describe_code(code, resident, meaning)] if code is not None else []
     details += [note] if note else []
     details += [f"dmesg: {'; '.join(r.short() for r in refusals)}"] if refusals else []
     head = f"{what} failed" + (f" with code {code}" if code is not None else "")
@@ -248,11 +305,16 @@ class RknnError(RuntimeError):
 
 
 class InitRefused(RknnError):
-    """The runtime or driver refused to initialize a context; `code` is the librknnrt code. The
-    ladder (rkstudy.board.memory) evicts and retries on this, and on nothing else."""
+    """The runtime or driver refused to initialize a context; `code` is the librknnrt code, `log` what
+    RKNNLite and librknnrt wrote meanwhile. The ladder (rkstudy.board.memory) evicts and retries on this,
+    and on nothing else."""
+
+    log = ""
 
     def __init__(self, what: str, code: int | None, *, versions: Versions | None = None,
-                 refusals: Iterable[Refusal] = (), note: str = ""):
+                 refusals: Iterable[Refusal] = (), note: str = "", resident: int | None = None,
+                 meaning: str | None = None):
         self.code = code
         self.refusals = list(refusals)
-        super().__init__(format_failure(what, code, versions=versions, refusals=self.refusals, note=note))
+        super().__init__(format_failure(what, code, versions=versions, refusals=self.refusals, note=note,
+                                        resident=resident, meaning=meaning))

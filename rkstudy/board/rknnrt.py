@@ -134,8 +134,8 @@ def engine_memory(path, lib: ctypes.CDLL | None = None) -> EngineMemory:
     name = ctypes.create_string_buffer(str(path).encode())
     t0 = time.monotonic()
     rc = lib.rknn_init(ctypes.byref(ctx), name, 0, RKNN_FLAG_COLLECT_MODEL_INFO_ONLY, None)
-    if rc != 0:
-        raise InitRefused(f"rknn_init({path.name}, COLLECT_MODEL_INFO_ONLY)", rc)
+    if rc != 0:  # an info-only context maps nothing: a refusal here is about the file, never an overrun
+        raise InitRefused(f"rknn_init({path.name}, COLLECT_MODEL_INFO_ONLY)", rc, resident=0)
     try:
         mem = RknnMemSize()
         rc = lib.rknn_query(ctx, RKNN_QUERY_MEM_SIZE, ctypes.byref(mem), ctypes.sizeof(mem))

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import wave
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -29,10 +30,10 @@ import numpy as np
 from .. import atomic
 from ..cache import sha256_file
 from ..contract import Contract, beside, for_engine
-from ..errors import InputError, UsageError
+from ..errors import InputError, Interrupted, UsageError
 from ..process import peak_rss_kb
 from ..tables import results
-from . import load, sysfs
+from . import compat, load, sysfs
 from .runner import BoardUnavailable, after_init, board_available
 
 NO_BOARD = ("`rkstudy board run` runs on an RKNPU2 board (RK3588, RK3576, RK3566/RK3568, RK3562) with "
@@ -44,6 +45,26 @@ def require_board() -> None:
     present, why = board_available()
     if not present:
         raise BoardUnavailable(NO_BOARD.format(why=why[0].lower() + why[1:]))
+
+
+def board_soc() -> str:
+    """This board's SoC as the toolkit names it; BoardUnavailable when the device tree does not say."""
+    soc = sysfs.soc()
+    if soc is None:
+        raise BoardUnavailable(f"cannot tell this board's SoC: no rockchip,rkXXXX entry in {sysfs.COMPATIBLE}")
+    return soc
+
+
+def pick(given, family: str, *, several: bool = False, remake: str | None = None) -> list[Path]:
+    """The engines of `given` (`--engine` paths or folders, one engine per SoC from `--target all`) this
+    board runs (rkstudy.board.compat.choose), saying which it took when there was a choice."""
+    given = [given] if isinstance(given, (str, Path)) else list(given)
+    soc = board_soc()
+    chosen = compat.choose(given, family=family, soc=soc, several=several, remake=remake)
+    offered = compat.engine_files(given)
+    if len(offered) > len(chosen):
+        print(f"this {soc} board runs {', '.join(p.name for p in chosen)} (of {len(offered)} engines given)")
+    return chosen
 
 
 def write_wav(path: Path | str, pcm: np.ndarray, sample_rate: int) -> Path:
@@ -119,34 +140,38 @@ def hand_back(paths: list[Path], created: list[Path]) -> None:
 def measure(family: str, *, engine: Path, job: str, payload: dict, cores: str = "0_1_2",
             audio_out: Path | None = None, outputs_out: Path | None = None, results_dir: Path | None = None,
             source_sha256: str | None = None, extra: dict | None = None, remake: str | None = None,
-            timeout: float | None = None) -> dict:
+            timeout: float | None = None, also: Sequence[Path] = ()) -> dict:
     """Run `job` ("module:function") for `family` on `engine` in a dedicated child; return the row.
 
     `payload` is the job's input (JSON-able: paths, not arrays); `source_sha256` is the digest of the
-    model the inputs came from, checked against the contract's source; `remake` is the command a
-    refusal names (default: the family's `--help`); `timeout` bounds the child (default
-    $RKSTUDY_BOARD_TIMEOUT or CHILD_TIMEOUT_S).
+    model the inputs came from, checked against every engine's contract source; `also` are the other
+    engines the job loads (a ladder's rungs, a streaming first step), checked like `engine` (family, bytes,
+    SoC, a librknnrt that runs them, source) before the child starts; `remake` is the command a refusal
+    names (default: the family's `--help`); `timeout` bounds the child (default $RKSTUDY_BOARD_TIMEOUT or
+    CHILD_TIMEOUT_S).
     """
     require_board()
-    soc = sysfs.soc()
-    if soc is None:
-        raise BoardUnavailable(f"cannot tell this board's SoC: no rockchip,rkXXXX entry in {sysfs.COMPATIBLE}")
-    contract = for_engine(engine, family=family, soc=soc, remake=remake)
+    soc = board_soc()
+    contract = compat.checked(engine, family=family, soc=soc, remake=remake, source_sha256=source_sha256)
+    for other in also:
+        compat.checked(other, family=family, soc=soc, remake=remake, source_sha256=source_sha256)
     root = Path(results_dir) if results_dir else results.results_root(quick=False)
     table_csv = root / "board" / f"{family}.csv"
     outputs = [table_csv, table_csv.with_suffix(".md")] + [Path(p) for p in (audio_out, outputs_out) if p is not None]
     require_writable(outputs)
     created = sorted({d for p in outputs for d in _missing_dirs(p)[0]})
-    if source_sha256 is not None and source_sha256 != contract.source.sha256:
-        from ..errors import EngineMismatch
-
-        raise EngineMismatch(f"the inputs come from a model with sha256 {source_sha256[:12]} and the engine was "
-                             f"made from {contract.source.file} ({contract.source.sha256[:12]}); make inputs "
-                             f"from {contract.source.file}, or an engine from theirs with `{contract.remake}`")
     with tempfile.TemporaryDirectory(prefix="rkstudy-board-") as tmp:
         spec = {"job": job, "engine": str(Path(engine).resolve()), "cores": cores, "payload": payload}
         result, arrays = run_child(spec, Path(tmp), timeout=timeout)
         pcm = arrays.pop("audio", np.zeros(0, np.float32))
+    try:  # what is written is handed back under sudo even when a later write fails or is interrupted
+        return _write(family, engine, contract, result, arrays, pcm, extra, audio_out, outputs_out, root)
+    finally:
+        hand_back(outputs, created)
+
+
+def _write(family, engine, contract, result, arrays, pcm, extra, audio_out, outputs_out, root) -> dict:
+    """The run's audio, raw outputs and results row."""
     row = {"family": family, "engine": Path(engine).name, "engine_sha256": contract.engine.sha256[:16],
            "contract_sha256": sha256_file(beside(engine))[:16], "source": contract.source.file,
            **(extra or {}), **result.get("row", {}), "wall_s": round(result["seconds"], 4),
@@ -168,7 +193,6 @@ def measure(family: str, *, engine: Path, job: str, payload: dict, cores: str = 
         atomic.write_bytes(outputs_out, buf.getvalue())
         print(f"wrote {outputs_out} (the engine's outputs, float32)")
     table = append_row("board", family, row, root)
-    hand_back(outputs, created)
     audio = f"RTF {row['rtf']:.4f}, {row['audio_s']:.2f} s of audio, " if row["audio_s"] else ""
     npu = (f", NPU load mean {row['npu_load_mean_pct']} % max {row['npu_load_max_pct']} % per core"
            if row["npu_load_samples"] else "")
@@ -193,6 +217,8 @@ def run_child(spec: dict, folder: Path, *, timeout: float | None = None) -> tupl
     spec_path = folder / "spec.json"
     spec_path.write_text(json.dumps(spec))
     engine = Path(spec["engine"]).name
+    # its own session: the timeout kills its whole group, and a terminal's Ctrl-C reaches the parent only,
+    # which stops the child itself (stop_child) rather than leave it holding the NPU
     proc = subprocess.Popen([sys.executable, "-m", "rkstudy.board.run", str(spec_path)], env=os.environ.copy(),
                             start_new_session=True)
     try:
@@ -203,6 +229,9 @@ def run_child(spec: dict, folder: Path, *, timeout: float | None = None) -> tupl
         raise RknnError(f"the board run of {engine} did not finish in {timeout:.0f} s and was killed (a wedged NPU? "
                         "dmesg | tail names it); reboot the board if the NPU stays busy, or set "
                         "RKSTUDY_BOARD_TIMEOUT=<seconds> for a longer run") from None
+    except KeyboardInterrupt:
+        how = stop_child(proc)
+        raise Interrupted(f"interrupted: the board run of {engine} wrote nothing; {how}") from None
     error = Path(spec["error"])
     if error.is_file():
         failure = json.loads(error.read_text())
@@ -213,6 +242,29 @@ def run_child(spec: dict, folder: Path, *, timeout: float | None = None) -> tupl
     result = json.loads(Path(spec["result"]).read_text())
     with np.load(spec["arrays"]) as data:
         return result, {k: data[k] for k in data.files}
+
+
+STOP_GRACE_S = 10.0  # a wedged NPU can hold the child in the driver past SIGTERM
+
+
+def stop_child(proc: subprocess.Popen, grace: float = STOP_GRACE_S) -> str:
+    """End a board child and its process group: SIGTERM (at once, wherever it is: still importing, or inside
+    an init; the driver releases its contexts as the process goes), then SIGKILL past `grace` seconds or at
+    a second Ctrl-C. Says how it ended."""
+    def signal_group(sig: int) -> None:
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:  # it ended on its own meanwhile
+            pass
+
+    signal_group(signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace)
+        return "its child process stopped with it"
+    except (subprocess.TimeoutExpired, KeyboardInterrupt):
+        signal_group(signal.SIGKILL)
+        proc.wait()
+        return "its child process was killed, as it did not stop (a wedged NPU? dmesg | tail says)"
 
 
 def child_failure(exc: BaseException) -> tuple[str, int]:
@@ -277,6 +329,8 @@ def main(argv=None) -> int:
         raise UsageError("usage: python -m rkstudy.board.run SPEC_JSON (started by `rkstudy board run`)")
     try:
         return _child(argv[0])
+    except KeyboardInterrupt:  # a Ctrl-C sent to the child itself: the parent says what happened
+        return 130
     except Exception as exc:  # noqa: BLE001 - every child error reaches the parent as one line
         if os.environ.get("RKSTUDY_DEBUG") == "1":
             import traceback

@@ -13,8 +13,12 @@ Three behaviours the reference documents measured (or that RKNNLite hides) and t
   the kernel log names, and, once any context in this process has initialized, the driver and
   runtime (API) versions it reported.
 * RKNNLite 2.5.0's init_runtime returns -1 for a failed init and logs librknnrt's code by name
-  inside a traceback; the runner captures fds 1 and 2 around init_runtime to read it back
-  (dmesg.lite_failures), and passes the text on to stderr.
+  inside a traceback, beside librknnrt's own lines (its version, "Invalid RKNN model version 6"); the
+  runner captures fds 1 and 2 around the constructor and init_runtime to read both back
+  (dmesg.lite_failures, dmesg.runtime_said) and says what they mean in its one line: the log itself,
+  traceback and all, reaches stderr only under --debug (RKSTUDY_DEBUG=1).
+* -6 means an aperture overrun only when other contexts of this process are resident; the runner counts
+  them, and with none the line says the runtime refused the file itself.
 
 Inputs go to RKNNLite with their own dtypes, as rknn_lite.py hands them to its runtime (the tensor
 type comes from the array): integer inputs (token ids, codes) stay int64 as the contract declares
@@ -104,9 +108,18 @@ def runtime_versions() -> str | None:
     return known.describe() if known else None
 
 
+def resident_contexts() -> int:
+    """Contexts this process has initialized and not yet released."""
+    return _resident[0]
+
+
+_resident = [0]
+
+
 def capturing_fds(fn: Callable[[], Any]) -> tuple[Any, str]:
     """fn()'s result and everything written to fds 1 and 2 while it ran (C code writes there
-    directly, so redirecting sys.stdout would miss it). The text is passed on to stderr after."""
+    directly, so redirecting sys.stdout would miss it). The text is passed on to stderr only under
+    --debug (RKSTUDY_DEBUG=1): what it means is said in rkstudy's own line, the traceback is not."""
     sys.stdout.flush()
     sys.stderr.flush()
     saved = os.dup(1), os.dup(2)
@@ -128,7 +141,7 @@ def capturing_fds(fn: Callable[[], Any]) -> tuple[Any, str]:
             os.close(saved[1])
         log.seek(0)
         text = log.read().decode("utf-8", errors="replace")
-    if text:
+    if text and os.environ.get("RKSTUDY_DEBUG") == "1":
         sys.stderr.write(text)
         sys.stderr.flush()
     return result, text
@@ -154,7 +167,8 @@ class BoardRunner(Runner):
         # line before librknnrt's rknn_set_input_shapes fails inside a traceback
         self.shape_sets = [tuple(tuple(x) for x in one) for one in shape_sets or ()]
         self.engine = Path(rknn_path)
-        self._lite = RKNNLite(verbose=False)
+        self._open = False
+        self._lite, self.log = capturing_fds(lambda: RKNNLite(verbose=False))  # it logs its own version
         rc = self._lite.load_rknn(str(self.engine))
         if rc != 0:
             raise RknnError(dmesg.format_failure(f"load_rknn({self.engine.name})", rc))
@@ -168,13 +182,23 @@ class BoardRunner(Runner):
         if rc != 0:
             self._lite.release()
             failures = dmesg.lite_failures(text)
+            said = dmesg.runtime_said(text)
             code = rc if rc != -1 else (failures[-1].code if failures else None)
-            note = ("librknnrt.so not found: put the RKNPU2 runtime in /usr/lib or set LIBRKNNRT_PATH "
-                    "(rkstudy doctor --board checks it)" if dmesg.NO_LIBRKNNRT in text else
+            if dmesg.NO_LIBRKNNRT in text:
+                from .compat import missing_runtime  # compat reads this module's errors: imported here
+
+                note = missing_runtime()
+            else:
+                note = "; ".join(n for n in (
                     "RKNNLite returned -1 and its log named no code" if not failures else
-                    f"the runtime named {failures[-1].name}" if code is None else "")
-            raise InitRefused(f"init_runtime({self.engine.name})", code if code is not None else rc,
-                              refusals=watch.refusals, note=note)
+                    f"the runtime named {failures[-1].name}" if code is None else "", said.note()) if n)
+            refused = InitRefused(f"init_runtime({self.engine.name})", code if code is not None else rc,
+                                  refusals=watch.refusals, note=note, resident=resident_contexts(),
+                                  meaning=said.meaning())
+            refused.log = self.log
+            raise refused
+        self._open = True
+        _resident[0] += 1
         self.cores = dmesg.cores_granted(text, self.cores)
         sdk = dmesg.parse_lite_sdk_version(self._lite.get_sdk_version())
         dmesg.remember_versions(Versions(sdk.api, sdk.driver or sysfs.npu_driver()[0]))
@@ -182,8 +206,10 @@ class BoardRunner(Runner):
             _after_init.pop(0)()
 
     def _init(self, mask: int) -> tuple[int, str]:
-        """init_runtime's code and the log it wrote."""
-        return capturing_fds(lambda: self._lite.init_runtime(core_mask=mask))
+        """init_runtime's code and the log it wrote (kept in self.log with every earlier one)."""
+        rc, text = capturing_fds(lambda: self._lite.init_runtime(core_mask=mask))
+        self.log += text
+        return rc, text
 
     def run(self, inputs) -> list[np.ndarray]:
         arrays = [x.astype(np.float32) if x.dtype.kind == "f" else x.astype(np.int64) if x.dtype.kind in "iu"
@@ -199,3 +225,6 @@ class BoardRunner(Runner):
 
     def close(self) -> None:
         self._lite.release()
+        if self._open:
+            self._open = False
+            _resident[0] -= 1

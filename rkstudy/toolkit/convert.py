@@ -193,6 +193,13 @@ def probe_feeds(contract: Contract, seed: int = 0) -> list[dict]:
     return [feed]
 
 
+def engine_key(onnx_path: Path | str, toolkit: str | None = None) -> str:
+    """The key in an engine's name (Contract.engine_name): the compiled graph's digest, and the toolkit
+    version when one is asked for, so one folder holds a graph's engines of two toolkits."""
+    key = sha256_file(onnx_path)[:12]
+    return f"{key}-tk{toolkit}" if toolkit else key
+
+
 @dataclass
 class Converted:
     engine: Path
@@ -218,7 +225,7 @@ def convert(onnx_path: Path | str, target: str, out: Path | str | None = None, *
     sets = shape_sets_for(shape_sets, contract.input_names) if shape_sets else []
     if sets:
         contract = contract.with_shapes([[s[n] for n in contract.input_names] for s in sets])
-    engine = Path(out) if out else onnx_path.parent / contract.engine_name(target, sha256_file(onnx_path)[:12])
+    engine = Path(out) if out else onnx_path.parent / contract.engine_name(target, engine_key(onnx_path, toolkit))
     items = (probe or probe_feeds)(contract)
     simulated = simulator_vs_fp32(onnx_path, target, items, run=run, out=engine, toolkit=toolkit,
                                   **({"shape_sets": sets} if sets else {}))

@@ -11,7 +11,8 @@ from ...cliutil import add_stage_args, positive, refuse_mixed, stage2
 from ...errors import UsageError
 
 
-def convert_estimator(onnx_path: Path, target: str, out: Path | None, as_json: bool = False) -> int:
+def convert_estimator(onnx_path: Path, target: str | list[str], out: Path | None, as_json: bool = False,
+                      toolkit: str | None = None) -> int:
     """Stage 2: compile, gate the simulator against fp32 on estimator-like inputs (90% of the frames
     real), write the compiled contract beside the engine."""
     from .producer import PRODUCER, SIM_GATE, probe
@@ -22,12 +23,12 @@ def convert_estimator(onnx_path: Path, target: str, out: Path | None, as_json: b
                 f"{p['attn_form']}/{p['attn_bias']} attention, {p['parameters']} parameters ({p['weights']})")
 
     return stage2(onnx_path, target, out, describe=describe, remake=PRODUCER, probe=probe, gate=SIM_GATE,
-                  probed_on="estimator inputs", as_json=as_json)
+                  probed_on="estimator inputs", as_json=as_json, toolkit=toolkit)
 
 
 def _cmd(args) -> int:
     if args.onnx:
-        return convert_estimator(args.onnx, args.target, args.out, args.json)
+        return convert_estimator(args.onnx, args.target, args.out, args.json, args.toolkit)
     if args.frames is None:
         raise UsageError("give --frames S (the compiled frame count) to produce an estimator graph, or "
                          "--onnx EST.onnx to convert one")
@@ -41,7 +42,7 @@ def _cmd(args) -> int:
           f"{c.params['weights']}; {nodes}{product.folded_nodes} nodes after the fold")
     print("inputs: " + ", ".join(f"{t.name} {list(t.shape)} {t.role}" for t in c.inputs))
     print(f"wrote {product.path}")
-    return 0 if args.skip_rknn else convert_estimator(product.path, args.target, args.out, args.json)
+    return 0 if args.skip_rknn else convert_estimator(product.path, args.target, args.out, args.json, args.toolkit)
 
 
 def add_cli(group_sub) -> None:

@@ -27,7 +27,7 @@ def _cmd(args) -> int:
     if args.onnx:
         from .carve import PRODUCER
 
-        return convert_decoder(args.onnx, args.target, args.out, PRODUCER, args.json)
+        return convert_decoder(args.onnx, args.target, args.out, PRODUCER, args.json, args.toolkit)
     if not args.decode_onnx:
         raise UsageError("give --decode-onnx D (stage 1), --onnx SLICE (stage 2) or --carve [--voice-onnx V]")
     import numpy as np
@@ -51,7 +51,7 @@ def _cmd(args) -> int:
     produced.save(output)
     print(f"wrote {output}")
     return 0 if args.skip_rknn else convert_decoder(output, args.target, args.out, produced.contract.producer,
-                                                    args.json)
+                                                    args.json, args.toolkit)
 
 
 def _check(p, args) -> None:

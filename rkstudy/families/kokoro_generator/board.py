@@ -47,10 +47,11 @@ def generate_job(*, contract, engine: Path, cores: str, payload: dict) -> dict:
 
 
 def _run(args) -> int:
-    from ...board.run import measure, require_board
+    from ...board.run import measure, pick, require_board
     from . import input_file
 
     require_board()  # before reading any input: off a board, that is the one thing to say
+    (args.engine,) = pick(args.engine, "kokoro_generator")
     data = input_file.load(args.inputs)
     if args.gain and any(s.energy is None for s in data.sentences):
         from ...errors import UsageError
@@ -68,10 +69,10 @@ def _run(args) -> int:
 
 def add_board(sub) -> None:
     """Register `rkstudy board run kokoro_generator`."""
-    from ...cliutil import add_board_run_args
+    from ...cliutil import add_board_run_args, add_engine_arg
 
     p = sub.add_parser("kokoro_generator", help="the generator sidecar on RKNNLite: audio and one results row")
-    p.add_argument("--engine", type=Path, required=True, help="the .rknn (its .contract.json beside it)")
+    add_engine_arg(p)
     p.add_argument("--inputs", type=Path, required=True,
                    help="written on the host by `rkstudy kokoro inputs --text ... -o inputs.npz`")
     p.add_argument("--overlap", type=int, default=0,

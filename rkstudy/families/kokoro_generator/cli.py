@@ -14,7 +14,8 @@ STAGE1 = ("frames", "context", "exact_sine", "no_sin_reduce", "degree", "no_alph
           "no_polyphase", "raw_sums", "max_axis")
 
 
-def convert_generator(onnx_path: Path, target: str, out: Path | None, as_json: bool = False) -> int:
+def convert_generator(onnx_path: Path, target: str | list[str], out: Path | None, as_json: bool = False,
+                      toolkit: str | None = None) -> int:
     """Stage 2: compile, gate the simulator against fp32 on a real window (the probe utterance's last),
     write the compiled contract beside the engine."""
     from .producer import SIM_GATE, probe, read_contract
@@ -26,7 +27,7 @@ def convert_generator(onnx_path: Path, target: str, out: Path | None, as_json: b
                 f"rewrites {p['rewrites']}{walk}; {p['weights']}")
 
     return stage2(onnx_path, target, out, describe=describe, remake=read_contract(onnx_path).producer, probe=probe,
-                  gate=SIM_GATE, probed_on="the probe window", as_json=as_json)
+                  gate=SIM_GATE, probed_on="the probe window", as_json=as_json, toolkit=toolkit)
 
 
 def _rewrites(args):
@@ -40,7 +41,7 @@ def _rewrites(args):
 
 def _generator(args) -> int:
     if args.onnx:
-        return convert_generator(args.onnx, args.target, args.out, args.json)
+        return convert_generator(args.onnx, args.target, args.out, args.json, args.toolkit)
     from .producer import graph_name, produce, self_check
 
     frames, context = args.frames or DEFAULT_FRAMES, args.context if args.context is not None else DEFAULT_CONTEXT
@@ -54,7 +55,7 @@ def _generator(args) -> int:
         print(f"gate {row['gate']}: {row['measured']:.1f} dB (threshold {row['threshold']:g} dB)")
     output = produced.save(args.output or Path(graph_name(frames, rw, args.max_axis)))
     print(f"wrote {output}")
-    return 0 if args.skip_rknn else convert_generator(output, args.target, args.out, args.json)
+    return 0 if args.skip_rknn else convert_generator(output, args.target, args.out, args.json, args.toolkit)
 
 
 def _inputs(args) -> int:

@@ -71,10 +71,11 @@ def text_latents(args, path: Path) -> Path:
 def _run(args) -> int:
     import tempfile
 
-    from ...board.run import measure, require_board
+    from ...board.run import measure, pick, require_board
     from ..piper import latents
 
     require_board()  # before reading any input: off a board, that is the one thing to say
+    (args.engine,) = pick(args.engine, "piper_decoder")
     with tempfile.TemporaryDirectory(prefix="rkstudy-text-") as tmp:
         path = Path(args.latents).resolve() if args.latents else text_latents(args, Path(tmp) / "latents.npz")
         lat = latents.load(path)
@@ -87,10 +88,10 @@ def _run(args) -> int:
 
 def add_board(sub) -> None:
     """Register `rkstudy board run piper_decoder`."""
-    from ...cliutil import add_board_run_args
+    from ...cliutil import add_board_run_args, add_engine_arg
 
     p = sub.add_parser("piper_decoder", help="the decoder sidecar on RKNNLite: audio and one results row")
-    p.add_argument("--engine", type=Path, required=True, help="the .rknn (its .contract.json beside it)")
+    add_engine_arg(p)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--latents", type=Path,
                      help="latents written on the host by `rkstudy piper latents --text ... -o latents.npz`")

@@ -18,7 +18,8 @@ def _describe(onnx_path: Path, c) -> str:
             f"{', speaker ' + str(c.params['speaker_dims']) if c.params.get('speaker_dims') else ''}")
 
 
-def convert_decoder(onnx_path: Path, target: str, out: Path | None, remake: str, as_json: bool = False) -> int:
+def convert_decoder(onnx_path: Path, target: str | list[str], out: Path | None, remake: str, as_json: bool = False,
+                    toolkit: str | None = None) -> int:
     """Stage 2 for a windowed decoder (Piper, Inflect): compile, gate the simulator against fp32 on a
     white-noise window (rkstudy.toolkit.convert.ALIVE_GATE), write the compiled contract beside the engine."""
     from .producer import read_contract
@@ -27,16 +28,16 @@ def convert_decoder(onnx_path: Path, target: str, out: Path | None, remake: str,
     if c.state:  # a stateful step (rkstudy piper decoder --stateful): its own probe carries a state
         from ..piper_decoder_stateful.cli import convert_step
 
-        return convert_step(onnx_path, target, out, c.producer, as_json)
+        return convert_step(onnx_path, target, out, c.producer, as_json, toolkit)
     return stage2(onnx_path, target, out, describe=lambda contract: _describe(onnx_path, contract), remake=remake,
-                  probed_on="a white-noise window", as_json=as_json)
+                  probed_on="a white-noise window", as_json=as_json, toolkit=toolkit)
 
 
 def _decoder(args) -> int:
     if args.onnx:
         from .producer import PRODUCER
 
-        return convert_decoder(args.onnx, args.target, args.out, PRODUCER, args.json)
+        return convert_decoder(args.onnx, args.target, args.out, PRODUCER, args.json, args.toolkit)
     if args.stateful:
         from ..piper_decoder_stateful.cli import produce as produce_step
 
@@ -58,7 +59,7 @@ def _decoder(args) -> int:
     output = produced.save(args.output or Path(f"decoder_z_w{produced.contract.window.frames}.onnx"))
     print(f"wrote {output}")
     return 0 if args.skip_rknn else convert_decoder(output, args.target, args.out, produced.contract.producer,
-                                                    args.json)
+                                                    args.json, args.toolkit)
 
 
 def _latents(args) -> int:

@@ -26,10 +26,11 @@ def decode_job(*, contract, engine: Path, cores: str, payload: dict) -> dict:
 
 
 def _run(args) -> int:
-    from ...board.run import measure, require_board
+    from ...board.run import measure, pick, require_board
     from ..piper import latents
 
     require_board()  # before reading any input: off a board, that is the one thing to say
+    (args.engine,) = pick(args.engine, "piper_decoder_stateful", remake=REMAKE)
     lat = latents.load(args.latents)
     measure("piper_decoder_stateful", engine=args.engine,
             job="rkstudy.families.piper_decoder_stateful.board:decode_job",
@@ -41,11 +42,11 @@ def _run(args) -> int:
 
 def add_board(sub) -> None:
     """Register `rkstudy board run piper_decoder_stateful`."""
-    from ...cliutil import add_board_run_args
+    from ...cliutil import add_board_run_args, add_engine_arg
 
     p = sub.add_parser("piper_decoder_stateful",
                        help="the stateful decoder step on RKNNLite: audio and one results row")
-    p.add_argument("--engine", type=Path, required=True, help="the .rknn (its .contract.json beside it)")
+    add_engine_arg(p)
     p.add_argument("--latents", type=Path, required=True,
                    help="latents written on the host by `rkstudy piper latents --text ... -o latents.npz`")
     add_board_run_args(p)

@@ -9,7 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def convert_step(onnx_path: Path, target: str, out: Path | None, remake: str, as_json: bool = False) -> int:
+def convert_step(onnx_path: Path, target: str | list[str], out: Path | None, remake: str, as_json: bool = False,
+                 toolkit: str | None = None) -> int:
     """Stage 2 for a stateful step: compile, gate the simulator against fp32 on a white-noise step with
     zero state and on one with the state the fp32 graph carried (rkstudy.toolkit.convert.ALIVE_GATE), write the
     compiled contract beside the engine."""
@@ -24,7 +25,7 @@ def convert_step(onnx_path: Path, target: str, out: Path | None, remake: str, as
 
     return stage2(onnx_path, target, out, describe=describe, remake=remake,
                   probe=lambda c: state_probe(onnx_path, c), probed_on="a white-noise step, zero and carried state",
-                  as_json=as_json)
+                  as_json=as_json, toolkit=toolkit)
 
 
 def produce(args, producer: str) -> int:
@@ -45,4 +46,5 @@ def produce(args, producer: str) -> int:
           f"{row['threshold']} dB, fp32)")
     output = produced.save(args.output or Path(f"decoder_step_e{p['emit']}.onnx"))
     print(f"wrote {output}")
-    return 0 if args.skip_rknn else convert_step(output, args.target, args.out, produced.contract.producer, args.json)
+    return 0 if args.skip_rknn else convert_step(output, args.target, args.out, produced.contract.producer, args.json,
+                                                    args.toolkit)

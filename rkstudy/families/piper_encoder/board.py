@@ -49,29 +49,30 @@ def ladder_job(*, contract, engine: Path, cores: str, payload: dict) -> dict:
 
 
 def _run(args) -> int:
-    from ...board.run import measure, require_board
+    from ...board.run import measure, pick, require_board
     from ...contract import for_engine
     from ..piper import latents
 
     require_board()
     lat = latents.load(args.latents)
-    first = sorted(args.engine, key=lambda p: for_engine(p, family="piper_encoder").params["width"])
+    rungs = pick(args.engine, "piper_encoder", several=True)
+    first = sorted(rungs, key=lambda p: for_engine(p, family="piper_encoder").params["width"])
+    # every rung is checked before the child starts (SoC, source, runtime), not only the first
     measure("piper_encoder", engine=first[0], job="rkstudy.families.piper_encoder.board:ladder_job",
             payload={"latents": str(Path(args.latents).resolve()), "engines": [str(Path(p).resolve()) for p in first],
                      "fallback": str(Path(args.fallback).resolve()) if args.fallback else None},
             cores=args.cores, outputs_out=args.outputs, results_dir=args.results, source_sha256=lat.source["sha256"],
             extra={"widths": ",".join(str(for_engine(p).params["width"]) for p in first),
-                   "chunks": len(lat.ids), "tokens": sum(len(i) for i in lat.ids)})
+                   "chunks": len(lat.ids), "tokens": sum(len(i) for i in lat.ids)}, also=first[1:])
     return 0
 
 
 def add_board(sub) -> None:
     """Register `rkstudy board run piper_encoder`."""
-    from ...cliutil import add_board_run_args
+    from ...cliutil import add_board_run_args, add_engine_arg
 
     p = sub.add_parser("piper_encoder", help="the encoder ladder on RKNNLite: per-chunk timings, one results row")
-    p.add_argument("--engine", type=Path, action="append", required=True,
-                   help="a ladder rung (.rknn with its .contract.json); repeat per width")
+    add_engine_arg(p, "a ladder rung (.rknn with its .contract.json)", rungs=True)
     p.add_argument("--latents", type=Path, required=True,
                    help="the file `rkstudy piper latents` writes (its phoneme ids are the chunks)")
     p.add_argument("--fallback", type=Path, help="the fp32 encoder slice for chunks above the widest rung")

@@ -16,7 +16,8 @@ PRODUCER = ("rkstudy piper encoder --voice-onnx <voice.onnx> --frames N [--relsh
 RELSHIFT_MODES = ("gather", "banded")  # rkstudy.graph.relshift.MODES (not imported: argparse only here)
 
 
-def convert_encoder(onnx_path: Path, target: str, out: Path | None, as_json: bool = False) -> int:
+def convert_encoder(onnx_path: Path, target: str | list[str], out: Path | None, as_json: bool = False,
+                    toolkit: str | None = None) -> int:
     """Stage 2: compile, gate the simulator against fp32 on token probes, write the contract."""
     from .producer import SIM_GATE, probe
 
@@ -25,12 +26,12 @@ def convert_encoder(onnx_path: Path, target: str, out: Path | None, as_json: boo
                 f"cond {c.params['cond_channels']} channels")
 
     return stage2(onnx_path, target, out, describe=describe, remake=PRODUCER, probe=probe, gate=SIM_GATE,
-                  probed_on="token probes", as_json=as_json)
+                  probed_on="token probes", as_json=as_json, toolkit=toolkit)
 
 
 def _cmd(args) -> int:
     if args.onnx:
-        return convert_encoder(args.onnx, args.target, args.out, args.json)
+        return convert_encoder(args.onnx, args.target, args.out, args.json, args.toolkit)
     if args.frames is None:
         raise UsageError("give --frames N (the token width) to produce an encoder slice, or "
                          "--onnx ENC.onnx to convert one")
@@ -50,7 +51,7 @@ def _cmd(args) -> int:
     for row in pad_safety(voice, product) + rewrite_check(voice, product):
         print(json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items()}))
     print(f"wrote {product.path}")
-    return 0 if args.skip_rknn else convert_encoder(product.path, args.target, args.out, args.json)
+    return 0 if args.skip_rknn else convert_encoder(product.path, args.target, args.out, args.json, args.toolkit)
 
 
 def add_cli(piper_sub) -> None:

@@ -17,4 +17,5 @@ from .. import Family, register
 FAMILY = register(Family(
     name="port", title="your own conv vocoder ONNX: lint, fold, window plan, stateful step, build, board run",
     notebook="07_port_your_model.ipynb", command=("port", "build"),
-    cli="rkstudy.families.port.cli:add_cli", board="rkstudy.families.port.board:add_board"))
+    cli="rkstudy.families.port.cli:add_cli", board="rkstudy.families.port.board:add_board",
+    stage2="rkstudy port build --onnx <{graph}> --inputs <inputs.npz>"))

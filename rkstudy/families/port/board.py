@@ -39,9 +39,10 @@ def decode_job(*, contract, engine: Path, cores: str, payload: dict) -> dict:
 
 
 def _run(args) -> int:
-    from ...board.run import measure, require_board
+    from ...board.run import measure, pick, require_board
 
     require_board()  # before reading any input: off a board, that is the one thing to say
+    (args.engine,) = pick(args.engine, "port")
     if not Path(args.inputs).is_file():
         from ...errors import UsageError
 
@@ -54,10 +55,10 @@ def _run(args) -> int:
 
 def add_board(sub) -> None:
     """Register `rkstudy board run port`."""
-    from ...cliutil import add_board_run_args
+    from ...cliutil import add_board_run_args, add_engine_arg
 
     p = sub.add_parser("port", help="a `rkstudy port` engine on RKNNLite over your inputs: outputs and one row")
-    p.add_argument("--engine", type=Path, required=True, help="the .rknn (its .contract.json beside it)")
+    add_engine_arg(p)
     p.add_argument("--inputs", type=Path, required=True, help=".npz of inputs by input name, as for `rkstudy port`")
     add_board_run_args(p, audio_help="write the first walked output here (16-bit WAV)")
     p.set_defaults(func=_run)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ...cliutil import command_line, positive
+from ...cliutil import add_target_arg, add_toolkit_arg, command_line, positive
 from ...contract import TARGETS
 
 SNR_TARGETS = (60.0, 80.0, 100.0)
@@ -74,15 +74,17 @@ def _step(args) -> int:
 
 
 def _all(args) -> int:
-    """lint, fold, step (or the reason there is none), then build and gate each graph for --target."""
+    """lint (for each --target: the register field is the target's), fold, step (or the reason there is none),
+    then build and gate each graph for every --target, one engine and contract per SoC."""
     from ...graph.delays import NotStreamable
     from ...lint import lint
 
     port = _port(args)
-    report = lint(port.path, {k: list(v) for k, v in port.shapes(args.frames).items()}, target=args.target)
-    print(report.text())
-    if report.exit_code:
-        return report.exit_code
+    for target in args.target:
+        report = lint(port.path, {k: list(v) for k, v in port.shapes(args.frames).items()}, target=target)
+        print(report.text())
+        if report.exit_code:
+            return report.exit_code
     out = args.out_dir or Path(".")
     out.mkdir(parents=True, exist_ok=True)
     emit = args.emit or args.frames
@@ -92,7 +94,7 @@ def _all(args) -> int:
     except NotStreamable as exc:
         print(f"no stateful step: {exc}")
     for path in [] if args.skip_rknn else graphs:
-        _build_graph(path, args.inputs, args.target, None)
+        _build_graph(path, args.inputs, args.target, None, args.toolkit)
     return 0
 
 
@@ -128,7 +130,8 @@ def _plan(args) -> int:
     return 0
 
 
-def _build_graph(onnx_path: Path, inputs: Path, target: str, out: Path | None) -> int:
+def _build_graph(onnx_path: Path, inputs: Path, target: str | list[str], out: Path | None,
+                 toolkit: str | None = None) -> int:
     from ...cliutil import stage2
     from .producer import read_contract
     from .sidecar import input_names, load_inputs
@@ -146,11 +149,11 @@ def _build_graph(onnx_path: Path, inputs: Path, target: str, out: Path | None) -
 
     return stage2(onnx_path, target, out, describe=describe, remake=c.producer,
                   probe=lambda contract: probe(onnx_path, contract),
-                  probed_on=f"your inputs ({len(utterances)} utterance(s), full length)")
+                  probed_on=f"your inputs ({len(utterances)} utterance(s), full length)", toolkit=toolkit)
 
 
 def _build(args) -> int:
-    return _build_graph(args.onnx, args.inputs, args.target, args.out)
+    return _build_graph(args.onnx, args.inputs, args.target, args.out, args.toolkit)
 
 
 def _model_args(p) -> None:
@@ -198,20 +201,23 @@ def add_cli(sub) -> None:
     st.add_argument("--save", type=Path, help="the step ONNX to write (default <model>_step_e<frames>.onnx)")
     st.set_defaults(func=_step)
 
-    al = sub.add_parser("all", help="lint, fold, step, then build and gate each for --target over your inputs")
+    al = sub.add_parser("all", help="lint, fold, step, then build and gate each for every --target over your inputs")
     _model_args(al)
     al.add_argument("--inputs", type=Path, required=True, help=".npz of real inputs by input name")
     al.add_argument("--context", type=int, help="context frames each side of the window (default frames / 4)")
     al.add_argument("--emit", type=positive, help="frames per stateful step (default --frames)")
-    al.add_argument("--target", choices=TARGETS, default="rk3588")
+    add_target_arg(al)
     al.add_argument("--out-dir", type=Path, help="where the graphs and engines go (default here)")
     al.add_argument("--skip-rknn", action="store_true", help="the graphs only, no builds")
+    add_toolkit_arg(al)
     al.set_defaults(func=_all)
 
     bu = sub.add_parser("build", help="compile a produced window or step, gate the simulator against fp32 on "
                         "your full-length inputs, write the contract beside the engine")
     bu.add_argument("--onnx", type=Path, required=True, help="a graph made by `rkstudy port fold` or `port step`")
     bu.add_argument("--inputs", type=Path, required=True, help=".npz of real inputs by input name")
-    bu.add_argument("--target", choices=TARGETS, default="rk3588")
-    bu.add_argument("--out", type=Path, help="engine path (default beside the graph)")
+    add_target_arg(bu)
+    bu.add_argument("--out", type=Path, help="engine path, or with several targets the folder they go to "
+                    "(default beside the graph)")
+    add_toolkit_arg(bu)
     bu.set_defaults(func=_build)

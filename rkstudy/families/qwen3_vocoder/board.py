@@ -70,32 +70,29 @@ def decode_job(*, contract, engine: Path, cores: str, payload: dict) -> dict:
 
 
 def _run(args) -> int:
-    from ...board.run import measure, require_board
+    from ...board.run import measure, pick, require_board
     from ...errors import UsageError
 
     require_board()  # before reading any input: off a board, that is the one thing to say
     if args.mode == "streaming" and args.first is None:
         raise UsageError("--mode streaming runs the first group on the 16-token engine: pass --first ENGINE.rknn")
-    if args.first is not None:  # checked here too, so a wrong first engine is one line, not a child's error
-        from ...board import sysfs
-        from ...contract import for_engine
-
-        for_engine(args.first, family=FAMILY, soc=sysfs.soc(), remake=REMAKE)
+    (args.engine,) = pick(args.engine, FAMILY, remake=REMAKE)
     payload = {"codes": str(Path(args.codes).resolve()) if args.codes else None, "tokens": args.tokens,
                "seed": args.seed, "mode": args.mode, "event": args.event,
                "first": str(Path(args.first).resolve()) if args.first else None}
     measure(FAMILY, engine=args.engine, job="rkstudy.families.qwen3_vocoder.board:decode_job", payload=payload,
             cores=args.cores, audio_out=args.audio, outputs_out=args.outputs, results_dir=args.results,
-            extra={"codes": Path(args.codes).name if args.codes else f"random seed {args.seed}"}, remake=REMAKE)
+            extra={"codes": Path(args.codes).name if args.codes else f"random seed {args.seed}"}, remake=REMAKE,
+            also=[args.first] if args.first else [])  # the first engine checked too: one line, not a child's error
     return 0
 
 
 def add_board(sub) -> None:
     """Register `rkstudy board run qwen3_vocoder`."""
-    from ...cliutil import add_board_run_args, positive
+    from ...cliutil import add_board_run_args, add_engine_arg, positive
 
     p = sub.add_parser(FAMILY, help="the Qwen3 vocoder step engines on RKNNLite: offline or 16+64 streaming")
-    p.add_argument("--engine", type=Path, required=True, help="the main (64-token) .rknn, its .contract.json beside it")
+    add_engine_arg(p, "the main (64-token) .rknn, its .contract.json beside it")
     p.add_argument("--first", type=Path, help="the first-group (16-token) .rknn, for --mode streaming")
     p.add_argument("--mode", choices=("offline", "streaming"), default="offline")
     p.add_argument("--codes", type=Path, help="codes [16, T] int64 (.npy); default: seeded random codes")

@@ -10,7 +10,8 @@ from pathlib import Path
 from ...cliutil import add_stage_args, positive, refuse_mixed, stage2
 
 
-def convert_step(onnx_path: Path, target: str, out: Path | None, as_json: bool = False) -> int:
+def convert_step(onnx_path: Path, target: str | list[str], out: Path | None, as_json: bool = False,
+                 toolkit: str | None = None) -> int:
     """Stage 2: read the step contract back out of the graph (restating nothing), compile, gate the
     simulator against fp32 on a zeroed-cache step and on a carried-cache step, write the compiled
     contract beside the engine."""
@@ -24,12 +25,12 @@ def convert_step(onnx_path: Path, target: str, out: Path | None, as_json: bool =
 
     return stage2(onnx_path, target, out, describe=describe, remake=read_contract(onnx_path).producer,
                   probe=lambda contract: state_probe(onnx_path, contract), gate=SIM_GATE,
-                  probed_on="a zeroed and a carried cache", as_json=as_json)
+                  probed_on="a zeroed and a carried cache", as_json=as_json, toolkit=toolkit)
 
 
 def _cmd(args) -> int:
     if args.onnx:
-        return convert_step(args.onnx, args.target, args.out, args.json)
+        return convert_step(args.onnx, args.target, args.out, args.json, args.toolkit)
     from .producer import predict_abort, produce
     from .study import self_check
 
@@ -45,7 +46,7 @@ def _cmd(args) -> int:
     print(f"self-check: stepwise ({row['schedule']}) vs one full decode {row['measured']:.1f} dB "
           f"(gate {row['threshold']} dB, torch fp32)")
     print(f"wrote {product.path}")
-    return 0 if args.skip_rknn else convert_step(product.path, args.target, args.out, args.json)
+    return 0 if args.skip_rknn else convert_step(product.path, args.target, args.out, args.json, args.toolkit)
 
 
 def add_cli(group_sub) -> None:

@@ -21,17 +21,32 @@ extension; tests/test_board_double.py compares them with the wheel when it is pr
   contract's `shapes` (librknnrt reads them from the engine); the code it names, RKNN_ERR_INPUT_INVALID,
   is its own choice (the wheel holds the message, not the code).
 
+* librknnrt's own lines beside the module's log, written by the C library at rknn_init (the double
+  writes them to stderr too): its version and the driver's ("I RKNN: [21:32:53.643] RKNN Runtime
+  Information: librknnrt version: 1.3.0 (c193be371@2022-05-04T20:16:33)", "RKNN Driver Information:
+  version: 0.7.2"), and, for an engine of a newer rknn-toolkit2 than the runtime, "6, 1", "Invalid RKNN
+  model version 6" and "rknn_init, load model failed!", after which init_runtime logs "Catch exception
+  when init runtime!" and the traceback ending "Exception: RKNN init failed. error code: RKNN_ERR_FAIL" and
+  returns -1. Those lines are from airockchip/rknn-toolkit2#254 and #281 (librknnrt 1.3.0 and 1.4.0,
+  "6, 1", RKNN_ERR_FAIL) and rockchip-linux/rknn-toolkit2#316 (librknnrt 1.5.0, "6, 4",
+  RKNN_ERR_MODEL_INVALID); the double follows #316 for a runtime of 1.5 or later and the other two
+  below it, for any runtime older than the toolkit the contract names (what a 2.3.x runtime prints for a
+  2.5.0 engine was not recorded anywhere this double could read).
+
 Instead of an NPU: init_runtime serves the ONNX the engine was compiled from, found through the engine's
 stage contract (`<engine>.contract.json`, beside the engine or in $RKNNLITE_REPLAY_ONNX_DIR, checked by
-sha256), with onnxruntime; the SoC is the one the recorded board tree under $RKSTUDY_SYSROOT names.
-`RKNNLITE_REPLAY_INIT_CODE=-4` makes librknnrt refuse every init with that code. `IS_TEST_DOUBLE` tells
-rkstudy's BoardRunner to label its rows `replay`. Used only by tests.
+sha256), with onnxruntime; the SoC, the driver and librknnrt (its version string) are the ones the recorded
+board tree under $RKSTUDY_SYSROOT holds. `RKNNLITE_REPLAY_INIT_CODE=-4` makes librknnrt refuse every init
+with that code; `RKNNLITE_REPLAY_INIT_SECONDS=N` makes every init take N seconds (an interrupted run).
+`IS_TEST_DOUBLE` tells rkstudy's BoardRunner to label its rows `replay`. Used only by tests.
 """
 
 import hashlib
 import json
 import os
+import re
 import sys
+import time
 import traceback
 
 import numpy as np
@@ -59,6 +74,12 @@ DOWNLOAD_LIBRARY = ("Please download the librknnrt.so from https://github.com/ai
 # numpy dtypes the runtime maps to tensor types (the names in its extension's strings)
 INPUT_DTYPES = ("float32", "float16", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "bool")
 MULTI_CORE = ("rk3588", "rk3576")
+# librknnrt's lines at rknn_init (the C library's, not the wheel's: see the module docstring for where from)
+C_RUNTIME_INFO = "RKNN Runtime Information: librknnrt version: {}"
+C_DRIVER_INFO = "RKNN Driver Information: version: {}"
+C_MODEL_VERSION = "Invalid RKNN model version {}"
+C_LOAD_FAILED = "rknn_init, load model failed!"
+MODEL_VERSION = 6  # the engine format rknn-toolkit2 2.x writes, as those runtimes named it
 
 
 def _log(level, message):
@@ -80,22 +101,66 @@ def _board_soc():
     return plain[0].replace("rk3588s", "rk3588") if plain else None
 
 
-def _librknnrt_present():
-    """$LIBRKNNRT_PATH or /usr/lib/librknnrt.so (in the recorded tree), where the runtime looks."""
+def _c_log(level, message):
+    """A line librknnrt itself writes: "E RKNN: [hh:mm:ss.mmm] <message>"."""
+    stamp = time.strftime("%H:%M:%S") + f".{int(time.time() * 1000) % 1000:03d}"
+    sys.stderr.write(f"{level} RKNN: [{stamp}] {message}\n")
+    sys.stderr.flush()
+
+
+def _release(text):
+    m = re.search(r"(\d+)\.(\d+)\.(\d+)", text or "")
+    return tuple(int(g) for g in m.groups()) if m else None
+
+
+def _librknnrt():
+    """The version string of the librknnrt at $LIBRKNNRT_PATH or /usr/lib/librknnrt.so (in the recorded
+    tree), where the runtime looks ("unknown" without one), or None when there is no file there."""
     root = os.environ.get("RKSTUDY_SYSROOT", "/")
     given = os.environ.get("LIBRKNNRT_PATH")
-    return os.path.isfile(os.path.join(root, (given or "/usr/lib/librknnrt.so").lstrip("/")))
+    try:
+        with open(os.path.join(root, (given or "/usr/lib/librknnrt.so").lstrip("/")), "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return None
+    m = re.search(rb"librknnrt version: ([^\x00\n]+)", data)
+    return m.group(1).decode(errors="replace").strip() if m else "unknown"
+
+
+def _driver():
+    """The rknpu driver's version as the tree's debugfs or module file says it, or None."""
+    root = os.environ.get("RKSTUDY_SYSROOT", "/")
+    for path in ("sys/kernel/debug/rknpu/version", "sys/module/rknpu/version"):
+        try:
+            with open(os.path.join(root, path), encoding="utf-8", errors="replace") as fh:
+                m = re.search(r"(\d+\.\d+\.\d+)", fh.read())
+        except OSError:
+            continue
+        if m:
+            return m.group(1)
+    return None
 
 
 class _ReplayRuntime:
     """What RKNNRuntime stands for: the engine's ONNX served by onnxruntime."""
 
-    def __init__(self, onnx_bytes, soc):
-        if not _librknnrt_present():
+    def __init__(self, onnx_bytes, soc, toolkit=None):
+        runtime = _librknnrt()
+        if runtime is None:
             for line in ("*" * 50, MISSING_IN_CONTAINER.format("/usr/lib/librknnrt.so"), "!!! Please put it into "
                          "/usr/lib/ directory.", "*" * 50):
                 _log("W", line)
             raise Exception(NO_LIBRARY.format((soc or "unknown").upper()) + "\n" + DOWNLOAD_LIBRARY)
+        time.sleep(float(os.environ.get("RKNNLITE_REPLAY_INIT_SECONDS") or 0))
+        _c_log("I", C_RUNTIME_INFO.format(runtime))
+        _c_log("I", C_DRIVER_INFO.format(_driver() or "unknown"))
+        built, rt = _release(toolkit), _release(runtime)
+        if built and rt and rt < built:  # an engine of a newer toolkit: rknn_init refuses its model version
+            modern = rt >= (1, 5, 0)
+            _c_log("E", f"{MODEL_VERSION}, {4 if modern else 1}")
+            _c_log("E", C_MODEL_VERSION.format(MODEL_VERSION))
+            _c_log("E", C_LOAD_FAILED)
+            raise Exception(INIT_FAILED.format(ERROR_NAMES[-6 if modern else -1]))
         code = os.environ.get("RKNNLITE_REPLAY_INIT_CODE")
         if code:
             raise Exception(INIT_FAILED.format(ERROR_NAMES.get(int(code), code)))
@@ -135,6 +200,7 @@ class RKNNLite:
         self.rknn_runtime = None
         self._path = None
         self._shape_sets = []
+        self._toolkit = None
 
     def load_rknn(self, path, key_path=None):
         """success: 0, failure: -1 (a missing or unreadable file; the engine is checked at init_runtime)."""
@@ -156,6 +222,7 @@ class RKNNLite:
         except (OSError, ValueError, KeyError, TypeError):
             return None
         self._shape_sets = [[tuple(x) for x in one] for one in contract.get("shapes") or []]
+        self._toolkit = contract.get("toolkit")
         folders = [os.environ["RKNNLITE_REPLAY_ONNX_DIR"]] if os.environ.get("RKNNLITE_REPLAY_ONNX_DIR") else []
         for folder in folders + [os.path.dirname(os.path.abspath(self._path))]:
             candidate = os.path.join(folder, onnx_digest["file"])
@@ -174,7 +241,8 @@ class RKNNLite:
         if self.rknn_runtime is not None:
             self.release()
         try:
-            self.rknn_runtime = _ReplayRuntime(self._onnx(), _board_soc())
+            onnx_bytes = self._onnx()
+            self.rknn_runtime = _ReplayRuntime(onnx_bytes, _board_soc(), self._toolkit)
         except Exception:
             _log("E", "Catch exception when init runtime!")
             _log("E", traceback.format_exc())
