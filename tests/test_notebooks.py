@@ -25,7 +25,18 @@ EXPECT = {
         "simulator vs fp32 on the probe, rk3566": (40, math.inf),
         "REGTASK lines, Conv1d at 32768 frames, rk3588": (10, 1000),
         "REGTASK lines, Conv1d at 32768 frames, rk3566": (0, 0),
-        "simulator vs fp32, worst over the sweep": (40, math.inf)}),
+        "simulator vs fp32, worst over the sweep": (40, math.inf),
+        # how to read a perceptual score (quick: the `phone` sentence, 4.4 s): measured 2026-12-03 at PESQ-WB 4.642,
+        # STOI 1.000, log-mel 0.09 dB (fp16); PESQ-WB 1.82 (int8); 1.52 and STOI 0.919 (white noise 20 and 10 dB);
+        # DNSMOS OVRL 3.33 (fp32) and 2.21 (white noise 10 dB)
+        "perceptual: PESQ-WB, fp16 engine vs fp32 (rk3588 simulator)": (4.4, 4.65),
+        "perceptual: STOI, fp16 engine vs fp32 (rk3588 simulator)": (0.995, 1.0),
+        "perceptual: log-mel distance, fp16 engine vs fp32 (rk3588 simulator)": (0.0, 0.5),
+        "perceptual: PESQ-WB, int8 w8a8 engine vs fp32 (rk3588 simulator)": (1.04, 3.0),
+        "perceptual: PESQ-WB, white noise 20 dB": (1.3, 1.8),
+        "perceptual: STOI, white noise 10 dB": (0.85, 0.96),
+        "perceptual: DNSMOS OVRL, fp32 reference": (2.8, 3.8),
+        "perceptual: DNSMOS OVRL, white noise 10 dB": (1.7, 2.7)}),
     "piper_decoder": ("01_piper_decoder.ipynb", {
         "interior window SNR at 93 frames, worst (fp32)": (60, math.inf),
         "tail window 47 frames with the decoder mask (fp32)": (100, math.inf),
