@@ -231,8 +231,9 @@ def stoi(ref, test, rate: int) -> float:
     the frames 40 dB below the reference's loudest). It correlates short-time band envelopes, so it does
     not realign: a delay of a few milliseconds barely moves it, one of tens of milliseconds does.
 
-    Refused (ValueError): renders of different lengths, a silent reference, and a reference with fewer than
-    30 voiced frames (384 ms of speech after silence removal; pystoi would return 1e-5 with a warning). A
+    Refused (ValueError): renders of different lengths, a silent reference. A reference with fewer than 30
+    voiced frames (384 ms of speech after silence removal: a one-word utterance such as "Hello." can be one)
+    has no STOI and scores NaN (pystoi would return 1e-5 with a warning, a number that looks measured). A
     silent test render scores 0.
     """
     taal_stoi = _host_module("pystoi", "pystoi==0.4.1").stoi
@@ -241,8 +242,7 @@ def stoi(ref, test, rate: int) -> float:
         warnings.simplefilter("always")
         score = float(taal_stoi(ref, test, int(rate)))
     if any("Not enough STFT frames" in str(w.message) for w in caught):
-        raise ValueError(f"STOI needs at least {STOI_FRAMES} voiced frames (~0.4 s of speech) in the reference; "
-                         f"this one has fewer ({ref.size / rate:.3f} s in all): score the whole utterance")
+        return float("nan")
     return score
 
 
@@ -339,13 +339,16 @@ def dnsmos(x, rate: int, threads: int | None = None) -> dict[str, float]:
     by the audio's bytes, so a reference scored beside many test renders runs once.
 
     Absolute: it says how much a render sounds like clean speech, so it means something only for a
-    model that speaks (random weights make noise, and its score is about that noise).
+    model that speaks (random weights make noise, and its score is about that noise). A silent render
+    (every sample zero: a decode that lost everything) scores NaN; an empty one or NaN samples are refused.
     """
     x = np.asarray(x, dtype=np.float64).ravel()
     if int(rate) != rate or rate <= 0:
         raise ValueError(f"DNSMOS: sample rate must be a positive integer in Hz, got {rate!r}")
-    if x.size == 0 or not np.any(x):
-        raise ValueError("DNSMOS: the render is empty or silent; there is no speech to score")
+    if x.size == 0:
+        raise ValueError("DNSMOS: the render is empty; there is nothing to score")
+    if not np.any(x):
+        return dict.fromkeys(DNSMOS_COLUMNS, float("nan"))
     if not np.all(np.isfinite(x)):
         raise ValueError("DNSMOS: the render holds NaN or inf samples (count them with nonfinite_count)")
     audio = np.clip(resample(x, int(rate), PESQ_RATE), -1.0, 1.0).astype(np.float32)
@@ -375,10 +378,11 @@ def perceptual(ref, test, rate: int, absolute: bool = True, threads: int | None 
     dnsmos_ovrl of the test render and dnsmos_ovrl_ref of the reference (DNSMOS P.835 overall, no reference).
 
     Put it beside the pair's SNR (`compare` or `snr_db`) wherever two renders of speech are compared, on
-    whole utterances: PESQ needs 0.25 s and STOI ~0.4 s of speech, and a window's scores belong to the
-    utterance it is part of. Cost on one core of this project's 2-core host: PESQ ~15 ms, STOI ~10 ms and the
-    log-mel distance ~5 ms per second of audio; DNSMOS ~0.4 s per 9 s segment it scores, so 2.6-3 s for any
-    clip under 9 s and up to ~0.25 s per second of a longer one (the reference's score is remembered).
+    whole utterances: PESQ needs 0.25 s (shorter is refused) and STOI ~0.4 s of voiced speech (less scores
+    NaN), and a window's scores belong to the utterance it is part of. Cost on one core of this project's
+    2-core host: PESQ ~15 ms, STOI ~10 ms and the log-mel distance ~5 ms per second of audio; DNSMOS ~0.4 s
+    per 9 s segment it scores: a clip under 9 s is doubled to 9-18 s (1 to 9 segments, 0.4-3.5 s), a longer
+    one costs up to ~0.4 s per second (the reference's score is remembered).
     `absolute=False` leaves out DNSMOS, for a model with random weights whose output is not speech. Errors as
     each scorer's.
     """

@@ -182,13 +182,12 @@ def test_different_lengths_are_refused_like_snr():
             score(x, x[:-1], RATE)
 
 
-def test_too_short_clips_are_refused_naming_the_minimum():
+def test_too_short_clips_are_refused_or_score_nan():
     x = voiced(0.2)
     with pytest.raises(ValueError, match="at least 0.25 s"):
         gates.pesq_wb(x, x, RATE)
     y = voiced(0.3)
-    with pytest.raises(ValueError, match="30 voiced frames"):
-        gates.stoi(y, y, RATE)
+    assert math.isnan(gates.stoi(y, y, RATE))  # under STOI's 30 voiced frames: no score, not pystoi's 1e-5
 
 
 def test_silence():
@@ -198,8 +197,11 @@ def test_silence():
     for score in (gates.pesq_wb, gates.stoi, gates.log_mel_distance):
         with pytest.raises(ValueError, match="reference render is silent"):
             score(quiet, x, RATE)
-    with pytest.raises(ValueError, match="silent"):
-        gates.dnsmos(quiet, RATE)
+    assert all(math.isnan(v) for v in gates.dnsmos(quiet, RATE).values())
+    row = gates.perceptual(x, quiet, RATE)  # a decode that lost everything is a row, not a crash
+    assert row["pesq_wb"] == gates.PESQ_WB_MIN and row["stoi"] == 0.0 and math.isnan(row["dnsmos_ovrl"])
+    with pytest.raises(ValueError, match="empty"):
+        gates.dnsmos(np.zeros(0), RATE)
 
 
 def test_non_finite_renders_are_refused():
