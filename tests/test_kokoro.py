@@ -215,6 +215,9 @@ def test_a_walk_replays_the_windows_one_build_recorded(model, short):
     walk = next(r for r in rows if r["reference"] == "fp32 walk")
     assert walk["gen_snr_db"] > 120 and (walk["where"], walk["target"]) == ("simulator", "rk3588")
     assert walk["sim_s_per_window"] == 0.5
+    # the utterance rows carry what a listener would judge: the replayed walk is the fp32 walk
+    assert walk["pesq_wb"] == pytest.approx(4.644, abs=1e-3) and walk["log_mel_db"] < 1e-3
+    assert walk["dnsmos_ovrl"] == pytest.approx(walk["dnsmos_ovrl_ref"], abs=1e-3)
 
 
 def test_an_int16_row_keeps_the_toolkits_refusal_and_counts_what_ran():
