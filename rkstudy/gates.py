@@ -4,12 +4,21 @@ Every NPU number in this project is a tolerance against a CPU reference, never a
 the fp16 engines differ from fp32 (and, on RK3588, per NPU core), so a gate is a metric plus a
 threshold, and its measured value is recorded next to the threshold whether it passes or not.
 
-Board side: numpy only.
+Two renders of speech are scored twice: by SNR (rkstudy.gates.snr_db: where the samples differ) and by what
+a listener would judge (rkstudy.gates.perceptual: PESQ wide-band, STOI, a log-mel distance and DNSMOS P.835),
+because a waveform SNR penalises a delay or a phase change nobody hears and can pass a buzz everybody does.
+
+Board side: numpy only at import time. The perceptual scorers import pesq, pystoi, scipy and onnxruntime
+inside the functions (host packages of the converter extra; a board never scores).
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
+import warnings
 from dataclasses import dataclass
+from math import exp, gcd
 
 import numpy as np
 
@@ -122,6 +131,266 @@ def compare(ref, test, sample_rate: int | None = None) -> dict[str, float]:
            "rms_ratio": rms_ratio(ref, test)}
     if sample_rate:
         row["envelope_corr"] = envelope_corr(ref, test, sample_rate)
+    return row
+
+
+# --- perceptual scores: what a listener would judge ----------------------------------------------
+# Every pair of speech renders a study compares carries these columns beside its SNR, named once here.
+# PESQ, STOI and the log-mel distance score `test` against `ref`; DNSMOS scores one render on its own
+# (no reference), for the test render and for the reference itself.
+RELATIVE_COLUMNS = ("pesq_wb", "stoi", "log_mel_db")
+ABSOLUTE_COLUMNS = ("dnsmos_ovrl", "dnsmos_ovrl_ref")
+PERCEPTUAL_COLUMNS = RELATIVE_COLUMNS + ABSOLUTE_COLUMNS
+DNSMOS_COLUMNS = ("dnsmos_sig", "dnsmos_bak", "dnsmos_ovrl")  # what dnsmos() returns for one render
+
+PESQ_RATE = 16000  # PESQ wide-band (ITU-T P.862.2) and DNSMOS are defined at 16 kHz only
+
+
+def _pesq_mos_lqo(raw: float) -> float:
+    # P.862.2's mapping from the raw PESQ score (-0.5 .. 4.5) to MOS-LQO
+    return 0.999 + 4.0 / (1.0 + exp(-1.3669 * raw + 3.8224))
+
+
+PESQ_WB_MAX = _pesq_mos_lqo(4.5)   # 4.644: identical signals
+PESQ_WB_MIN = _pesq_mos_lqo(-0.5)  # 1.043: the scale's floor, returned for a silent test render
+PESQ_MIN_SECONDS = 0.25            # shorter buffers the ITU code refuses
+STOI_FRAMES = 30                   # STOI's 384 ms intermediate window: 30 frames of 128 samples at 10 kHz
+LOG_MEL_BANDS = 80
+LOG_MEL_FLOOR_DB = -80.0           # below the reference's loudest mel bin, both renders are floored here
+
+
+def _host_module(name: str, dist: str):
+    """`name` imported, or one error naming the converter extra that installs `dist`."""
+    import importlib
+
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as missing:
+        if missing.name != name.split(".")[0]:
+            raise
+        raise ModuleNotFoundError(f"the perceptual scores need {dist}: pip install -e '.[converter]' "
+                                  f"(or make venv)", name=missing.name) from None
+
+
+def _perceptual_pair(ref, test, rate: int, who: str) -> tuple[np.ndarray, np.ndarray]:
+    ref, test = _pair(ref, test)
+    if int(rate) != rate or rate <= 0:
+        raise ValueError(f"{who}: sample rate must be a positive integer in Hz, got {rate!r}")
+    if not (np.all(np.isfinite(ref)) and np.all(np.isfinite(test))):
+        raise ValueError(f"{who}: a render holds NaN or inf samples (count them with nonfinite_count); "
+                         "a perceptual score of a broken render means nothing")
+    if not np.any(ref):
+        raise ValueError(f"{who}: the reference render is silent; there is nothing to score against")
+    return ref, test
+
+
+def resample(x, rate: int, to: int) -> np.ndarray:
+    """`x` at `rate` resampled to `to` Hz by polyphase filtering (scipy.signal.resample_poly, the ratio
+    reduced: 22050 -> 16000 is up 320, down 441; 24000 -> 16000 is up 2, down 3). Host only (scipy)."""
+    resample_poly = _host_module("scipy.signal", "scipy").resample_poly
+    x = np.asarray(x, dtype=np.float64).ravel()
+    if rate == to:
+        return x
+    g = gcd(int(rate), int(to))
+    return resample_poly(x, int(to) // g, int(rate) // g)
+
+
+def pesq_wb(ref, test, rate: int) -> float:
+    """PESQ wide-band (ITU-T P.862.2, MOS-LQO from PESQ_WB_MIN 1.04 to PESQ_WB_MAX 4.64) of `test`
+    against `ref`, both at `rate` Hz, through the `pesq` package (the ITU reference code).
+
+    P.862.2 is defined at 16 kHz, so both renders are resampled to 16 kHz first (`resample`: the
+    Piper voices' 22050 Hz and Kokoro's and Qwen3's 24 kHz lose their band above 8 kHz; PESQ never
+    hears it, the log-mel distance does). PESQ aligns the two renders in time and level itself, so a
+    delay or a gain that wrecks the SNR costs little here.
+
+    Refused (ValueError, naming why): renders of different lengths (as snr_db refuses them), a rate
+    below 16 kHz (narrow-band audio has no wide-band score), a clip shorter than 0.25 s (the ITU code's
+    minimum: score the whole utterance, not a window), a silent or voiceless reference. A silent
+    test render against a voiced reference scores PESQ_WB_MIN, the floor of the scale.
+    """
+    itu = _host_module("pesq", "pesq==0.0.4")
+    ref, test = _perceptual_pair(ref, test, rate, "PESQ-WB")
+    if rate < PESQ_RATE:
+        raise ValueError(f"PESQ-WB needs audio sampled at 16 kHz or more, got {rate} Hz")
+    if ref.size / rate < PESQ_MIN_SECONDS:
+        raise ValueError(f"PESQ-WB needs at least {PESQ_MIN_SECONDS} s of audio, got {ref.size / rate:.3f} s; "
+                         "score the whole utterance, not one window")
+    if not np.any(test):
+        return PESQ_WB_MIN
+    try:
+        return float(itu.pesq(PESQ_RATE, resample(ref, rate, PESQ_RATE), resample(test, rate, PESQ_RATE), "wb"))
+    except itu.NoUtterancesError:
+        raise ValueError("PESQ-WB found no speech in the reference (its voice activity detector heard none); "
+                         "score a render that holds speech") from None
+
+
+def stoi(ref, test, rate: int) -> float:
+    """STOI (short-time objective intelligibility, Taal et al. 2011: 0 .. 1, 1 for identical renders)
+    of `test` against `ref` at `rate` Hz, through `pystoi` (which resamples to its 10 kHz itself and drops
+    the frames 40 dB below the reference's loudest). It correlates short-time band envelopes, so it does
+    not realign: a delay of a few milliseconds barely moves it, one of tens of milliseconds does.
+
+    Refused (ValueError): renders of different lengths, a silent reference. A reference with fewer than 30
+    voiced frames (384 ms of speech after silence removal: a one-word utterance such as "Hello." can be one)
+    has no STOI and scores NaN (pystoi would return 1e-5 with a warning, a number that looks measured). A
+    silent test render scores 0.
+    """
+    taal_stoi = _host_module("pystoi", "pystoi==0.4.1").stoi
+    ref, test = _perceptual_pair(ref, test, rate, "STOI")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        score = float(taal_stoi(ref, test, int(rate)))
+    if any("Not enough STFT frames" in str(w.message) for w in caught):
+        return float("nan")
+    return score
+
+
+def _mel_filters(rate: int, n_fft: int, bands: int) -> np.ndarray:
+    """Triangular filters on the HTK mel scale from 0 Hz to the Nyquist frequency, [bands, n_fft//2+1]."""
+    mel = lambda f: 2595.0 * np.log10(1.0 + f / 700.0)
+    hz = lambda m: 700.0 * (10.0 ** (m / 2595.0) - 1.0)
+    edges = hz(np.linspace(0.0, mel(rate / 2.0), bands + 2))
+    freqs = np.linspace(0.0, rate / 2.0, n_fft // 2 + 1)
+    lo, mid, hi = edges[:-2, None], edges[1:-1, None], edges[2:, None]
+    return np.maximum(0.0, np.minimum((freqs - lo) / (mid - lo), (hi - freqs) / (hi - mid)))
+
+
+def log_mel(x, rate: int, bands: int = LOG_MEL_BANDS) -> np.ndarray:
+    """Mel power spectrogram [frames, bands] of `x`: 40 ms Hann frames every 10 ms, `bands` triangular
+    mel bands from 0 Hz to the Nyquist frequency of `rate` (the band a 22.05 or 24 kHz vocoder writes, above
+    PESQ's 8 kHz). Numpy only."""
+    x = np.asarray(x, dtype=np.float64).ravel()
+    win = max(16, int(round(0.040 * rate)))
+    hop = max(1, win // 4)
+    n_fft = 1 << (win - 1).bit_length()
+    if x.size < win:
+        x = np.pad(x, (0, win - x.size))
+    frames = np.lib.stride_tricks.sliding_window_view(x, win)[::hop] * np.hanning(win)
+    power = np.abs(np.fft.rfft(frames, n_fft, axis=1)) ** 2
+    return power @ _mel_filters(rate, n_fft, bands).T
+
+
+def log_mel_distance(ref, test, rate: int) -> float:
+    """RMS over frames and mel bands of the difference of the two renders' log-mel spectra, in dB
+    (rkstudy.gates.log_mel: 80 bands to the Nyquist frequency, 40 ms frames every 10 ms): 0 for identical
+    renders, 6.02 for a render at twice the amplitude (where no bin sits at the floor). Bins more than 80 dB
+    below the reference's loudest bin are floored there in both renders, so silence between words does not
+    dominate. Unlike PESQ it hears the band above 8 kHz and a gain, and unlike SNR it ignores phase. Numpy
+    only. Refused (ValueError): renders of different lengths, a silent reference."""
+    ref, test = _perceptual_pair(ref, test, rate, "log-mel distance")
+    a, b = log_mel(ref, int(rate)), log_mel(test, int(rate))
+    floor = a.max() * 10.0 ** (LOG_MEL_FLOOR_DB / 10.0)
+    diff = 10.0 * (np.log10(np.maximum(a, floor)) - np.log10(np.maximum(b, floor)))
+    return float(np.sqrt(np.mean(diff**2)))
+
+
+# DNSMOS P.835 (Reddy et al. 2022) as the speechmos package computes it: its sig_bak_ovr.onnx on 9.01 s
+# segments every second at 16 kHz (a shorter clip doubled until it is long enough), each segment's raw
+# outputs through the package's polynomials, averaged. The package's own module imports librosa (for the
+# P.808 model it also runs) and requests; the P.835 scores need neither, so only its model file is read.
+DNSMOS_SEGMENT_S = 9.01
+_DNSMOS_POLY = {"sig": (-0.08397278, 1.22083953, 0.0052439), "bak": (-0.13166888, 1.60915514, -0.39604546),
+                "ovrl": (-0.06766283, 1.11546468, 0.04602535)}
+_dnsmos_sessions: dict[int, object] = {}
+_dnsmos_scores: dict[tuple, dict] = {}
+_DNSMOS_REMEMBERED = 256
+
+
+def dnsmos_model_path():
+    """The DNSMOS P.835 model inside the installed speechmos wheel (nothing is fetched)."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("speechmos")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError("the perceptual scores need speechmos==0.0.1.1 (DNSMOS): pip install -e "
+                                  "'.[converter]' (or make venv)", name="speechmos")
+    return Path(next(iter(spec.submodule_search_locations))) / "dnsmos_models" / "sig_bak_ovr.onnx"
+
+
+def _dnsmos_threads(threads: int | None) -> int:
+    # the caller's OpenMP cap where it sets one (onnxruntime reads no environment variable), else
+    # onnxruntime's default (0: one thread per core)
+    return int(threads if threads is not None else (os.environ.get("OMP_NUM_THREADS") or 0))
+
+
+def _dnsmos_session(threads: int):
+    """One onnxruntime CPU session per thread count per process."""
+    if threads not in _dnsmos_sessions:
+        ort = _host_module("onnxruntime", "onnxruntime")
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        _dnsmos_sessions[threads] = ort.InferenceSession(str(dnsmos_model_path()), options,
+                                                         providers=["CPUExecutionProvider"])
+    return _dnsmos_sessions[threads]
+
+
+def dnsmos(x, rate: int, threads: int | None = None) -> dict[str, float]:
+    """DNSMOS P.835 of one render, no reference: {dnsmos_sig, dnsmos_bak, dnsmos_ovrl}, each a predicted
+    mean opinion score from 1 to 5 (speech signal, background, overall), as speechmos 0.0.1.1's
+    `dnsmos.run(x, 16000)` computes them (tests/test_perceptual.py holds the two equal).
+
+    `x` at `rate` Hz is resampled to 16 kHz (`resample`) and clipped to [-1, 1] as a WAV file would hold
+    it. A clip shorter than 9.01 s is doubled until it is that long (the package's rule) and then scored on
+    every 9.01 s segment starting each second, so a 1 s clip costs 4 to 8 segments (~0.4 s each on one core)
+    and a 9.5 s clip one. The model runs on a CPU session opened once per process with `threads`
+    intra-op threads (default: $OMP_NUM_THREADS, else onnxruntime's own), and a score is remembered
+    by the audio's bytes, so a reference scored beside many test renders runs once.
+
+    Absolute: it says how much a render sounds like clean speech, so it means something only for a
+    model that speaks (random weights make noise, and its score is about that noise). A silent render
+    (every sample zero: a decode that lost everything) scores NaN; an empty one or NaN samples are refused.
+    """
+    x = np.asarray(x, dtype=np.float64).ravel()
+    if int(rate) != rate or rate <= 0:
+        raise ValueError(f"DNSMOS: sample rate must be a positive integer in Hz, got {rate!r}")
+    if x.size == 0:
+        raise ValueError("DNSMOS: the render is empty; there is nothing to score")
+    if not np.any(x):
+        return dict.fromkeys(DNSMOS_COLUMNS, float("nan"))
+    if not np.all(np.isfinite(x)):
+        raise ValueError("DNSMOS: the render holds NaN or inf samples (count them with nonfinite_count)")
+    audio = np.clip(resample(x, int(rate), PESQ_RATE), -1.0, 1.0).astype(np.float32)
+    key = (hashlib.sha1(audio.tobytes()).hexdigest(), audio.size)
+    if key in _dnsmos_scores:
+        return dict(_dnsmos_scores[key])
+    need = int(DNSMOS_SEGMENT_S * PESQ_RATE)
+    while audio.size < need:
+        audio = np.append(audio, audio)
+    hops = int(np.floor(audio.size / PESQ_RATE) - DNSMOS_SEGMENT_S) + 1
+    # the segment bounds in floating point, as the package and Microsoft's DNSMOS script compute them: a
+    # bound that rounds one sample short drops that segment (the 8th to the 24th second among others)
+    segments = [audio[int(k * PESQ_RATE): int((k + DNSMOS_SEGMENT_S) * PESQ_RATE)] for k in range(hops)]
+    session = _dnsmos_session(_dnsmos_threads(threads))
+    raw = np.stack([session.run(None, {"input_1": seg[None]})[0][0] for seg in segments if seg.size == need])
+    scores = {f"dnsmos_{name}": float(np.mean(np.poly1d(_DNSMOS_POLY[name])(raw[:, i].astype(np.float64))))
+              for i, name in enumerate(("sig", "bak", "ovrl"))}
+    if len(_dnsmos_scores) >= _DNSMOS_REMEMBERED:
+        _dnsmos_scores.pop(next(iter(_dnsmos_scores)))
+    _dnsmos_scores[key] = scores
+    return dict(scores)
+
+
+def perceptual(ref, test, rate: int, absolute: bool = True, threads: int | None = None) -> dict[str, float]:
+    """What a listener would judge of `test` against `ref` (both at `rate` Hz, same length), as results-row
+    columns named by PERCEPTUAL_COLUMNS: pesq_wb, stoi, log_mel_db (test against ref), and with `absolute`
+    dnsmos_ovrl of the test render and dnsmos_ovrl_ref of the reference (DNSMOS P.835 overall, no reference).
+
+    Put it beside the pair's SNR (`compare` or `snr_db`) wherever two renders of speech are compared, on
+    whole utterances: PESQ needs 0.25 s (shorter is refused) and STOI ~0.4 s of voiced speech (less scores
+    NaN), and a window's scores belong to the utterance it is part of. Cost on one core of this project's
+    2-core host: PESQ ~15 ms, STOI ~10 ms and the log-mel distance ~5 ms per second of audio; DNSMOS ~0.4 s
+    per 9 s segment it scores: a clip under 9 s is doubled to 9-18 s (1 to 9 segments, 0.4-3.5 s), a longer
+    one costs up to ~0.4 s per second (the reference's score is remembered).
+    `absolute=False` leaves out DNSMOS, for a model with random weights whose output is not speech. Errors as
+    each scorer's.
+    """
+    row = {"pesq_wb": pesq_wb(ref, test, rate), "stoi": stoi(ref, test, rate),
+           "log_mel_db": log_mel_distance(ref, test, rate)}
+    if absolute:
+        row["dnsmos_ovrl"] = dnsmos(test, rate, threads)["dnsmos_ovrl"]
+        row["dnsmos_ovrl_ref"] = dnsmos(ref, rate, threads)["dnsmos_ovrl"]
     return row
 
 

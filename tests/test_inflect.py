@@ -38,6 +38,9 @@ def test_context_sweep_on_prior_samples(voice, decode):
     rows = {r["context"]: r for r in study.context_sweep(decode, z, (0, 32), progress=False)}
     assert rows[0]["snr_db"] < 30.0
     assert rows[32]["snr_db"] > 100.0 and rows[32]["windows"] == 2
+    # what a listener would judge: no context is audible, 32 frames are transparent
+    assert rows[32]["pesq_wb"] > 4.6 and rows[32]["stoi"] > 0.999
+    assert rows[0]["pesq_wb"] < rows[32]["pesq_wb"] - 0.2 and rows[0]["log_mel_db"] > rows[32]["log_mel_db"]
 
 
 def test_decoder_mask_on_by_default_and_needed(decode):

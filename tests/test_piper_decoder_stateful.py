@@ -2,6 +2,7 @@
 (float64 step against float64 full-length decode, every sample), the fp32 numbers beside it, the
 compute ratio, streaming, the sidecar's refusals and stage 1 from the command line."""
 
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -49,7 +50,8 @@ def test_exactness_gate_float64_step_equals_float64_full_decode(voice, steps, sh
     fp32 beside it: onnxruntime sums a conv of <= 64 outputs in another order, so the fp32 step is not
     bit-identical to the fp32 full decode where either runs such a conv (measured on "short", 49 frames:
     97.3 dB at E=16, bit-identical at E=45, 101.1 dB at E=93; the fp32 full decode is 102.5 dB from float64)."""
-    rows = study.exactness(voice, short, steps, progress=False).rows
+    ex = study.exactness(voice, short, steps, progress=False)
+    rows = ex.rows
     assert len(rows) == 3 and {r["where"] for r in rows} == {"fp32"}
     for r in rows:
         study.EXACT_GATE.check(r["f64_step_vs_full_db"], context=f"E={r['emit']}")
@@ -57,6 +59,13 @@ def test_exactness_gate_float64_step_equals_float64_full_decode(voice, steps, sh
         assert r["fp32_first_256_max_err"] < 1e-6 and r["fp32_last_256_max_err"] < 1e-6  # the start, the flushed tail
     by_emit = {r["emit"]: r["fp32_step_vs_full_db"] for r in rows}
     assert by_emit[16] <= 100.0 and by_emit[45] == float("inf") and 99.0 <= by_emit[93] <= 103.0
+    # a listener hears the same utterance at every E: PESQ-WB at its top, STOI 1, the same DNSMOS
+    whole = {r["emit"]: r for r in ex.utterance_rows(voice.sample_rate)}
+    assert set(whole) == {16, 45, 93} and whole[45]["snr_db"] == float("inf")
+    for r in whole.values():
+        assert r["pesq_wb"] > 4.6 and r["log_mel_db"] < 0.01
+        assert math.isnan(r["stoi"])  # "Hello." holds under STOI's 0.4 s of voiced speech
+        assert r["dnsmos_ovrl"] == pytest.approx(r["dnsmos_ovrl_ref"], abs=0.01) and r["sentences"] == 1
 
 
 def test_the_step_recomputes_nothing_but_the_flush_costs_a_short_utterance(voice, steps, short):

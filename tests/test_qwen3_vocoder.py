@@ -69,6 +69,10 @@ def test_the_gate_sees_a_forgotten_cache(dec):
     control = rows[-1]
     assert control["expected"] == "miss" and not control["passed"] and control["measured"] < 30
     assert rows[0]["passed"] and rows[0]["measured"] >= EXACT_DB
+    # by PESQ-WB and STOI too (no DNSMOS: random weights voice noise); measured 4.644 / 1.00 against 1.33 / 0.13
+    assert "dnsmos_ovrl" not in rows[0]
+    assert rows[0]["pesq_wb"] > 4.6 and rows[0]["stoi"] > 0.999
+    assert control["pesq_wb"] < 2.5 and control["stoi"] < 0.5
 
 
 def test_released_config_contract_numbers():

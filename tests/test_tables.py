@@ -123,5 +123,6 @@ def test_simulator_fidelity_rows(voice):
     assert set(rows) == {"fp32 window walk", "fp32 full-length decode"}
     for r in rows.values():
         assert 30 < r["snr_db"] < 80 and r["best_lag"] == 0 and r["nonfinite"] == 0 and r["frames"] == lat.frames
+        assert r["pesq_wb"] > 4.3 and r["stoi"] > 0.99  # the fp16 engine is transparent on real speech
     n_windows = len([w for w in got["windows"] if w["reference"] == "fp32 window walk"])
     assert n_windows == len(pd.plan_windows(lat.frames, 45, 24)) and got["build"].regtask == 18

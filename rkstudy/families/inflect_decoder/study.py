@@ -17,7 +17,9 @@ SWEEP_FRAMES = 480                    # the reference documents measured the swe
 
 def context_sweep(decode: DecodeModel, z: np.ndarray, contexts=CONTEXT_SWEEP, emit: int = EMIT,
                   dec_mask: bool = True, progress: bool = True) -> list[dict]:
-    """Windowed fp32 decode of one prior sample at each context against a full-length decode."""
+    """Windowed fp32 decode of one prior sample at each context against a full-length decode, by SNR (the
+    whole decode and its worst window) and by what a listener would judge of the whole decode
+    (rkstudy.gates.perceptual; STOI is NaN on a latent under ~0.4 s of voiced speech)."""
     ref = FullDecoder(decode.model, decode.seam).decode(z)
     rows = []
     for context in tqdm(contexts, desc="contexts", disable=not progress):
@@ -28,7 +30,7 @@ def context_sweep(decode: DecodeModel, z: np.ndarray, contexts=CONTEXT_SWEEP, em
         rows.append({"frames": z.shape[1], "emit": emit, "context": context, "window": emit + 2 * context,
                      "dec_mask": dec_mask, "snr_db": gates.snr_db(ref, test),
                      "min_window_snr_db": min(r["snr_db"] for r in per), "windows": len(per),
-                     "where": runner.where})
+                     **gates.perceptual(ref, test, decode.sample_rate), "where": runner.where})
     return rows
 
 

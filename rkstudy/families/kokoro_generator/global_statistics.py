@@ -37,8 +37,8 @@ def torch_walk(trunk, utt: frontend.Utterance, frames: int, context: int) -> np.
 def global_statistics(model: KokoroModel, utt: frontend.Utterance, frames: int = DEFAULT_FRAMES,
                       context: int = DEFAULT_CONTEXT) -> tuple[list[dict], dict]:
     """Measurement 6 (fp32): every window normalized with the full-length decode's own AdaIN statistics
-    (recorded, then replayed in each window) against the full-length decode, beside the per-window walk.
-    Returns the rows and the renders."""
+    (recorded, then replayed in each window) against the full-length decode, beside the per-window walk, by
+    SNR and what a listener would judge of the audio. Returns the rows and the renders."""
     trunk = model.trunk()
     full = full_decode(model, utt)
     items = generator.record_statistics(trunk, *(torch.from_numpy(full_feed(utt)[k]) for k in INPUTS))
@@ -52,7 +52,7 @@ def global_statistics(model: KokoroModel, utt: frontend.Utterance, frames: int =
         rows.append({"utterance": utt.name, "frames": utt.frames, "window": frames, "context": context,
                      "statistics": name, "gen_snr_vs_full_db": gates.snr_db(full, gen),
                      "audio_snr_vs_full_db": gates.snr_db(a_full, a), "gen_max_abs": float(np.max(np.abs(gen))),
-                     **FP32})
+                     **gates.perceptual(a_full, a, frontend.SAMPLE_RATE), **FP32})
     return rows, {"full": full, "per_window": per_window, "fed": fed, "statistics": items}
 
 
@@ -125,6 +125,7 @@ def global_statistics_simulator(model: KokoroModel, utt: frontend.Utterance, ren
                      "statistics": "full-length statistics fed (7-input graph)", "runtime": name,
                      "gen_snr_vs_full_db": gates.snr_db(full, clean),
                      "audio_snr_vs_full_db": gates.snr_db(a_full, head.istft(clean, model.head)),
+                     **gates.perceptual(a_full, head.istft(clean, model.head), frontend.SAMPLE_RATE),
                      "gen_max_abs": float(np.max(np.abs(gen[finite]))), "gen_nonfinite": int((~finite).sum()),
                      "regtask": sim.report.regtask if by is not None else "",
                      **({"where": by.where, "target": by.target} if by is not None else FP32)})

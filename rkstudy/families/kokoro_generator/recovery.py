@@ -40,8 +40,9 @@ def weights_row(model: KokoroModel, utt: frontend.Utterance) -> tuple[dict, list
 
 def versus_int8(model: KokoroModel, utts: Sequence[frontend.Utterance]) -> list[dict]:
     """kokoro's own Generator with the recovered fp32 weights against the int8 ONNX's generator
-    section on the same seam inputs: at conv_post (gen) and at the audio (the model's own head), and
-    with the int8 graph's activation quantization emulated (the weights alone, then)."""
+    section on the same seam inputs: at conv_post (gen) and at the audio (the model's own head, by SNR and
+    what a listener would judge: rkstudy.gates.perceptual), and with the int8 graph's activation quantization
+    emulated (the weights alone, then)."""
     rows = []
     for u in utts:
         x, s, har = (torch.from_numpy(a) for a in (u.x, u.style, u.har))
@@ -52,6 +53,7 @@ def versus_int8(model: KokoroModel, utts: Sequence[frontend.Utterance]) -> list[
         audio = head.istft(ref, model.head)
         rows.append({"utterance": u.name, "frames": u.frames, "gen_snr_db": gates.snr_db(u.gen, ref),
                      "audio_snr_db": gates.snr_db(u.audio, audio), **gates.slice_snr_summary(u.audio, audio),
+                     **gates.perceptual(u.audio, audio, frontend.SAMPLE_RATE),
                      "gen_snr_int8_emulated_db": gates.snr_db(u.gen, emu), **FP32})
     return rows
 

@@ -58,8 +58,9 @@ def window_loudness(full_audio: np.ndarray, walked_audio: np.ndarray, n_frames: 
 def loudness(model: KokoroModel, utt: frontend.Utterance, produced: Produced, *, overlaps=(0, OVERLAP),
              gains=(False, True)) -> tuple[list[dict], list[dict], dict]:
     """Measurement 5: the fp32 walk (onnxruntime on the window graph) with and without `overlap` and
-    `gain`, against the full-length decode; per-window loudness rows, one summary row per variant, and
-    the audio of each (for the players)."""
+    `gain`, against the full-length decode; per-window loudness rows, one summary row per variant (with what
+    a listener would judge of the whole utterance, rkstudy.gates.perceptual), and the audio of each (for the
+    players)."""
     runner = OrtRunner(produced.path)
     full = full_decode(model, utt)
     a_full = head.istft(full, model.head)
@@ -81,25 +82,25 @@ def loudness(model: KokoroModel, utt: frontend.Utterance, produced: Produced, *,
                             "audio_snr_vs_full_db": gates.snr_db(a_full, a),
                             "gen_snr_vs_full_db": gates.snr_db(full, gen),
                             "max_step_walk": gates.max_step(a), "max_step_full": gates.max_step(a_full),
-                            **_origin(runner)})
+                            **gates.perceptual(a_full, a, frontend.SAMPLE_RATE), **_origin(runner)})
     return per, summary, audio
 
 
 def short_utterance_rows(model: KokoroModel, utt: frontend.Utterance, produced: Produced,
                          lengths: Sequence[int]) -> list[dict]:
     """Latents of a few lengths cut from a real one, walked (fp32) against their own full-length decode:
-    a latent that fits one window is one padded window, and exact."""
+    a latent that fits one window is one padded window, and exact (STOI is NaN under 0.4 s of voiced speech)."""
     runner = OrtRunner(produced.path)
     side = sidecar(runner, produced.contract)
     rows = []
     for n in lengths:
         part = _cut(utt, n)
         full, walked = full_decode(model, part), walk_gen(side, part)
+        a_full, a = head.istft(full, model.head), head.istft(walked, model.head)
         rows.append({"frames": n, "window": produced.contract.window.frames,
                      "windows": len(plan_windows(n, produced.contract.window.emit, produced.contract.window.context)),
-                     "gen_snr_vs_full_db": gates.snr_db(full, walked),
-                     "audio_snr_vs_full_db": gates.snr_db(head.istft(full, model.head), head.istft(walked, model.head)),
-                     **_origin(runner)})
+                     "gen_snr_vs_full_db": gates.snr_db(full, walked), "audio_snr_vs_full_db": gates.snr_db(a_full, a),
+                     **gates.perceptual(a_full, a, frontend.SAMPLE_RATE), **_origin(runner)})
     return rows
 
 
@@ -125,8 +126,8 @@ def simulator_walk_rows(model: KokoroModel, produced: Produced, sim: Simulated,
                         utts: Sequence[frontend.Utterance]) -> tuple[list[dict], list[dict], dict]:
     """The engine walked by the sidecar in the simulator (`sim`: a build simulated on walk_feeds of these
     utterances, replayed here) against the same walk in fp32 (the fp16 cost alone) and against the
-    full-length fp32 decode (what a listener compares with), per window and per utterance. Returns
-    utterance rows, window rows and the renders."""
+    full-length fp32 decode (what a listener compares with), per window (SNR) and per utterance (SNR and what a
+    listener would judge, rkstudy.gates.perceptual). Returns utterance rows, window rows and the renders."""
     c = produced.contract
     ort = OrtRunner(produced.path)
     eng = sim.replay(c.input_names)
@@ -142,6 +143,7 @@ def simulator_walk_rows(model: KokoroModel, produced: Produced, sim: Simulated,
             rows.append({"utterance": u.name, "frames": u.frames, "windows": n_win, "reference": ref,
                          "gen_snr_db": gates.snr_db(fp32 if ref == "fp32 walk" else full, sim_gen),
                          **gates.compare(a[ref], a["simulator"], frontend.SAMPLE_RATE),
+                         **gates.perceptual(a[ref], a["simulator"], frontend.SAMPLE_RATE),
                          "sim_s_per_window": per_window_s, **_origin(eng)})
             for r in window_loudness(a[ref], a["simulator"], u.frames, c.window.emit, c.window.context):
                 windows.append({"utterance": u.name, "reference": ref, **r, **_origin(eng)})

@@ -67,21 +67,29 @@ def per_window_rows(ref: np.ndarray, test: np.ndarray, n_frames: int, emit: int,
     return rows
 
 
-def window_sweep(model: DecoderModel, latents, configs=SWEEP, progress: bool = True) -> list[dict]:
-    """fp32 walks at each emit/context against a full-length decode, one row per window."""
+def window_sweep(model: DecoderModel, latents, configs=SWEEP, progress: bool = True) -> dict[str, list[dict]]:
+    """fp32 walks at each emit/context against a full-length decode: `windows`, one row per window (SNR), and
+    `utterances`, one row per window size over every sentence back to back (SNR and what a listener would
+    judge, rkstudy.gates.perceptual: a window's few hundred milliseconds are too short for PESQ and STOI)."""
     full = FullDecoder(model.model, model.seam)
     refs = [full.decode(lat.z, lat.g) for lat in latents]
-    rows = []
+    rows, utterances = [], []
     for emit, context in tqdm(configs, desc="windows", disable=not progress):
         produced = produce_for_voice(model, emit=emit, context=context)
         runner = OrtRunner(produced.model)
         side = sidecar(model, runner, produced.contract)
+        tests = []
         for k, (lat, ref) in enumerate(zip(latents, refs)):
-            test = side.decode(lat.z, lat.g, progress=False)
-            for r in per_window_rows(ref, test, lat.frames, emit, context, model.hop):
+            tests.append(side.decode(lat.z, lat.g, progress=False))
+            for r in per_window_rows(ref, tests[-1], lat.frames, emit, context, model.hop):
                 rows.append({"window": emit + 2 * context, "emit": emit, "context": context,
                              "sentence": k, "frames": lat.frames, **r, "where": runner.where})
-    return rows
+        ref, test = np.concatenate(refs), np.concatenate(tests)
+        utterances.append({"window": emit + 2 * context, "emit": emit, "context": context,
+                           "sentences": len(latents), "seconds_audio": round(ref.size / model.sample_rate, 2),
+                           "snr_db": gates.snr_db(ref, test), **gates.perceptual(ref, test, model.sample_rate),
+                           "where": runner.where, "target": runner.target})
+    return {"windows": rows, "utterances": utterances}
 
 
 def sweep_summary(rows: list[dict]) -> list[dict]:
@@ -128,14 +136,16 @@ def tail_windows(voice: Voice, z: np.ndarray, lengths=TAIL_FRAMES, emit: int = D
 
 
 def wrong_seam(voice: Voice, z: np.ndarray) -> dict:
-    """Slice at dec.conv_pre's input and feed it the pre-flow latent: what the reference documents call quiet mush."""
+    """Slice at dec.conv_pre's input and feed it the pre-flow latent: what the reference documents call quiet mush
+    (scored against the right decode by SNR, envelope and what a listener would judge)."""
     seam = voice.seam
     wrong = OrtRunner(graph.slice_at(voice.model, [seam.conv_pre_input], [seam.audio]))
     right = FullDecoder(voice.model, seam).decode(z)
     bad = wrong.run([z[None]])[0].reshape(-1)
     return {"frames": z.shape[1], "seam": f"dec.conv_pre input ({seam.conv_pre_input})",
             "rms_ratio": gates.rms_ratio(right, bad), "snr_db": gates.snr_db(right, bad),
-            "envelope_corr": gates.envelope_corr(right, bad, voice.sample_rate), "where": wrong.where}
+            "envelope_corr": gates.envelope_corr(right, bad, voice.sample_rate),
+            **gates.perceptual(right, bad, voice.sample_rate), "where": wrong.where}
 
 
 def mask_upsampler_nodes(model) -> list[str]:
@@ -208,11 +218,12 @@ def build_rows(model: DecoderModel, targets, *, emit: int = DEFAULT_EMIT, contex
 
 
 def fidelity_rows(refs, tests, sample_rate: int, latents, emit: int, context: int, hop: int):
-    """Utterance rows (all metrics) and per-window rows for two renders of the same latents."""
+    """Utterance rows (all metrics, the perceptual ones included: every sentence back to back) and per-window
+    rows (SNR) for two renders of the same latents."""
     ref, test = np.concatenate(refs), np.concatenate(tests)
     utterance = {"sentences": len(latents), "frames": sum(lat.frames for lat in latents),
                  "seconds_audio": round(ref.size / sample_rate, 2),
-                 **gates.compare(ref, test, sample_rate)}
+                 **gates.compare(ref, test, sample_rate), **gates.perceptual(ref, test, sample_rate)}
     windows = []
     for k, (lat, a, b) in enumerate(zip(latents, refs, tests)):
         windows += [{"sentence": k, **r} for r in per_window_rows(a, b, lat.frames, emit, context, hop)]
@@ -254,15 +265,18 @@ SHORT_UTTERANCES = ("No.", "Hello.", "Thank you.", "See you soon.", "It is raini
 
 
 def dec_mask_opt_in(model: DecoderModel, latents, target: str | None, emit: int = DEFAULT_EMIT,
-                    context: int = DEFAULT_CONTEXT) -> list[dict]:
+                    context: int = DEFAULT_CONTEXT) -> dict[str, list[dict]]:
     """Whether the decoder mask still shows once the engine's fp16 noise is in: the window engine
     without and with the mask, each walked over every latent (one simulator child each), against a
-    full-length fp32 decode, and the two engines' outputs against each other. One row per latent;
+    full-length fp32 decode, and the two engines' outputs against each other. `rows`: one per latent;
     `gap_db` is masked minus unmasked, both against the full decode. The fp32_* columns are the same
     walks in onnxruntime (the mask's own effect, before any fp16 noise). `regtask` and
     `regtask_max_value` are the larger of the two engines'.
 
     `target=None` runs the engines in onnxruntime fp32 too (no build; where=fp32).
+
+    `perceptual`: the same three comparisons with every latent back to back (a short utterance alone is
+    under STOI's 0.4 s of speech), by SNR and what a listener would judge (rkstudy.gates.perceptual).
 
     Why: the reference document keeps `--dec-mask` opt-in because on short utterances the masked and
     unmasked engines agreed within 0.1 dB against the CPU decode, both at the fp16 floor, while their
@@ -298,7 +312,16 @@ def dec_mask_opt_in(model: DecoderModel, latents, target: str | None, emit: int 
                      **({"regtask": max(b.regtask for b in builds),
                          "regtask_max_value": max(b.regtask_max for b in builds)} if builds else {}),
                      **origin})
-    return rows
+    ref = np.concatenate(refs)
+    masked, unmasked = np.concatenate(engine[True]), np.concatenate(engine[False])
+    pairs = (("masked engine vs full decode", ref, masked), ("unmasked engine vs full decode", ref, unmasked),
+             ("masked vs unmasked engine", unmasked, masked))
+    built = ({"regtask": max(b.regtask for b in builds), "regtask_max_value": max(b.regtask_max for b in builds)}
+             if builds else {})
+    scored = [{"comparison": name, "utterances": len(latents), "seconds_audio": round(one.size / model.sample_rate, 2),
+               "snr_db": gates.snr_db(one, other), **gates.perceptual(one, other, model.sample_rate), **built, **origin}
+              for name, one, other in pairs]
+    return {"rows": rows, "perceptual": scored}
 
 
 def cpu_rtf(model: DecoderModel, latents, emit: int = DEFAULT_EMIT, context: int = DEFAULT_CONTEXT,

@@ -143,6 +143,21 @@ class Exactness:
     rows: list[dict]
     renders: dict = field(default_factory=dict)   # (emit, text, sentence) -> {fp32_full, fp32_step, f64_full, f64_step}
 
+    def utterance_rows(self, sample_rate: int) -> list[dict]:
+        """Per E and text, every sentence back to back: the fp32 step walk against the fp32 full-length decode
+        by SNR and what a listener would judge (rkstudy.gates.perceptual), scored only when asked."""
+        rows = []
+        for e, text in dict.fromkeys((e, text) for e, text, _ in self.renders):
+            parts = [r for (e2, t2, _), r in self.renders.items() if (e2, t2) == (e, text)]
+            ref = np.concatenate([r["fp32_full"] for r in parts])
+            test = np.concatenate([r["fp32_step"] for r in parts])
+            origin = next(r for r in self.rows if r["emit"] == e and r["text"] == text)
+            rows.append({"emit": e, "text": text, "sentences": len(parts),
+                         "seconds_audio": round(ref.size / sample_rate, 2), "snr_db": gates.snr_db(ref, test),
+                         **gates.perceptual(ref, test, sample_rate),
+                         "where": origin["where"], "target": origin["target"]})
+        return rows
+
 
 def exactness(voice: DecoderModel, latents: dict, steps: dict[int, StatefulStep], f64: bool = True,
               progress: bool = True) -> Exactness:
@@ -228,8 +243,9 @@ def simulator_rows(voice: DecoderModel, latents: dict, produced: StatefulStep, t
                    per_step_text: str | None = None, progress: bool = True) -> dict:
     """The step engine in the simulator carrying its own state through whole utterances, against the
     fp32 step walk (the fp16 cost alone) and the fp32 full-length decode; the 93-frame window engine
-    on the same latents in the same run, against its fp32 walk and the full decode. With
-    `per_step_text`, its first sentence step by step too. Returns rows, per-step rows and renders."""
+    on the same latents in the same run, against its fp32 walk and the full decode (the perceptual columns,
+    rkstudy.gates.perceptual, score the simulator render against the full decode: what a listener compares
+    with). With `per_step_text`, its first sentence step by step too. Returns rows, per-step rows and renders."""
     full = pd.FullDecoder(voice.model, voice.seam)
     window = produce_for_voice(voice)
     fp32_step = sidecar(voice, OrtRunner(produced.model), produced)
@@ -250,6 +266,7 @@ def simulator_rows(voice: DecoderModel, latents: dict, produced: StatefulStep, t
                                 "sim_vs_fp32_full_db": gates.snr_db(refs[text], test),
                                 **gates.slice_snr_summary(refs[text], test),
                                 "best_lag": gates.best_lag(refs[text], test),
+                                **gates.perceptual(refs[text], test, voice.sample_rate),
                                 "simulator_s": seconds, "regtask": sim.report.regtask,
                                 "where": sim.where, "target": sim.target})
 
@@ -319,7 +336,7 @@ def nomask_rows(voice: DecoderModel, z: np.ndarray, emit: int = DEFAULT_EMIT) ->
     """The surgery without its frame masks (mask_ends=False) on the plain slice: the zero state stands
     for the zeros before frame 0, but the first step computes every tensor's pre-start positions
     itself (conv biases), and only the decoder mask zeroes them; the same at the end. fp32, against
-    the full-length decode."""
+    the full-length decode, by SNR and what a listener would judge."""
     from ...graph.stateful import make_step
     from .producer import stamped, step_contract
 
@@ -340,6 +357,7 @@ def nomask_rows(voice: DecoderModel, z: np.ndarray, emit: int = DEFAULT_EMIT) ->
                      "first_10_frames_db": gates.snr_db(ref[:10 * hop], out[:10 * hop]),
                      "middle_db": gates.snr_db(ref[mid], out[mid]),
                      "last_10_frames_db": gates.snr_db(ref[-10 * hop:], out[-10 * hop:]),
+                     **gates.perceptual(ref, out, voice.sample_rate),
                      "where": runner.where, "target": runner.target})
     return rows
 
@@ -347,7 +365,7 @@ def nomask_rows(voice: DecoderModel, z: np.ndarray, emit: int = DEFAULT_EMIT) ->
 def inflect_rows(voice, text: str, emits=(45, 93), seed: int = 1234) -> list[dict]:
     """The same surgery on the whole Inflect v2 decode.onnx carved from `voice` (head included,
     noise_scale a constant), on the model's own prior statistics and seeded noise: float64 step vs
-    float64 full decode (the method), fp32 step vs fp32 full decode."""
+    float64 full decode (the method), fp32 step vs fp32 full decode (with what a listener would judge of it)."""
     import torch
 
     from ..inflect_decoder import carve
@@ -381,6 +399,7 @@ def inflect_rows(voice, text: str, emits=(45, 93), seed: int = 1234) -> list[dic
                      "fp32_step_vs_full_db": gates.snr_db(ref32, out32.ravel()),
                      "f64_step_vs_full_db": gates.snr_db(ref64, out64.ravel()),
                      "fp32_full_vs_f64_full_db": gates.snr_db(ref64, ref32),
+                     **gates.perceptual(ref32, out32.ravel(), voice.sample_rate),
                      "where": full32.where, "target": full32.target})
     return rows
 

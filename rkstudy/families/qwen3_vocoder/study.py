@@ -20,13 +20,24 @@ import numpy as np
 from ... import gates
 from ...tables.results import HOST
 from ...toolkit.build import build_engine
-from .sidecar import SAMPLES_PER_TOKEN, random_codes
+from .sidecar import SAMPLE_RATE, SAMPLES_PER_TOKEN, random_codes
 
 GATE = gates.Gate("stepwise_vs_full_decode", 40.0)   # the reference documents' self-check gate
 FP32 = {"where": "fp32", "target": "none"}
 HOST_ROW = {"where": HOST.where, "target": HOST.target}
 CODES_SEED = 7
 CALIBRATION_SEED = 1234  # int8 calibration codes: a different stream from every evaluation's
+
+
+def heard(reference, pcm) -> dict:
+    """PESQ-WB, STOI and the log-mel distance of `pcm` against `reference` (rkstudy.gates.perceptual without
+    DNSMOS: with random weights the vocoder voices noise, not speech, so an absolute speech-quality score would
+    rate the noise; the relative scores still say how far two computations of the same function are apart, as
+    the SNR does). A render with non-finite samples gets NaN, as it has no perceptual score."""
+    reference, pcm = np.asarray(reference).ravel(), np.asarray(pcm).ravel()
+    if gates.nonfinite_count(pcm) or gates.nonfinite_count(reference):
+        return dict.fromkeys(gates.RELATIVE_COLUMNS, float("nan"))
+    return gates.perceptual(reference, pcm, SAMPLE_RATE, absolute=False)
 
 
 @lru_cache(maxsize=4)
@@ -58,8 +69,9 @@ def stepwise_row(dec, steps: dict, codes: np.ndarray, schedule, reference: np.nd
 
     t0 = time.monotonic()
     got, _ = stepwise_decode(steps, codes, list(schedule), zero_cache(cache_layout(dec)))
+    seconds = round(time.monotonic() - t0, 1)
     return {"schedule": "+".join(map(str, schedule)), "tokens": int(codes.shape[-1]), "expected": "pass",
-            **GATE.row(gates.snr_db(reference, got)), "seconds": round(time.monotonic() - t0, 1), **FP32}
+            **GATE.row(gates.snr_db(reference, got)), **heard(reference, got), "seconds": seconds, **FP32}
 
 
 def self_check(codes_length: int, *, widths: str = "released", seed: int = 0, groups: int = 3) -> dict:
@@ -93,13 +105,15 @@ def gate_rows(dec, schedules, seed: int = CODES_SEED) -> list[dict]:
     if small != big and n >= small + big:
         _, cache = steps[small](codes[..., :small], zero)
         wav, _ = steps[big](codes[..., small:small + big], cache)
-        measured = gates.snr_db(ref[small * SAMPLES_PER_TOKEN:(small + big) * SAMPLES_PER_TOKEN], wav)
+        part = ref[small * SAMPLES_PER_TOKEN:(small + big) * SAMPLES_PER_TOKEN]
         rows.append({"schedule": f"{small}-token cache -> {big}-token step (hand-over alone)", "tokens": big,
-                     "expected": "pass", **GATE.row(measured), "seconds": "", **FP32})
+                     "expected": "pass", **GATE.row(gates.snr_db(part, wav)), **heard(part, wav), "seconds": "",
+                     **FP32})
     pieces = [steps[small](codes[..., i:i + small], zero)[0] for i in range(0, n - n % small, small)]
-    measured = gates.snr_db(ref[: len(pieces) * small * SAMPLES_PER_TOKEN], np.concatenate(pieces))
+    part, got = ref[: len(pieces) * small * SAMPLES_PER_TOKEN], np.concatenate(pieces)
     rows.append({"schedule": f"control: every {small}-token step from a zeroed cache",
-                 "tokens": n - n % small, "expected": "miss", **GATE.row(measured), "seconds": "", **FP32})
+                 "tokens": n - n % small, "expected": "miss", **GATE.row(gates.snr_db(part, got)), **heard(part, got),
+                 "seconds": "", **FP32})
     return rows
 
 
@@ -159,7 +173,8 @@ def engine_rows(onnx_path, targets, out_dir=None, steps: int = 3, keep_last: int
                 quantize=None) -> list[dict]:
     """The fp16 engine (or, with `quantize`, a rkstudy.toolkit.build.Calibration, the quantized one) for each
     target: REGTASK lines, size, and the simulator against onnxruntime fp32 on each step of a
-    carried-cache stream (audio and cache_out SNR, non-finite counts); with `keep_last`, only the
+    carried-cache stream (audio and cache_out SNR, non-finite counts; the step's audio by PESQ-WB, STOI and
+    the log-mel distance, `heard`); with `keep_last`, only the
     last steps (a released-width step takes minutes in the simulator)."""
     from pathlib import Path
 
@@ -175,10 +190,12 @@ def engine_rows(onnx_path, targets, out_dir=None, steps: int = 3, keep_last: int
         name = f"{Path(onnx_path).stem}-{target}{'-int8' if quantize else ''}.rknn"
         out = Path(out_dir) / name if out_dir else None
         sim = simulator_vs_fp32(onnx_path, target, feeds, out=out, quantize=quantize,
-                                compare=lambda ref, test, item: compare_outputs(ref, test, ["audio", "cache_out"]))
+                                compare=lambda ref, test, item: {**compare_outputs(ref, test, ["audio", "cache_out"]),
+                                                                 **heard(ref[0], test[0])})
         for k, r in enumerate(sim.rows):
             rows.append({"codes_length": c.params["codes_length"], "step": first + k, **sim.report.row(),
-                         "audio_snr_db": r["audio_snr_db"], "cache_out_snr_db": r["cache_out_snr_db"],
+                         "audio_snr_db": r["audio_snr_db"], **{col: r[col] for col in gates.RELATIVE_COLUMNS},
+                         "cache_out_snr_db": r["cache_out_snr_db"],
                          "audio_nonfinite": r["audio_nonfinite"], "cache_out_nonfinite": r["cache_out_nonfinite"],
                          "simulator_s": round(sim.seconds[k], 2), "where": r["where"], "target": r["target"]})
     return rows
@@ -238,8 +255,8 @@ def sidecar_rows(main_path, first_path, tokens: int, event: int, window_event: i
 
     def add(mode, pcm, reference, against, seconds, steps):
         rows.append({"mode": mode, "against": against, "tokens": tokens, "steps": steps,
-                     "snr_db": gates.snr_db(reference, pcm), "samples": int(pcm.size), "seconds": round(seconds, 1),
-                     **FP32})
+                     "snr_db": gates.snr_db(reference, pcm), **heard(reference, pcm), "samples": int(pcm.size),
+                     "seconds": round(seconds, 1), **FP32})
 
     t0 = time.monotonic()
     pcm = side.decode(codes)
