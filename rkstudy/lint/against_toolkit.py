@@ -469,14 +469,16 @@ def _attribute(layer: compiler.Layer, names: set[str], producer: Mapping[str, st
     return None
 
 
-def placement(label: str, model: onnx.ModelProto, target: str = "rk3588", feeds: Mapping | None = None,
-              inputs: Mapping | None = None) -> dict:
+def placement(label: str, model: onnx.ModelProto, target: str = "rk3588", inputs: Mapping | None = None) -> dict:
     """lint's CPU predictions on a real graph against the compiler's layer table: the ONNX nodes a CPU
-    rule names (error or warning), the nodes whose layers the compiler puts on the CPU, and both."""
+    rule names (error or warning), the nodes whose layers the compiler puts on the CPU, and both.
+
+    Only the build is asked (no simulator run: where a layer lands is in the verbose build's layer table),
+    so a verbose build another study recorded for the same graph bytes answers it from the engine cache."""
     cpu_rules = RELATED["cpu"][0]
     report = lint_graph(model, inputs, target=target, select=list(cpu_rules))
     predicted = {n for f in report.findings if f.severity in FLAGGING for n in f.nodes}
-    v = compiler.ask(model, target, feeds, name=f"placement_{label.split()[0]}")
+    v = compiler.ask(model, target, name=f"placement_{label.split()[0]}")
     names = {n.name or n.output[0] for n in model.graph.node}
     producer = {o: (n.name or n.output[0]) for n in model.graph.node for o in n.output}
     padded_by = {n.input[0]: (n.name or n.output[0]) for n in model.graph.node if n.op_type == "ConvTranspose"}
