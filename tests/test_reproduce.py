@@ -331,3 +331,18 @@ def test_every_notebook_defaults_to_quick_mode_and_reads_the_committed_tables_on
             for line in cell.splitlines():
                 if "RESULTS" in line:  # the committed tables, read (a carried row, a script's table)
                     assert any(w in line for w in ("import RESULTS", "read_table(", "carried_sizes(")), (nb.name, line)
+
+
+def test_the_expected_wall_time_plays_the_schedule_forward_with_the_memory_rule():
+    """Two large steps that do not fit beside each other run one after the other, each beside the small
+    ones; the schedule played forward says when the last one ends (the figure printed before a run)."""
+    Step = reproduce.ReproduceStep
+    big_a, big_b, small_c, small_d = Step("a", (), ()), Step("b", (), ()), Step("c", (), ()), Step("d", (), ())
+    minutes = {"a": 20.0, "b": 15.0, "c": 12.0, "d": 12.0}
+    peaks = {"a": 15.0, "b": 15.0, "c": 1.0, "d": 1.0}
+    order = reproduce.order([small_c, big_b, small_d, big_a], {k: (v, "") for k, v in minutes.items()}, 2)
+    assert [s.name for s in order] == ["a", "b", "c", "d"]
+    # b does not fit beside a: a with c (0-12), then d (12-24); b waits for a (20) and runs beside d: 35
+    assert reproduce.makespan(order, minutes, peaks, memory_gb=20, jobs=2) == 35.0
+    # with room for both, a and b run side by side from the start: c 15-27, d 20-32
+    assert reproduce.makespan(order, minutes, peaks, memory_gb=40, jobs=2) == 32.0
