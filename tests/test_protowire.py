@@ -3,8 +3,7 @@ import onnx
 import pytest
 
 from rkstudy.errors import InputError
-from rkstudy.families.piper import protowire
-from rkstudy.runtime import OrtRunner
+from rkstudy.runtime import OrtRunner, protowire
 from rkstudy.toolkit.probes import vocoder_probe
 
 
