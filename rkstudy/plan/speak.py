@@ -85,6 +85,19 @@ def prepare(model: str, plan_text, args, runtime: str | None) -> tuple[Prepared,
     return who.prepare(plan, args, runtime), runtime
 
 
+def payload_of(prepared: Prepared, runtime: str, cores: str) -> dict:
+    """What the child's job reads: the speaker's payload, the runtime, and per component its
+    implementation, params and engines by role."""
+    from .engines import BOARD, on_board
+
+    return {**prepared.payload, "runtime": runtime, "cores": cores,
+            "sample_npu": runtime == BOARD and bool(prepared.plan.on_npu) and on_board(),
+            "plan": {c.component: {"impl": c.impl, "params": dict(c.params),
+                                   "engines": {role: [e.to_json() for e in prepared.engines.get(
+                                       f"{c.component}.{role}", [])] for role in c.paths}}
+                     for c in prepared.plan.choices}}
+
+
 def table_for(model_plan: ModelPlan, where: str) -> tuple[str, str]:
     """(study folder, table) of a row: board and replay rows go under results/board/ (only board runs
     write there), host rows under the model's study."""
@@ -105,14 +118,7 @@ def speak(model: str, plan_text, args, *, runtime: str | None = None, cores: str
     model_plan = prepared.plan.schema
     for note in prepared.notes:
         print(note, flush=True)
-    from .engines import BOARD, on_board
-
-    payload = {**prepared.payload, "runtime": runtime, "cores": cores,
-               "sample_npu": runtime == BOARD and bool(prepared.plan.on_npu) and on_board(),
-               "plan": {c.component: {"impl": c.impl, "params": dict(c.params),
-                                      "engines": {role: [e.to_json() for e in prepared.engines.get(
-                                          f"{c.component}.{role}", [])] for role in c.paths}}
-                        for c in prepared.plan.choices}}
+    payload = payload_of(prepared, runtime, cores)
     timeout = CHILD_TIMEOUT_S if runtime == "rknnlite" and prepared.plan.on_npu else HOST_CHILD_TIMEOUT_S
     with tempfile.TemporaryDirectory(prefix="rkstudy-speak-") as tmp:
         result, arrays = run_child({"job": f"{model_plan.speaker}:job", "payload": payload}, Path(tmp),
