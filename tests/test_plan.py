@@ -323,3 +323,26 @@ def test_kokoros_overlap_is_bounded_by_the_engines_emitted_window(capsys, tmp_pa
     assert code == 2 and err.count("\n") == 1
     assert "kokoro plan: generator.params.overlap is 37; gen.rknn emits 72 frames a window, so give 0..36" in err
     assert engine.is_file()
+
+
+def test_a_produced_graph_is_an_artifact_on_the_host_and_refused_on_a_board(board, capsys, tmp_path, voice_files):
+    from rkstudy import graph
+    from rkstudy.contract import METADATA_KEY
+    from rkstudy.toolkit.probes import vocoder_probe
+
+    c = Contract(family="piper_decoder", stage="decoder", inputs=(Tensor("z", (1, 192, 93), role="walked", axis=2),),
+                 outputs=(Tensor("audio", (1, 1, 93 * 256), role="walked", axis=2, rate=256),),
+                 source=Digest.of(voice_files), producer="rkstudy piper decoder --skip-rknn --output decoder_z.onnx")
+    produced = tmp_path / "decoder_z.onnx"
+    produced.write_bytes(graph.with_metadata(vocoder_probe(), **{METADATA_KEY: c.to_json()}).SerializeToString())
+    from rkstudy.plan import engines
+
+    loaded = engines.load(produced, family="piper_decoder", runtime="onnx", source=voice_files)
+    assert loaded.graph == produced and loaded.label.startswith("decoder_z.onnx:")
+    with pytest.raises(Exception, match="this is a piper_decoder engine, not a piper_encoder one"):
+        engines.load(produced, family="piper_encoder", runtime="onnx")
+    board("rk3588")
+    code, err = run(capsys, "piper", "--plan", decoder_plan(produced), "--text", "Hello.", "--voice-onnx", voice_files)
+    assert code == 2 and err.count("\n") == 1
+    assert "decoder_z.onnx is a produced graph, not an engine: the NPU runs engines; convert it with " \
+           "`rkstudy piper decoder --onnx <decoder_z.onnx> --target rk3588` on the host" in err

@@ -6,7 +6,9 @@ Three runtimes run an NPU component:
 * simulator: the toolkit's PC simulator, built from the engine's own graph (host only);
 * onnx: the engine's own graph in onnxruntime fp32, which says what the plan does before any fp16 (host only).
 The engine's own graph is the stage-1 ONNX its contract was compiled from (the contract names it by
-file and digest); the host runtimes find it beside the engine.
+file and digest); the host runtimes find it beside the engine. On the host an artifact may also be that
+graph itself (a produced .onnx, its contract in its metadata), so a plan runs before any engine is built;
+the simulator then builds it for rk3588. A board takes engines only.
 
 Before a run: the contract is present and valid, the engine's bytes are unchanged since conversion, it
 is an engine of the component's family, compiled for this board's SoC (on a board) by a toolkit this
@@ -46,7 +48,8 @@ class Engine:
 
     @property
     def label(self) -> str:
-        return f"{self.path.name}:{self.contract.engine.sha256[:12]}"
+        digest = self.contract.engine.sha256 if self.contract.engine else sha256_file(self.path)
+        return f"{self.path.name}:{digest[:12]}"
 
 
 def on_board() -> bool:
@@ -93,8 +96,42 @@ def check_on_board(contract: Contract) -> None:
     contract.check_target(sysfs.soc())
 
 
+STAGE1_TARGET = "rk3588"  # what the simulator builds a stage-1 graph artifact for (the document's board)
+
+
+def is_graph(path: Path | str) -> bool:
+    return Path(path).suffix.lower() == ".onnx"
+
+
+def contract_of(path: Path | str) -> Contract:
+    """The contract of an artifact: beside an engine, or in a produced graph's metadata (read on the wire)."""
+    if not is_graph(path):
+        return for_engine(path)
+    from ..contract import from_metadata
+    from ..runtime import protowire
+
+    return from_metadata(protowire.metadata(Path(path).read_bytes()), where=Path(path).name,
+                         remake="the family's stage-1 command (rkstudy <model> <stage> --skip-rknn)")
+
+
 def load(path: Path, *, family: str, runtime: str, source: Path | None = None, remake: str | None = None) -> Engine:
     """`path` checked as an engine of `family` for this run (see the module docstring)."""
+    if is_graph(path):
+        if not Path(path).is_file():
+            raise EngineMismatch(f"no graph at {path}")
+        contract = contract_of(path)
+        if runtime == BOARD:
+            from dataclasses import replace
+
+            from ..contract import Digest
+
+            named = replace(contract, onnx=Digest(Path(path).name, ""))
+            raise EngineMismatch(f"{Path(path).name} is a produced graph, not an engine: the NPU runs engines; "
+                                 f"convert it with `{named.remake_engine(target=sysfs.soc())}` on the host")
+        contract.check_family(family, remake)
+        if source is not None:
+            contract.check_source(source)
+        return Engine(Path(path), contract, Path(path))
     soc = sysfs.soc() if runtime == BOARD else None
     if runtime == BOARD and soc is None:
         raise BoardUnavailable(f"cannot tell this board's SoC: no rockchip,rkXXXX entry in {sysfs.COMPATIBLE}")
@@ -107,7 +144,7 @@ def load(path: Path, *, family: str, runtime: str, source: Path | None = None, r
 
 def open_runner(engine: dict, runtime: str, cores: str = "0_1_2"):
     """A runner for `engine` (Engine.to_json) on `runtime`, in the process that runs the synthesis."""
-    contract = for_engine(engine["path"])
+    contract = contract_of(engine["path"])
     if runtime == BOARD:
         return BoardRunner(engine["path"], contract.input_names, cores=cores, shape_sets=contract.shape_sets)
     if runtime == SIMULATOR:
@@ -116,7 +153,8 @@ def open_runner(engine: dict, runtime: str, cores: str = "0_1_2"):
         sets = None
         if len(contract.shape_sets) > 1:
             sets = [{t.name: list(s) for t, s in zip(contract.inputs, one)} for one in contract.shape_sets]
-        return SimulatorRunner(engine["graph"], contract.target or "rk3588", **({"shape_sets": sets} if sets else {}))
+        return SimulatorRunner(engine["graph"], contract.target or STAGE1_TARGET,
+                               **({"shape_sets": sets} if sets else {}))
     from ..runtime import OrtRunner
 
     return OrtRunner(engine["graph"])

@@ -109,7 +109,7 @@ def job(payload: dict) -> dict:
     """In the measured child: the model's cuts and the generator loaded, then sentence by sentence."""
     import numpy as np
 
-    from ...plan.engines import open_runner, place
+    from ...plan.engines import contract_of, open_runner, place
     from ...runtime import OrtRunner
     from .sidecar import GeneratorSidecar, frame_energy
     from .text import FINE, SAMPLE_RATE, model_inputs, phonemize, sentences
@@ -126,11 +126,9 @@ def job(payload: dict) -> dict:
     try:
         generator_cpu = OrtRunner(generator_graph) if plan["impl"] != "rknn" or plan["params"]["gain"] else None
         if plan["impl"] == "rknn":
-            from ...contract import for_engine
-
             (e,) = plan["engines"]["main"]
             npu = open_runner(e, runtime, payload["cores"])
-            c = for_engine(e["path"])
+            c = contract_of(e["path"])
             side = GeneratorSidecar(npu, c, channels=c.params["channels"], rows=c.params["rows"],
                                     samples_per_frame=c.params["samples_per_frame"], overlap=plan["params"]["overlap"],
                                     gain=plan["params"]["gain"])

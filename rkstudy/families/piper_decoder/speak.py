@@ -134,7 +134,7 @@ def job(payload: dict) -> dict:
     """In the measured child: load every component, then speak chunk by chunk."""
     import numpy as np
 
-    from ...plan.engines import open_runner, place
+    from ...plan.engines import contract_of, open_runner, place
     from ...runtime import OrtRunner
     from ..piper.cuts import IDS, LENGTHS, SCALES, SID, voice_cuts
     from ..piper.frontend import TextFront
@@ -161,12 +161,10 @@ def job(payload: dict) -> dict:
     try:
         encoder_cpu = OrtRunner(cuts.encoder)
         if plan["duration_encoder"]["impl"] == "rknn":
-            from ...contract import for_engine
-
             rungs = []
             for e in plan["duration_encoder"]["engines"]["main"]:
                 npu_runners.append(open_runner(e, runtime, cores))
-                rungs.append(LadderEngine(npu_runners[-1], for_engine(e["path"])))
+                rungs.append(LadderEngine(npu_runners[-1], contract_of(e["path"])))
             ladder = Ladder(rungs, encoder_cpu)
 
             def encode(ids):
@@ -177,11 +175,9 @@ def job(payload: dict) -> dict:
                                                if k in encoder_cpu.input_names})
                 return stats, cond, "cpu"
         if plan["decoder"]["impl"] == "rknn":
-            from ...contract import for_engine
-
             (e,) = plan["decoder"]["engines"]["main"]
             npu_runners.append(open_runner(e, runtime, cores))
-            c = for_engine(e["path"])
+            c = contract_of(e["path"])
             side = DecoderSidecar(npu_runners[-1], c, channels=c.params["channels"], hop=c.params["hop"],
                                   speaker_dims=c.params.get("speaker_dims", 0))
 

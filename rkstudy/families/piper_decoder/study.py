@@ -451,3 +451,32 @@ def plan_target(model: DecoderModel | None = None, latents=None, texts: Sequence
 
     return PlanTarget(family=model.family, hop=model.hop, decode=full.decode, engine=engine, latents=latents,
                       default_emit=emit, default_context=context)
+
+
+# --- a whole text under a component execution plan (section 11) ------------------------------------------
+SPEAK_TEXT, SPEAK_CHUNK = "speak_443", 60   # 443 characters at chunk size 60, as the document's Piper run
+SPEAK_LADDER, QUICK_SPEAK_LADDER = (128, 192), (128,)
+
+
+def speak_engines(voice: Voice, widths: Sequence[int], target: str = "rk3588", folder: Path | None = None) -> dict:
+    """The Piper plan's engines laid out as stage 2 lays them out (rkstudy.toolkit.convert.laid_out): the
+    93-frame decoder window and the duration encoder's rungs at `widths`, each .rknn with its contract and
+    its graph beside it (builds come from the cache when another section built the same bytes). Keys:
+    "decoder" and each width."""
+    from ...cache import cache_dir
+    from ...toolkit.convert import laid_out
+    from ..piper_encoder.producer import produce as produce_encoder
+
+    folder = Path(folder) if folder else cache_dir("speak", "piper", target)
+    made = {"decoder": laid_out(produce_for_voice(voice).save(), target, folder, "decoder")}
+    for width in widths:
+        made[width] = laid_out(produce_encoder(voice, width).path, target, folder, f"enc_n{width}")
+    return made
+
+
+def speak_plans(engines: dict, widths: Sequence[int]) -> dict[str, dict]:
+    """The three plans the document's table compares, by name: the CPU path, the decoder on the NPU, and
+    the decoder with the duration encoder's ladder."""
+    decoder = {"decoder": {"impl": "rknn", "artifacts": {"main": str(engines["decoder"])}}}
+    ladder = {"duration_encoder": {"impl": "rknn", "artifacts": {"main": ",".join(str(engines[w]) for w in widths)}}}
+    return {"CPU plan": {}, "NPU decoder": decoder, "NPU decoder + encoder ladder": {**decoder, **ladder}}

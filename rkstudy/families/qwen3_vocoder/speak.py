@@ -56,6 +56,9 @@ def add_args(p) -> None:
     p.add_argument("--tokens", type=positive, default=300, help="random codes: how many tokens (12.5 per second)")
     p.add_argument("--codes-seed", type=int, default=0, help="random codes: their seed")
     p.add_argument("--event", type=positive, default=12, help="streaming: tokens per event the talker hands over")
+    p.add_argument("--left-context", type=int, default=LEFT_CONTEXT,
+                   help=f"the window role: tokens of left context each event re-voices (default {LEFT_CONTEXT}, the "
+                        "package's chunked_decode default)")
 
 
 def model_contract(path: Path):
@@ -100,13 +103,21 @@ def prepare(plan, args, runtime: str):
             found[f"speech_decoder.{role}"] = es
         if "first" in choice.paths and args.mode == "offline":
             print("the first engine serves streaming only: offline decoding runs every token on the main engine")
-    payload = {"model": str(model.resolve()), "mode": args.mode, "event": args.event,
+    if "window" in choice.paths and args.mode == "streaming":
+        step = found["speech_decoder.window"][0].contract.params["codes_length"]
+        if args.left_context < 0 or args.left_context + args.event > step:
+            from ...errors import UsageError
+
+            raise UsageError(f"--left-context {args.left_context} with --event {args.event}: the window role re-voices "
+                             f"both in one {step}-token step; give left context + event <= {step}")
+    payload = {"model": str(model.resolve()), "mode": args.mode, "event": args.event, "left_context": args.left_context,
                "codes": str(Path(args.codes).resolve()) if args.codes else None, "tokens": args.tokens,
                "codes_seed": args.codes_seed, "num_quantizers": own.params["num_quantizers"],
                "codebook_size": own.params["codebook_size"]}
     row = {"weights": WEIGHTS, "mode": args.mode,
            "codes": Path(args.codes).name if args.codes else f"random seed {args.codes_seed}",
-           "event": args.event if args.mode == "streaming" else ""}
+           "event": args.event if args.mode == "streaming" else "",
+           "left_context": args.left_context if "window" in choice.paths and args.mode == "streaming" else ""}
     return Prepared(plan=plan, payload=payload, row=row, engines=found, notes=[NOTE])
 
 
@@ -114,8 +125,7 @@ def job(payload: dict) -> dict:
     """In the measured child: the steps loaded, then the codes decoded offline or as a stream of events."""
     import numpy as np
 
-    from ...contract import for_engine
-    from ...plan.engines import open_runner, place
+    from ...plan.engines import contract_of, open_runner, place
     from ...runtime import OrtRunner
     from .sidecar import SAMPLE_RATE, VocoderSidecar, events, random_codes
 
@@ -137,15 +147,10 @@ def job(payload: dict) -> dict:
                     continue
                 runners.append(open_runner(e, runtime, cores))
                 opened[role] = (runners[-1], e["path"])
-            contracts = {role: for_engine(path) for role, (_, path) in opened.items()}
+            contracts = {role: contract_of(path) for role, (_, path) in opened.items()}
             main = (opened["main"][0], contracts["main"])
         else:
-            from ...contract import from_metadata
-            from ...runtime import protowire
-
-            graph = Path(payload["model"]).read_bytes()
-            main = (OrtRunner(graph), from_metadata(protowire.metadata(graph), where=Path(payload["model"]).name,
-                                                    remake=""))
+            main = (OrtRunner(payload["model"]), contract_of(payload["model"]))
         first = (opened["first"][0], contracts["first"]) if "first" in opened else (None, None)
         side = VocoderSidecar(main[0], main[1], *first)
         window = VocoderSidecar(opened["window"][0], contracts["window"]) if "window" in opened else None
@@ -154,8 +159,9 @@ def job(payload: dict) -> dict:
         first_audio = None
         t0 = time.perf_counter()
         if payload["mode"] == "streaming":
-            stream = (window.window_stream(events(codes, payload["event"]), LEFT_CONTEXT) if window is not None
-                      else side.stream(events(codes, payload["event"])))
+            chunks = events(codes, payload["event"])
+            stream = (window.window_stream(chunks, payload["left_context"]) if window is not None
+                      else side.stream(chunks))
             pieces = []
             for pcm in stream:
                 if first_audio is None and pcm.size:
