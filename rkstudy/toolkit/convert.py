@@ -239,27 +239,3 @@ def convert(onnx_path: Path | str, target: str, out: Path | str | None = None, *
     compiled.write_beside(engine)
     return Converted(engine=engine, contract=compiled, simulated=simulated)
 
-
-def laid_out(onnx_path: Path | str, target: str, folder: Path | str, stem: str | None = None,
-             remake: str = "the family's stage-1 command") -> Path:
-    """An engine of the produced graph `onnx_path` for `target`, laid out in `folder` as stage 2 lays it out:
-    `<stem>.rknn`, its compiled contract beside it, and `<stem>.onnx`, the graph the contract names. The
-    engine comes from the build cache when one was built from the same bytes (notebooks share it), and
-    carries no simulator gate of its own: it is for runs that measure it themselves (`rkstudy speak`
-    with --runtime simulator builds its graph again and is compared with the CPU plan)."""
-    import shutil
-
-    from .build import build_engine
-
-    onnx_path, folder = Path(onnx_path), Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    stem = stem or onnx_path.stem
-    contract = from_metadata(graph.metadata(onnx_path), where=onnx_path.name, remake=remake)
-    report = build_engine(onnx_path, target).raise_for_status()
-    graph_copy, engine = folder / f"{stem}.onnx", folder / f"{stem}.rknn"
-    if not graph_copy.exists() or sha256_file(graph_copy) != sha256_file(onnx_path):
-        shutil.copyfile(onnx_path, graph_copy)
-    shutil.copyfile(report.engine, engine)
-    contract.compiled(target=target, toolkit=report.toolkit_version, onnx_path=graph_copy,
-                      engine_path=engine).write_beside(engine)
-    return engine

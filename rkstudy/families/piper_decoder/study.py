@@ -458,19 +458,15 @@ SPEAK_TEXT, SPEAK_CHUNK = "speak_443", 60   # 443 characters at chunk size 60, a
 SPEAK_LADDER, QUICK_SPEAK_LADDER = (128, 192), (128,)
 
 
-def speak_engines(voice: Voice, widths: Sequence[int], target: str = "rk3588", folder: Path | None = None) -> dict:
-    """The Piper plan's engines laid out as stage 2 lays them out (rkstudy.toolkit.convert.laid_out): the
-    93-frame decoder window and the duration encoder's rungs at `widths`, each .rknn with its contract and
-    its graph beside it (builds come from the cache when another section built the same bytes). Keys:
-    "decoder" and each width."""
-    from ...cache import cache_dir
-    from ...toolkit.convert import laid_out
+def speak_graphs(voice: Voice, widths: Sequence[int]) -> dict:
+    """The Piper plan's NPU artifacts on the host: the produced graphs (contract in their metadata) of the
+    93-frame decoder window and of the duration encoder's rungs at `widths`, from the cache the other sections
+    fill. `--runtime onnx` runs them as they are, `--runtime simulator` builds them for rk3588; no engine is
+    built before a plan runs. Keys: "decoder" and each width."""
     from ..piper_encoder.producer import produce as produce_encoder
 
-    folder = Path(folder) if folder else cache_dir("speak", "piper", target)
-    made = {"decoder": laid_out(produce_for_voice(voice).save(), target, folder, "decoder")}
-    for width in widths:
-        made[width] = laid_out(produce_encoder(voice, width).path, target, folder, f"enc_n{width}")
+    made = {"decoder": produce_for_voice(voice).save()}
+    made.update({width: produce_encoder(voice, width).path for width in widths})
     return made
 
 
