@@ -243,12 +243,13 @@ def speak(model: str, runs: Iterable[tuple[str, str, str | None]], *args, folder
 
 
 def against_cpu(rows: list[dict], audio: Mapping[str, tuple[np.ndarray, int]], cpu: str,
-                hop: int | None = None) -> list[dict]:
-    """The document's quality figures of every run's audio against the run labelled `cpu` (rkstudy.plan.quality),
-    one row each, stamped with the run's own where and target."""
+                hop: int | None = None, speech: bool = True) -> list[dict]:
+    """The document's quality figures of every run's audio against the run labelled `cpu`, and what a
+    listener would judge of it (rkstudy.plan.quality; `speech=False`: no DNSMOS, for audio that is not
+    speech), one row each, stamped with the run's own where and target."""
     from .plan.quality import against_cpu as compare
 
-    ref, _ = audio[cpu]
+    ref, rate = audio[cpu]
     return [{"path": r["path"], "plan_sha256": r["plan_sha256"], "runtime": r["runtime"],
-             **compare(ref, audio[r["path"]][0], hop=hop), "where": r["where"], "target": r["target"]}
-            for r in rows if r["path"] != cpu]
+             **compare(ref, audio[r["path"]][0], hop=hop, rate=rate, absolute=speech), "where": r["where"],
+             "target": r["target"]} for r in rows if r["path"] != cpu]

@@ -277,6 +277,25 @@ def test_an_engine_compiled_for_another_soc_is_refused_on_the_board(board, capsy
     assert not (tmp_path / "results").exists()
 
 
+def test_an_engine_from_a_toolkit_newer_than_the_boards_runtime_is_refused(board, capsys, tmp_path, voice_files):
+    """The recorded RK3588 tree's librknnrt is 2.3.2: an engine from rknn-toolkit2 2.5.0 is refused before any
+    init, naming both versions and both fixes; the same engine from 2.3.2 passes that check."""
+    board("rk3588")
+    plan = {"decoder": {"impl": "rknn", "artifacts": {"main": str(fake_engine(tmp_path / "new", source=voice_files,
+                                                                               toolkit="rknn-toolkit2 2.5.0"))}}}
+    code, err = run(capsys, "piper", "--plan", json.dumps(plan), "--text", "Hello.", "--voice-onnx", voice_files,
+                    "--results", tmp_path / "results")
+    assert code == 2 and err.count("\n") == 1
+    assert "decoder.rknn is from rknn-toolkit2 2.5.0; this board's librknnrt 2.3.2 is older and refuses it at init" \
+        in err and "Fix: put librknnrt 2.5.0 in /usr/lib" in err
+    assert not (tmp_path / "results").exists()
+    from rkstudy.plan import engines
+
+    ok = fake_engine(tmp_path / "old", source=voice_files, toolkit="rknn-toolkit2 2.3.2")
+    assert engines.load(ok, family="piper_decoder", runtime="rknnlite", source=voice_files).contract.toolkit == \
+        "rknn-toolkit2 2.3.2"
+
+
 def test_an_engine_of_another_voice_is_refused(board, capsys, tmp_path, voice_files):
     board("rk3588")
     engine = fake_engine(tmp_path / "eng")  # made from "v.onnx" of digest aaaa...

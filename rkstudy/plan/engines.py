@@ -11,8 +11,8 @@ graph itself (a produced .onnx, its contract in its metadata), so a plan runs be
 the simulator then builds it for rk3588. A board takes engines only.
 
 Before a run: the contract is present and valid, the engine's bytes are unchanged since conversion, it
-is an engine of the component's family, compiled for this board's SoC (on a board) by a toolkit this
-board's runtime runs, and carved from the model the run speaks with. A refusal is one line naming
+is an engine of the component's family, compiled for this board's SoC (on a board) by a toolkit no newer
+than this board's librknnrt, and carved from the model the run speaks with. A refusal is one line naming
 the command that makes a matching engine (EngineMismatch, exit 2).
 
 Board side: numpy; RKNNLite, onnxruntime or the toolkit (host) at call time.
@@ -92,8 +92,11 @@ def stage1_graph(path: Path, contract: Contract) -> Path:
 
 
 def check_on_board(contract: Contract) -> None:
-    """What only a board can answer: that its SoC runs the engine's target."""
-    contract.check_target(sysfs.soc())
+    """What only a board can answer, before any init: that its SoC runs the engine's target and its
+    librknnrt the toolkit that compiled it (rkstudy.board.compat)."""
+    from ..board.compat import check_engine
+
+    check_engine(contract)
 
 
 STAGE1_TARGET = "rk3588"  # what the simulator builds a stage-1 graph artifact for (the document's board)

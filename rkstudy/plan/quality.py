@@ -1,6 +1,7 @@
 """A plan's audio against the CPU plan's, as the RKNN decoder-path document measures it: global SNR,
 median (and worst) per-256-sample SNR, the best lag, and the largest sample-to-sample step of each (in
-16-bit units, as the document gives it: a click at a seam shows there).
+16-bit units, as the document gives it: a click at a seam shows there); and beside them, given the rate,
+what a listener would judge (rkstudy.gates.perceptual: PESQ-WB, STOI, a log-mel distance, DNSMOS).
 
 Two plans voice the same latent only where their duration stages agree; when their frame counts differ
 (the fp16 duration encoder moved a chunk's durations), the samples compared are the shorter render's and
@@ -18,8 +19,10 @@ from .. import gates
 INT16 = 32767
 
 
-def against_cpu(reference: np.ndarray, test: np.ndarray, *, hop: int | None = None) -> dict:
-    """The document's quality figures of `test` against `reference` (the CPU plan's audio, same rate)."""
+def against_cpu(reference: np.ndarray, test: np.ndarray, *, hop: int | None = None, rate: int | None = None,
+                absolute: bool = True) -> dict:
+    """The document's quality figures of `test` against `reference` (the CPU plan's audio, same rate); with
+    `rate`, the perceptual scores too (`absolute=False` leaves out DNSMOS, for audio that is not speech)."""
     ref = np.asarray(reference, np.float64).ravel()
     got = np.asarray(test, np.float64).ravel()
     n = min(ref.size, got.size)
@@ -31,4 +34,6 @@ def against_cpu(reference: np.ndarray, test: np.ndarray, *, hop: int | None = No
                 "max_step_cpu_int16": round(gates.max_step(ref) * INT16),
                 "max_step_int16": round(gates.max_step(got) * INT16),
                 "nonfinite": gates.nonfinite_count(got)})
+    if rate:
+        row.update(gates.perceptual(ref[:n], got[:n], rate, absolute=absolute))
     return row
