@@ -219,8 +219,9 @@ def _cmd_speak(args) -> int:
 
     if args.audio is not None:
         audio.audio_format(args.audio)  # a wrong suffix is said before any work
+    table = speak.destination(args.speak_model, args.results)
     spoken = speak.speak(args.speak_model, args.plan, args, runtime=args.runtime, cores=args.cores,
-                         writable=[args.audio] if args.audio else None)
+                         writable=[table, table.with_suffix(".md"), *([args.audio] if args.audio else [])])
     table = speak.record(spoken, audio=args.audio, results_dir=args.results)
     print(speak.summary_line(spoken, table))
     return 0

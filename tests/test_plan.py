@@ -365,3 +365,17 @@ def test_a_produced_graph_is_an_artifact_on_the_host_and_refused_on_a_board(boar
     assert code == 2 and err.count("\n") == 1
     assert "decoder_z.onnx is a produced graph, not an engine: the NPU runs engines; convert it with " \
            "`rkstudy piper decoder --onnx <decoder_z.onnx> --target rk3588` on the host" in err
+
+
+def test_a_table_this_user_cannot_write_is_refused_before_the_synthesis(capsys, tmp_path, monkeypatch):
+    """An earlier run under sudo left the table root-owned: said before the child starts, nothing written."""
+    from rkstudy.board import run as board_run
+
+    table = tmp_path / "results" / "piper_decoder" / "speak.csv"
+    table.parent.mkdir(parents=True)
+    table.write_text("model\npiper\n")
+    monkeypatch.setattr(board_run.os, "access", lambda path, mode: str(path) != str(table))
+    code, err = run(capsys, "piper", "--plan", "{}", "--text", "Hello.", "--audio", tmp_path / "out.wav",
+                    "--results", tmp_path / "results")
+    assert code == 2 and err.count("\n") == 1 and "speak.csv is not writable by this user" in err
+    assert not (tmp_path / "out.wav").exists() and table.read_text() == "model\npiper\n"

@@ -106,15 +106,27 @@ def table_for(model_plan: ModelPlan, where: str) -> tuple[str, str]:
     return model_plan.study, "speak"
 
 
+def destination(model: str, results_dir: Path | None = None) -> Path:
+    """The table a run here appends to (see record): known before the run, since a board's runs (the CPU
+    plan's too) are board or replay rows and a host's never are."""
+    from .engines import on_board
+
+    board = on_board()
+    study, table = table_for(schema(model), "board" if board else "fp32")
+    root = Path(results_dir) if results_dir else results.results_root(quick=not board)
+    return root / study / f"{table}.csv"
+
+
 def speak(model: str, plan_text, args, *, runtime: str | None = None, cores: str = "0_1_2",
           writable: list[Path] | None = None) -> Spoken:
     """Run `model`'s whole synthesis under the plan (`plan_text`: JSON, a file path, or an object) with
-    the model's own inputs in `args` (its speaker's add_args); return the row and the audio."""
+    the model's own inputs in `args` (its speaker's add_args); return the row and the audio. `writable`:
+    the files the caller will write after (the audio, the table), refused now if this user cannot."""
     prepared, runtime = prepare(model, plan_text, args, runtime)
     if writable:
         from ..board.run import require_writable
 
-        require_writable(writable)
+        require_writable([Path(p) for p in writable])
     model_plan = prepared.plan.schema
     for note in prepared.notes:
         print(note, flush=True)
@@ -158,21 +170,26 @@ def record(spoken: Spoken, *, audio: Path | None = None, results_dir: Path | Non
     """Write the audio (WAV or FLAC) and append the row to its table: `<results>/board/speak_<model>.csv`
     for a board or replay run (default results/), `<results>/<study>/speak.csv` for a host run (default
     build/quick-results/: a host run from the command line never edits the committed tables, which the
-    notebooks write). Returns the table."""
+    notebooks write). Under sudo, what it wrote and the folders it made go back to the invoking user.
+    Returns the table."""
     from ..board.run import hand_back
 
-    if audio is not None and spoken.audio.size:
-        audio_files.write(audio, spoken.audio, spoken.sample_rate)
-        print(f"wrote {audio} ({spoken.audio.size / spoken.sample_rate:.2f} s at {spoken.sample_rate} Hz)")
     board = spoken.row["where"] in BOARD_WHERE
     root = Path(results_dir) if results_dir else results.results_root(quick=not board)
     path = root / spoken.study / f"{spoken.table}.csv"
+    created, folder = [], path.parent
+    while not folder.exists():
+        created.append(folder)
+        folder = folder.parent
+    if audio is not None and spoken.audio.size:
+        audio_files.write(audio, spoken.audio, spoken.sample_rate)
+        print(f"wrote {audio} ({spoken.audio.size / spoken.sample_rate:.2f} s at {spoken.sample_rate} Hz)")
     rows = results.read_table(path) if path.is_file() else []
     if rows and list(rows[0]) != list(spoken.row):
         raise InputError(f"{path} has other columns than this run's row; pass --results DIR for a fresh table")
     written = results.write_table(spoken.study, spoken.table, rows + [spoken.row], root=root,
                                   title=f"Whole syntheses under a component execution plan: {spoken.row['model']}")
-    hand_back([path, path.with_suffix(".md")] + ([Path(audio)] if audio else []), [])
+    hand_back([path, path.with_suffix(".md")] + ([Path(audio)] if audio else []), created)
     return written
 
 

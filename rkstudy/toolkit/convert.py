@@ -238,4 +238,3 @@ def convert(onnx_path: Path | str, target: str, out: Path | str | None = None, *
                                  onnx_path=onnx_path, engine_path=engine)
     compiled.write_beside(engine)
     return Converted(engine=engine, contract=compiled, simulated=simulated)
-
