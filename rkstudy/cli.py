@@ -214,6 +214,50 @@ def _cmd_board_dram(args) -> int:
     return 0
 
 
+def _cmd_speak(args) -> int:
+    from .plan import audio, speak
+
+    if args.audio is not None:
+        audio.audio_format(args.audio)  # a wrong suffix is said before any work
+    table = speak.destination(args.speak_model, args.results)
+    spoken = speak.speak(args.speak_model, args.plan, args, runtime=args.runtime, cores=args.cores,
+                         writable=[table, table.with_suffix(".md"), *([args.audio] if args.audio else [])])
+    table = speak.record(spoken, audio=args.audio, results_dir=args.results)
+    print(speak.summary_line(spoken, table))
+    return 0
+
+
+def _add_speak(sub) -> None:
+    """`rkstudy speak MODEL`: one subcommand per model with a plan schema (rkstudy.plan, from the registry)."""
+    import importlib
+
+    from .plan.engines import RUNTIMES
+    from .plan.schema import schemas
+
+    speak = sub.add_parser("speak", help="a whole text under a component execution plan (each component on the "
+                           "NPU or the CPU): audio and one results row")
+    models = speak.add_subparsers(dest="speak_model", required=True)
+    for model, mp in schemas().items():
+        comps = ", ".join(c.name for c in mp.components)
+        p = models.add_parser(model, help=f"{mp.title} (components: {comps})"
+                              + ("" if mp.speaker else "; the plan is checked, the model is not here"))
+        p.add_argument("--plan", required=True, metavar="JSON|FILE",
+                       help=f"the component execution plan ({mp.option} in the RKNN decoder-path document): a JSON "
+                            f"object of components ({comps}) or a file holding one; {{}} is the CPU path")
+        p.add_argument("--runtime", choices=RUNTIMES,
+                       help="where the plan's NPU components run: rknnlite on a board (the default there); on the "
+                            "host, simulator (the toolkit's simulator builds each engine's own graph) or onnx (each "
+                            "engine's own graph in onnxruntime)")
+        p.add_argument("--audio", type=Path, help="write the audio here (.wav or .flac, 16-bit, at the model's rate)")
+        p.add_argument("--results", type=Path, help="results root for the row (default: results/ for a board run, "
+                       "build/quick-results/ on the host)")
+        p.add_argument("--cores", choices=("0_1_2", "0", "auto"), default="0_1_2",
+                       help="NPU core mask on a board (0_1_2 falls back to auto where the driver refuses it)")
+        if mp.speaker:
+            importlib.import_module(mp.speaker).add_args(p)
+        p.set_defaults(func=_cmd_speak)
+
+
 def _add_board_kit(board_cmds) -> None:
     """`rkstudy board check | memory | dram`: the board measurement kit (board side, stdlib/numpy/ctypes)."""
     c = board_cmds.add_parser("check", help="governor, NPU clock, driver, librknnrt, CPU clusters, and whether "
@@ -356,6 +400,7 @@ def parser() -> Parser:
     run = board_cmds.add_parser("run", help="a family's sidecar on the NPU: audio and one results row")
     _add_families(sub, run.add_subparsers(dest="family", required=True))
     _add_board_kit(board_cmds)
+    _add_speak(sub)
     return p
 
 

@@ -209,3 +209,47 @@ class Study:
             print(shown_path(path))
         if self.headline_values:
             print(shown_path(results.record_headlines(self.study, self.headline_values, root=self.root)))
+
+
+# --- whole syntheses under a component execution plan ----------------------------------------------
+def speak(model: str, runs: Iterable[tuple[str, str, str | None]], *args, folder: Path | None = None
+          ) -> tuple[list[dict], dict[str, tuple[np.ndarray, int]]]:
+    """Each run (`path` label, plan JSON, runtime or None) as `rkstudy speak MODEL ... *args` runs it: the
+    command line itself, whose child measures the synthesis (its own peak RSS, not the kernel's). Returns
+    the rows, each labelled with its `path`, and each run's audio read back from the file it wrote (16-bit,
+    what a listener gets), by label. A run that fails raises its one-line error."""
+    import json
+    import tempfile
+
+    from .cli import main
+    from .plan import audio as audio_files
+
+    folder = Path(folder or tempfile.mkdtemp(prefix=f"rkstudy-speak-{model}-"))
+    rows, audio = [], {}
+    for label, plan, runtime in runs:
+        stem = "".join(ch if ch.isalnum() else "_" for ch in label)
+        wav = folder / f"{stem}.wav"
+        argv = ["speak", model, "--plan", plan if isinstance(plan, str) else json.dumps(plan),
+                *(["--runtime", runtime] if runtime else []), *map(str, args), "--audio", str(wav),
+                "--results", str(folder / stem)]
+        if main(argv) != 0:
+            raise RuntimeError(f"`rkstudy {' '.join(argv)}` failed (its error is printed above)")
+        (found,) = [p for p in (folder / stem).glob("*/*.csv")]
+        row = results.read_table(found)[-1]
+        rows.append({"path": label, **{k: v for k, v in row.items() if k not in results.STAMP},
+                     "where": row["where"], "target": row["target"]})
+        audio[label] = audio_files.read(wav)
+    return rows, audio
+
+
+def against_cpu(rows: list[dict], audio: Mapping[str, tuple[np.ndarray, int]], cpu: str,
+                hop: int | None = None, speech: bool = True) -> list[dict]:
+    """The document's quality figures of every run's audio against the run labelled `cpu`, and what a
+    listener would judge of it (rkstudy.plan.quality; `speech=False`: no DNSMOS, for audio that is not
+    speech), one row each, stamped with the run's own where and target."""
+    from .plan.quality import against_cpu as compare
+
+    ref, rate = audio[cpu]
+    return [{"path": r["path"], "plan_sha256": r["plan_sha256"], "runtime": r["runtime"],
+             **compare(ref, audio[r["path"]][0], hop=hop, rate=rate, absolute=speech), "where": r["where"],
+             "target": r["target"]} for r in rows if r["path"] != cpu]

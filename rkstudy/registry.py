@@ -21,8 +21,8 @@ PACKAGE = "rkstudy.families"
 class Family:
     """What the command line, doctor, the board side and the results index need to know.
 
-    `cli`, `board`, `planner`, `lint_graphs`, `lever_graphs` and `compiler_cases` are "module:function"
-    strings resolved only when used, so registering a family imports nothing but this module.
+    `cli`, `board`, `planner`, `lint_graphs`, `lever_graphs`, `compiler_cases` and `plan` are
+    "module:function" strings resolved only when used, so registering a family imports nothing but this module.
     """
 
     name: str                              # the registry key, the contract's family, the study
@@ -39,6 +39,7 @@ class Family:
     # stage 2 where it is not the stage-1 command with --onnx: "rkstudy port build --onnx {graph} --inputs ..."
     # ({graph} is the produced graph; a refusal's fix adds --target)
     stage2: str | None = None
+    plan: str | None = None                # "module:function() -> rkstudy.plan.ModelPlan" (`rkstudy speak`)
 
     @property
     def study(self) -> str:

@@ -20,7 +20,7 @@ REFUSED = ("onnx", "onnxslim", "rknn", "torch")
 # such as "The Piper decoder sidecar (board side): ...".
 DECLARED = re.compile(r"\bboard side\b", re.IGNORECASE)
 # The modules of a family folder that a board runs (the family registry's section order).
-FAMILY_BOARD_PARTS = ("sidecar", "cli", "board")
+FAMILY_BOARD_PARTS = ("sidecar", "cli", "board", "speak")
 
 
 def declared_board_side() -> set[str]:
@@ -57,7 +57,8 @@ def test_the_board_side_is_derived_from_the_registry_and_the_docstrings():
     jobs = {f.board.partition(":")[0] for f in families.load_all().values() if f.board}
     assert len(jobs) >= 6 and jobs <= set(BOARD_MODULES)
     assert {"rkstudy.board", "rkstudy.board.run", "rkstudy.walk.window", "rkstudy.contract", "rkstudy.board.runner",
-            "rkstudy.families.port.sidecar"} <= set(BOARD_MODULES)
+            "rkstudy.families.port.sidecar", "rkstudy.plan.speak", "rkstudy.plan.engines",
+            "rkstudy.families.piper_decoder.speak", "rkstudy.families.piper.cuts"} <= set(BOARD_MODULES)
     assert not {"rkstudy.toolkit.build", "rkstudy.graph.index", "rkstudy.toolkit.simulator"} & set(BOARD_MODULES)
 
 # A meta-path finder that refuses the converter's packages, as a board without them would.
@@ -94,7 +95,8 @@ BOARD_JOBS = [["board", "run", name, "--help"] for name, family in families.load
 @pytest.mark.parametrize("argv", [["doctor", "--board"], ["board", "--help"], ["--help"], ["board", "check"],
                                   ["board", "memory", "--help"], ["board", "dram", "--help"],
                                   ["cosyvoice3", "estimator", "--help"], ["qwen3", "vocoder", "--help"],
-                                  ["piper", "decoder", "--help"], *BOARD_JOBS])
+                                  ["piper", "decoder", "--help"], ["speak", "--help"], ["speak", "piper", "--help"],
+                                  ["speak", "kokoro", "--help"], ["speak", "qwen3", "--help"], *BOARD_JOBS])
 def test_board_commands_run_without_the_converter(argv):
     proc = run_guarded(f"from rkstudy.cli import main\nimport sys\nsys.exit(main({argv!r}))")
     assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
@@ -107,3 +109,23 @@ def test_a_host_command_on_the_board_says_so_in_one_line(tmp_path):
     proc = run_guarded(f"from rkstudy.cli import main\nimport sys\nsys.exit(main(['census', {model!r}]))")
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "needs onnx, which is not installed here" in proc.stderr
+
+
+def test_the_piper_cpu_plan_speaks_without_the_converter():
+    """The whole CPU path of `rkstudy speak piper` (the voice cut on the wire, onnxruntime, piper-tts) in a
+    process that refuses onnx, onnxslim, the toolkit and torch: prepared and run as the child runs it."""
+    code = """
+from rkstudy.cli import parser
+from rkstudy.plan import speak
+from rkstudy.families.piper_decoder.speak import job
+args = parser().parse_args(["speak", "piper", "--plan", "{}", "--text", "Hello there."])
+prepared, runtime = speak.prepare("piper", args.plan, args, args.runtime)
+out = job(speak.payload_of(prepared, runtime, "0_1_2"))
+print("AUDIO", out["audio"].size, out["where"], out["row"]["chunks"])
+import sys
+""" + f"print('LEAKED', sorted(m for m in sys.modules if m.split('.')[0] in {REFUSED!r}))\n"
+    proc = run_guarded(code)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "LEAKED []" in proc.stdout
+    size = int(proc.stdout.split("AUDIO ")[1].split()[0])
+    assert size > 0 and size % 256 == 0 and " fp32 1" in proc.stdout

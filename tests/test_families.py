@@ -18,14 +18,17 @@ TEMPLATE = FOLDER / "README.md"
 
 # family -> {module it lacks: why}
 LACKS = {
-    "toolchain": {m: "it measures the tools on probe graphs: no stage to produce, no board job"
-                  for m in ("producer.py", "sidecar.py", "cli.py", "board.py")},
+    "toolchain": {m: "it measures the tools on probe graphs: no stage to produce, no board job, no model to speak"
+                  for m in ("producer.py", "sidecar.py", "cli.py", "board.py", "speak.py")},
+    "piper_decoder_stateful": {"speak.py": "the Piper plan (piper_decoder's) names the window engine's decoder"},
+    "piper_encoder": {"speak.py": "its engines are the Piper plan's duration_encoder; piper_decoder declares it"},
     "inflect_decoder": {"producer.py": "carve.py cuts the decode.onnx and the Piper decoder's producer makes its slice",
                         "sidecar.py": "its engines run through the Piper decoder's sidecar",
                         "board.py": "its engines run through the Piper decoder's board job"},
     "flow_estimator": {"sidecar.py": "its board side is the shared memory kit (rkstudy.board.memory)",
                        "board.py": "its board commands are `rkstudy board memory | check | dram`"},
-    "port": {"lint_graphs.py": "its graphs are the user's own: `rkstudy port lint` lints them"},
+    "port": {"lint_graphs.py": "its graphs are the user's own: `rkstudy port lint` lints them",
+             "speak.py": "a user's own vocoder has no model around it to speak with"},
 }
 # family -> hook the module exists for but the registry leaves unset: why
 NO_HOOK = {("piper_decoder_stateful", "cli"): "its flags live in piper_decoder's command; cli.py holds the handlers"}
@@ -39,7 +42,8 @@ def template_modules() -> list[str]:
 
 
 def test_the_template_lists_the_modules_every_family_is_built_from():
-    assert template_modules() == ["producer.py", "sidecar.py", "study.py", "lint_graphs.py", "cli.py", "board.py"]
+    assert template_modules() == ["producer.py", "sidecar.py", "study.py", "lint_graphs.py", "cli.py", "board.py",
+                                  "speak.py"]
 
 
 @pytest.mark.parametrize("name", families.FAMILIES)
@@ -59,7 +63,7 @@ def test_family_folder_follows_the_template(name):
     assert in_order == [m for m in core if m in files], f"{name}: listed in the order {in_order}"
 
     for hook, module in (("cli", "cli.py"), ("board", "board.py"), ("lint_graphs", "lint_graphs.py"),
-                         ("lever_graphs", "levers.py")):
+                         ("lever_graphs", "levers.py"), ("plan", "speak.py")):
         value = getattr(registered, hook)
         if (name, hook) in NO_HOOK:
             assert value is None and module in files
@@ -74,6 +78,19 @@ def test_compiler_cases_come_from_the_family_levers_module():
     for name, family in families.load_all().items():
         if family.compiler_cases:
             assert family.compiler_cases.startswith(f"rkstudy.families.{name}.levers:"), family.compiler_cases
+
+
+def test_every_plan_schema_comes_from_the_registry():
+    """Each model's plan is one family's `plan` hook; the models are the reference document's five."""
+    from rkstudy.plan import schemas
+
+    found = schemas()
+    assert sorted(found) == ["cosyvoice3", "inflect", "kokoro", "piper", "qwen3"]
+    for model, schema in found.items():
+        family = families.load_all()[schema.family]
+        assert family.plan == f"rkstudy.families.{family.name}.speak:plan", family.plan
+        assert schema.speaker in (None, f"rkstudy.families.{family.name}.speak")
+        assert bool(schema.speaker) != bool(schema.unavailable), model
 
 
 def test_every_family_folder_is_registered():

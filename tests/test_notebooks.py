@@ -55,7 +55,13 @@ EXPECT = {
         "receptive field, frames left / right of a perturbed frame (max)": (20, 45),
         "minimum context for 80 dB on speech (emit 45)": (16, 32),
         # quick: "No." and "Hello." (46 and 49 frames), measured 2026-12-01 at under 0.001 dB
-        "decoder mask on short utterances: largest |masked - unmasked| vs full decode (simulator rk3588)": (0, 0.1)}),
+        "decoder mask on short utterances: largest |masked - unmasked| vs full decode (simulator rk3588)": (0, 0.1),
+        # quick: the short and the phone text (two chunks, the second above the ladder {128}) through onnxruntime;
+        # the window walk against the one-call decoder, and the ladder voicing the CPU plan's latent (measured
+        # 2026-12-04 on the phone text alone: 89.1 dB, 0 frames)
+        "speak: NPU decoder plan vs the CPU plan, global SNR (onnx)": (50, math.inf),
+        "speak: encoder ladder plan, frames apart from the CPU plan (onnx)": (0, 0),
+        "speak: chunks of the text": (2, 2)}),
     "piper_decoder_stateful": ("01b_piper_decoder_stateful.ipynb", {
         "lookahead": (10774, 10774),
         "state floats": (87707, 87707),
@@ -106,7 +112,11 @@ EXPECT = {
         "census: settings built / built ok": (0.75, 0.75),
         "census: builds the producer's prediction got right": (1, 1),
         "sidecar 16+64 streaming vs full decode": (120, math.inf),
-        "window role vs the package's chunked_decode": (120, math.inf)}),
+        "window role vs the package's chunked_decode": (120, math.inf),
+        # `rkstudy speak qwen3` (4+16 at toy widths, measured 2026-12-04: 107.7 and 67.6 dB): the stream with one
+        # cache is the offline decode, the window role re-voices its context from zero and is not
+        "speak: 16+64 streaming plan vs the CPU plan's offline decode (onnx)": (100, math.inf),
+        "speak: window role vs the CPU plan's offline decode (onnx)": (40, 100)}),
     "flow_estimator": ("05_flow_estimator_memory.ipynb", {
         "consistency check (fed their costs and budget): their measured sets the model reproduces": (8, 8),
         "consistency check (fed their costs and budget): admit/refuse rows agreeing, with S>=900 sets":
@@ -158,7 +168,11 @@ EXPECT = {
         # the planner on the short utterance (220 frames): 8 frames each side with frozen statistics,
         # 151 frames (0.69 of the latent) as compiled (measured 2026-11-30, torch CPU)
         "receptive field, frozen statistics (planner, fp32)": (6, 11),
-        "receptive field as compiled, share of the latent (planner, fp32)": (0.5, 1.0)}),
+        "receptive field as compiled, share of the latent (planner, fp32)": (0.5, 1.0),
+        # `rkstudy speak kokoro` on the short utterance (measured 2026-12-04: 3.9 dB, the same 220 frames): four
+        # windows normalized each by their own statistics against the int8 model's one-call generator
+        "speak: NPU generator plan vs the CPU plan, global SNR (onnx)": (0, 15),
+        "speak: generator plan, frames apart from the CPU plan (onnx)": (0, 0)}),
     # quick mode: HiFi-GAN V3 and Vocos (small) and the instance-norm graph, one step built for rk3588
     # (measured 2026-12-01: float64 303-310 dB, simulator 57.3 dB, receptive field 8 frames, no REGTASK)
     "port": ("07_port_your_model.ipynb", {

