@@ -155,8 +155,9 @@ class Study:
             return []
         tally = claims.counts([r["verdict"] for r in rows])
         print(", ".join(f"{n} {kind}" for kind, n in tally.items()))
+        # each row keeps where the rows it read were measured (a simulator score stays a simulator row)
         return self.table("reference_claims", rows, "The reference documents' measured claims beside ours",
-                          by=results.HOST, show=["claim", "theirs", "ours", "verdict"])
+                          show=["claim", "theirs", "ours", "verdict"])
 
     def conclusions(self, statements: Iterable[Statement]) -> str:
         """The Markdown list `conclude` shows: each statement filled from this run's tables, with the

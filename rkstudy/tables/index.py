@@ -37,8 +37,10 @@ The reference documents' own figures are in `data/reference/figures.csv` (with d
 where a headline has one, it is shown beside ours, labelled as theirs, with whether the two are the
 same quantity under the same conditions (`same`) or what differs (`differs: ...`). Each study's
 `reference_claims` table puts every measured claim the documents make about it beside ours, with a
-verdict: `reproduced`, `differs` (by how much, and the cause or the open question), `board only` or
-`not measured here` (and why); data/reference/claims.csv says how each is read. The executed
+verdict computed from the row it cites by the rule data/reference/claims.csv states: `reproduced` (the
+same quantity, within the band), `consistent` (a different quantity that agrees with theirs, and what
+that means), `differs` (by how much, and the cause or the open question), `board only`, `measured in`
+another study (which claim), or `not measured here` (and why). The executed
 notebooks, with their plots, tables and audio, are under `notebooks/`.
 """
 
@@ -122,10 +124,13 @@ def _claims_line(study: str, folder: Path) -> str:
     if not path.is_file():
         return ""
     tally = claims.counts([r["verdict"] for r in results.read_table(path)])
+    named = {"reproduced": "reproduced", "consistent": "consistent (a different quantity that agrees)",
+             "differs": "differ", "board only": "board only", "measured elsewhere": "measured in another study",
+             "not measured": "not measured here"}
+    parts = ", ".join(f"{tally[k]} {named[k]}" for k in claims.KINDS if tally[k] or k in ("reproduced", "differs"))
     return (f"\nThe reference documents' measured claims about {study}, ours beside each "
             f"([`{study}/reference_claims`]({study}/reference_claims.md)): {sum(tally.values())} claims, "
-            f"{tally['reproduced']} reproduced, {tally['differs']} differ, {tally['board only']} board only, "
-            f"{tally['not measured']} not measured here.\n")
+            f"{parts}.\n")
 
 
 def generate(root: Path = RESULTS) -> str:
