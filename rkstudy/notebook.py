@@ -7,7 +7,7 @@ read, and end with what the run shows, each statement rendered from the table ro
 from __future__ import annotations
 
 import string
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,35 +30,81 @@ def shown_path(path: Path) -> Path:
         return Path(path)
 
 
+SUMMARIES = ("min", "max", "count", "sum")
+
+
 @dataclass(frozen=True)
 class Cite:
     """One value a statement quotes: `column` of the one row of `table` that `where` selects (column
-    -> value, every pair must match; compared as text too, so 93 selects a row holding "93")."""
+    -> value, every pair must match; compared as text too, so 93 selects a row holding "93"), or with
+    `summary` ("min", "max", "count", "sum") that summary over every row `where` selects."""
     table: str
     where: Mapping
     column: str
+    summary: str | None = None
 
     def label(self) -> str:
         sel = ", ".join(f"{k}={v}" for k, v in self.where.items())
-        return f"`{self.table}`: {sel + ', ' if sel else ''}{self.column}"
+        what = f"{self.summary} of {self.column}" if self.summary else self.column
+        return f"`{self.table}`: {sel + ', ' if sel else ''}{what}"
 
     def matches(self, row: Mapping) -> bool:
         return all(k in row and (row[k] == v or str(row[k]) == str(v)) for k, v in self.where.items())
+
+    def conditions(self) -> list[str]:
+        return [self.table, self.column, *(f"{k}={v}" for k, v in self.where.items())]
+
+
+@dataclass(frozen=True)
+class Theirs:
+    """A reference figure a statement sets beside ours, by its exact text (data/reference/figures.csv):
+    rendered as theirs ("98+ dB"), never typed into the prose."""
+    figure: str
+    study: str
+    target: str | None = None
+
+    def label(self) -> str:
+        return f"the reference documents: {self.figure}" + (f" ({self.target})" if self.target else "")
+
+    def conditions(self) -> list[str]:
+        return [self.figure, self.target or ""]
+
+
+def theirs(figure: str, study: str, target: str | None = None) -> Theirs:
+    return Theirs(figure, study, target)
 
 
 @dataclass(frozen=True)
 class Statement:
     """One thing a run shows: `text` is a format string whose fields take the cited values in
     order. `full_only` says the cited rows exist only in a full run: in quick mode a missing table
-    or row then renders as skipped instead of failing."""
+    or row then renders as skipped instead of failing. `holds(*values)`, when given, says whether the
+    reading the text puts on the values holds in this run; where it does not the statement is
+    flagged, not shown as if it did."""
     text: str
-    cites: tuple[Cite, ...]
+    cites: tuple[Cite | Theirs, ...]
     full_only: bool = False
+    holds: Callable[..., bool] | None = None
 
 
-def says(text: str, *cites: tuple | Cite, full_only: bool = False) -> Statement:
-    """`says("worst window {:.1f} dB", ("window_sweep", {"window": 93}, "min_snr_db"))`."""
-    return Statement(text, tuple(c if isinstance(c, Cite) else Cite(*c) for c in cites), full_only)
+def typed_numbers(text: str, cites: Iterable[Cite | Theirs] = ()) -> list[str]:
+    """The numbers in a statement's own words (its format fields left out) that none of its cites'
+    conditions name: a quantity typed into the prose where it should be rendered from a row."""
+    words = _unfilled(text).replace("…", " ")
+    return claims.typed_numbers(words, [c for cite in cites for c in cite.conditions()])
+
+
+def says(text: str, *cites: tuple | Cite | Theirs, full_only: bool = False,
+         holds: Callable[..., bool] | None = None) -> Statement:
+    """`says("worst window {:.1f} dB", ("window_sweep", {"window": 93}, "min_snr_db"))`. A number in
+    `text` that is no condition of its cites (a selector value, a reference figure's text) is refused:
+    a measured value is a field, filled from this run's row."""
+    made = tuple(c if isinstance(c, (Cite, Theirs)) else Cite(*c) for c in cites)
+    typed = typed_numbers(text, made)
+    if typed:
+        raise ValueError(f"statement {text!r} types {', '.join(typed)}: cite the row that holds it "
+                         "(a format field) or name it in a cite's selector")
+    return Statement(text, made, full_only, holds)
 
 
 def _unfilled(text: str) -> str:
@@ -182,13 +228,33 @@ class Study:
                 text = st.text.format(*values)
             except (ValueError, TypeError, IndexError) as bad:
                 raise ValueError(f"{self.study}, statement {n} ({st.text!r}) cannot take {values!r}: {bad}") from None
-            lines.append(f"- {text} ({sources})")
+            if st.holds is not None and not st.holds(*values):
+                lines.append(f"- **Not so in this run** (the reading this statement puts on its values fails on "
+                             f"them): {text} ({sources})")
+                continue
+            lines.append(f"- {text} ({sources})" if sources else f"- {text}")
         return "\n".join(lines)
 
-    def _cited(self, cite: Cite):
+    def _cited(self, cite: Cite | Theirs):
+        if isinstance(cite, Theirs):
+            found = [r for r in results.reference(cite.study)
+                     if r["figure"] == cite.figure and (cite.target is None or r["target"] == cite.target)]
+            if len(found) != 1:
+                raise KeyError(f"{len(found)} reference figures {cite.figure!r} for {cite.study}; name one "
+                               "(its exact text, and its target where two share it)")
+            return f"{found[0]['value']} {found[0]['unit']}".strip()
         if cite.table not in self.tables:
             raise KeyError(f"table {cite.table!r} was not recorded in this run (recorded: {', '.join(self.tables)})")
         rows = [r for r in self.tables[cite.table][0] if cite.matches(r)]
+        if cite.summary is not None:
+            if cite.summary not in SUMMARIES:
+                raise KeyError(f"{cite.label()}: summary {cite.summary!r} is not one of {', '.join(SUMMARIES)}")
+            if cite.summary == "count":
+                return len(rows)
+            cells = [r.get(cite.column) for r in rows if r.get(cite.column) not in ("", None)]
+            if not cells:
+                raise KeyError(f"{cite.label()} selects no row with a value")
+            return {"min": min, "max": max, "sum": sum}[cite.summary](cells)
         if len(rows) != 1:
             raise KeyError(f"{cite.label()} selects {len(rows)} rows of {cite.table!r}, not one")
         if cite.column not in rows[0]:

@@ -23,13 +23,13 @@ def test_statements_render_from_the_cited_rows_and_name_them():
     text = _study(quick=False).conclusions([
         says("The worst interior window of the 93-frame window scores {:.1f} dB against a full decode",
              ("window_sweep", {"window": 93, "kind": "interior"}, "min_snr_db")),
-        says("{} lines at 93 frames on {}, {:.2f} dB at 55", ("builds", {"target": "rk3588"}, "regtask"),
+        says("{} lines for the 93-frame window on {}, {:.2f} dB at 55", ("builds", {"target": "rk3588"}, "regtask"),
              Cite("builds", {"target": "rk3588"}, "target"),
              ("window_sweep", {"window": "55", "kind": "interior"}, "min_snr_db"))])
     assert text.split("\n") == [
         "- The worst interior window of the 93-frame window scores 73.2 dB against a full decode "
         "(`window_sweep`: window=93, kind=interior, min_snr_db)",
-        "- 18 lines at 93 frames on rk3588, -3.17 dB at 55 (`builds`: target=rk3588, regtask; "
+        "- 18 lines for the 93-frame window on rk3588, -3.17 dB at 55 (`builds`: target=rk3588, regtask; "
         "`builds`: target=rk3588, target; `window_sweep`: window=55, kind=interior, min_snr_db)"]
 
 
