@@ -184,11 +184,18 @@ class Study:
         print(f"{name}: {pcm.size / sample_rate:.1f} s (player: first {clip.size / sample_rate:.1f} s)")
         display(Audio(clip, rate=sample_rate))
 
-    def headline(self, name: str, value, unit: str = "", reference: str = "", comparable: str = "") -> None:
+    def headline(self, name: str, value, unit: str = "", reference: str = "", comparable: str = "",
+                 risk=None) -> None:
         """Record one headline number, with the reference figure it is shown beside (by its exact
         text) and whether the two are the same quantity under the same conditions: `"same"` or
-        `"differs: <what>"` (rkstudy.tables.results.record_headlines refuses a figure without it)."""
-        self.headline_values[name] = {"value": value, "unit": unit, "reference": reference, "comparable": comparable}
+        `"differs: <what>"` (rkstudy.tables.results.record_headlines refuses a figure without it).
+        `risk` is the engine row (or rows, for a worst over a sweep) the number was measured on: its
+        board-risk verdict stands in the same row (rkstudy.gates.risk_summary); a simulator headline
+        without one is refused, so no simulator number is shown without what the compiler logged."""
+        entry = {"value": value, "unit": unit, "reference": reference, "comparable": comparable}
+        if risk is not None:
+            entry["board_risk"] = risk if isinstance(risk, str) else gates.risk_summary(risk)
+        self.headline_values[name] = entry
 
     def reference_claims(self) -> list[dict]:
         """Record `reference_claims`: each of the reference documents' measured claims for this

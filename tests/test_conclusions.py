@@ -93,3 +93,38 @@ def test_statements_render_theirs_summaries_and_the_reading_they_hold(tmp_path):
     assert first.startswith("- worst over the sweep 22.6 dB over 2 windows; theirs at 93: 98+ dB (")
     assert "min of min_snr_db" in first and "the reference documents: interior window SNR" in first
     assert second.startswith("- **Not so in this run**") and "73.2 dB" in second
+
+
+def test_every_simulator_headline_carries_its_board_risk():
+    """A headline whose name says simulator passes the engine rows it was measured on (`risk=`), so the
+    index shows the board-risk verdict in the same row (record_headlines refuses one without it too)."""
+    checked = 0
+    for path in NOTEBOOK_PATHS:
+        for cell in cells(path):
+            if cell["cell_type"] != "code":
+                continue
+            lines = [ln for ln in source(cell).splitlines() if not ln.lstrip().startswith(("%", "!"))]
+            for node in ast.walk(ast.parse("\n".join(lines))):
+                if not (isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "headline" and node.args):
+                    continue
+                name = " ".join(constants([node.args[0]])).lower()
+                if "simulator" in name:
+                    checked += 1
+                    assert "risk" in {k.arg for k in node.keywords}, f"{path.name}: {ast.unparse(node)[:120]}"
+    assert checked >= 20
+
+
+def test_a_simulator_headline_without_its_risk_is_refused(tmp_path):
+    from rkstudy.tables import results
+
+    with pytest.raises(ValueError, match="simulator number without a board risk"):
+        results.record_headlines("toolchain", {"simulator vs fp32": {"value": 63.1, "unit": "dB"}}, root=tmp_path)
+    study = Study("toolchain", quick=True)
+    study.root = tmp_path
+    rows = [{"target": "rk3588", "regtask": 0, "regtask_max_value": 0},
+            {"target": "rk3588", "regtask": 18, "regtask_max_value": 16352}]
+    study.headline("simulator vs fp32, worst over two engines", 42.2, "dB", risk=rows)
+    study.finish()
+    recorded = results.read_headlines("toolchain", tmp_path)["headlines"]["simulator vs fp32, worst over two engines"]
+    assert recorded["board_risk"].startswith("at risk: 18 REGTASK lines, largest field value 16,352")
+    assert recorded["board_risk"].endswith("[1 of 2 engines at risk]")

@@ -35,7 +35,10 @@ PC simulator, board = RKNNLite on a real board, replay = the test double of RKNN
 a census or a timing on the host) and `date`. There is no board row unless a board produced it.
 The reference documents' own figures are in `data/reference/figures.csv` (with document and section);
 where a headline has one, it is shown beside ours, labelled as theirs, with whether the two are the
-same quantity under the same conditions (`same`) or what differs (`differs: ...`). Each study's
+same quantity under the same conditions (`same`) or what differs (`differs: ...`). A simulator headline
+carries, in its own row, the board-risk verdict of the engine rows it was measured on (the worst of
+them for a worst over a sweep): the simulator does not see the register-field overflow a board does.
+Each study's
 `reference_claims` table puts every measured claim the documents make about it beside ours, with a
 verdict computed from the row it cites by the rule data/reference/claims.csv states: `reproduced` (the
 same quantity, within the band), `consistent` (a different quantity that agrees with theirs, and what
@@ -151,13 +154,15 @@ def generate(root: Path = RESULTS) -> str:
         if (folder / "headlines.json").is_file():
             h = results.read_headlines(study, root)
             parts.append(f"\nHeadlines (commit {h['commit']}, {h['date']}):\n\n"
-                         "| headline | ours | unit | the reference documents' figure | comparable |\n"
-                         "|---|---|---|---|---|\n")
+                         "| headline | ours | unit | board risk | the reference documents' figure | comparable |\n"
+                         "|---|---|---|---|---|---|\n")
             for name, v in h["headlines"].items():
                 reference = _reference_value(study, v["reference"]) if v.get("reference") else ""
                 # a pair recorded without saying whether it compares is flagged, never shown as if it did
                 comparable = v.get("comparable") or ("not stated" if reference else "")
-                parts.append(f"| {name} | {_fmt(v['value'])} | {v['unit']} | {reference} | {comparable} |\n")
+                # a simulator number recorded before the verdict stood beside it says so, never stands alone
+                risk = v.get("board_risk") or ("not stated" if results.SIMULATOR_HEADLINE in name.lower() else "")
+                parts.append(f"| {name} | {_fmt(v['value'])} | {v['unit']} | {risk} | {reference} | {comparable} |\n")
         parts.append(_claims_line(study, folder))
         parts.append("\n| table | what | rows |\n|---|---|---|\n")
         for csv in tables:
