@@ -161,7 +161,10 @@ class Study:
         stamped = [results.stamp(_with_risk(r), by) for r in rows]
         self.tables[name] = (stamped, title)
         if show:
-            self.show(stamped, show if isinstance(show, list) else None)
+            columns = show if isinstance(show, list) else None
+            if columns and "board_risk" not in columns and any("board_risk" in r for r in stamped):
+                columns = [*columns, "board_risk"]  # an engine row is never shown without its verdict
+            self.show(stamped, columns)
         return stamped
 
     def write_tables(self) -> list[Path]:
