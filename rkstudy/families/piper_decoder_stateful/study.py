@@ -405,6 +405,17 @@ def inflect_rows(voice, text: str, emits=(45, 93), seed: int = 1234) -> list[dic
 
 
 # --- quantization: the step engine calibrated on the states a real walk carries ---------------------
+def step_spans(samples: int, step: int) -> list[tuple[int, int]]:
+    """[start, stop) spans of one step's output (`step` samples) over an utterance of `samples`, the
+    remainder joined to the last step: a window score is of a whole step's audio, never of the few
+    hundred samples an utterance ends with past its last full step (end-of-utterance near-silence,
+    which would score as the worst "window" of a step that is in fact as good as the rest)."""
+    if samples <= 0 or step <= 0:
+        raise ValueError(f"spans of {step} over {samples} samples: both must be positive")
+    starts = list(range(0, max(samples - step, 0) + 1, step)) if samples >= step else [0]
+    return [(lo, hi) for lo, hi in zip(starts, [*starts[1:], samples])]
+
+
 def quantization_stage(voice: DecoderModel | None = None, emit: int = 45,
                        calibration_texts: Sequence[str] = pd.CALIBRATION_TEXTS,
                        evaluation_texts: Sequence[str] = pd.EVALUATION_TEXTS, calibration_steps: int | None = None):
@@ -412,7 +423,8 @@ def quantization_stage(voice: DecoderModel | None = None, emit: int = 45,
     steps an fp32 walk runs over the voice's latents of `calibration_texts` (the state inputs hold
     what that walk carried, so the quantizer sees the ranges of a real history), `calibration_steps`
     of them evenly spread; the evaluation latents of `evaluation_texts` are walked with the engine
-    carrying its own state, scored per step (E x hop samples) and per utterance against the fp32 walk."""
+    carrying its own state, scored per step (E x hop samples, step_spans) and per utterance against the
+    fp32 walk."""
     from ...levers.quantization import Stage, evenly, held_apart, recorded_feeds, span_scores
     from ..piper.voice import Voice, read_text
 
@@ -429,8 +441,7 @@ def quantization_stage(voice: DecoderModel | None = None, emit: int = 45,
     step = emit * voice.hop
 
     def score(refs, tests):
-        return span_scores(refs, tests, [[(lo, min(lo + step, a.size)) for lo in range(0, a.size, step)]
-                                         for a in refs])
+        return span_scores(refs, tests, [step_spans(a.size, step) for a in refs])
 
     return Stage(name=f"Piper decoder stateful step E={emit}", onnx=onnx_path,
                  calibration=evenly(recorded_feeds(onnx_path, walk, calibration), calibration_steps),
