@@ -284,19 +284,26 @@ def simulator_rows(voice: DecoderModel, latents: dict, produced: StatefulStep, t
 
 # --- CPU cost --------------------------------------------------------------------------------------
 def cpu_rtf(voice: DecoderModel, latents, produced: StatefulStep, macs: list[dict], repeats: int = 3) -> list[dict]:
-    """onnxruntime on this CPU, same latents, same run: the monolithic decode, the 93-frame window
-    walk and the stateful step. `compute_bound` is each path's MACs per frame over the monolithic's
-    (from `macs`: macs_rows)."""
-    full = pd.FullDecoder(voice.model, voice.seam)
+    """onnxruntime on this CPU, one thread each (rkstudy.families.piper_decoder.study.CPU_THREADS), same
+    latents, same run, interleaved: the monolithic decode, the 93-frame window walk and the stateful step.
+    `compute_bound` is each path's MACs over the monolithic decode's for these latents, every call
+    counted (the window walk's padded windows, the step's flush: utterance_compute_rows)."""
+    threads = pd.CPU_THREADS
+    full = pd.FullDecoder(voice.model, voice.seam, threads=threads)
     window = produce_for_voice(voice)
-    side_w = pd.sidecar(voice, OrtRunner(window.model), window.contract)
-    side_s = sidecar(voice, OrtRunner(produced.model), produced)
+    side_w = pd.sidecar(voice, OrtRunner(window.model, threads=threads), window.contract)
+    side_s = sidecar(voice, OrtRunner(produced.model, threads=threads), produced)
     e = produced.contract.params["emit"]
-    bound = {r["path"]: 1 / r["compute_ratio"] for r in macs}
+    per_utterance = utterance_compute_rows({"all": list(latents)}, {e: produced}, macs)
+    frames = sum(lat.frames for lat in latents)
+
+    def bound(path):  # each row's compute_ratio is monolithic MACs / the path's, over its own frames
+        return sum(r["frames"] / r["compute_ratio"] for r in per_utterance if r["path"] == path) / frames
+
     paths = (("monolithic decode", lambda lat: full.decode(lat.z, lat.g), 1.0),
-             (WINDOW, lambda lat: side_w.decode(lat.z, lat.g, progress=False), bound[WINDOW]),
-             (f"stateful step E={e}", lambda lat: side_s.decode(lat.z, lat.g), bound[f"stateful step E={e}"]))
-    return pd.rtf_rows(paths, latents, voice.hop, voice.sample_rate, repeats, where=full.where)
+             (WINDOW, lambda lat: side_w.decode(lat.z, lat.g, progress=False), bound(WINDOW)),
+             (f"stateful step E={e}", lambda lat: side_s.decode(lat.z, lat.g), bound(f"stateful step E={e}")))
+    return pd.rtf_rows(paths, latents, voice.hop, voice.sample_rate, repeats, where=full.where, threads=threads)
 
 
 class NullRunner:
