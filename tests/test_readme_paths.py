@@ -14,7 +14,8 @@ MADE = ("build/", "results/board/", ".venv", "results/benchmarks/reproduce_diff.
 
 
 def named_paths() -> set[str]:
-    words = re.findall(r"(?<![\w./-])((?:%s)/[\w./<>*-]*[\w/])" % "|".join(TOP), README)
+    top = "|".join(TOP)
+    words = re.findall(rf"(?<![\w./-])((?:{top})/[\w./<>*-]*[\w/])", README)
     return {w for w in words if not w.startswith(MADE)}
 
 
