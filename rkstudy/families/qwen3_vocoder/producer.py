@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from ... import atomic, gates, graph
-from ...cache import digest, entry
+from ...cache import digest, entry, made_note, note_made
 from ...contract import METADATA_KEY, Contract, Digest, Tensor, from_metadata
 from ...errors import EngineMismatch, UsageError
 from ...graph.index import Index
@@ -179,16 +179,17 @@ def export_raw(step, path: Path, exporter: str) -> None:
 @dataclass(kw_only=True)
 class VocoderStep(Produced):
     """One produced step, on disk (contract in its metadata), with its census (a dict), what the
-    long-axis pass rewrote, and the export seconds (None for a graph from the cache)."""
+    long-axis pass rewrote, and the export seconds of the run that made it (a cache entry keeps them
+    beside it: rkstudy.cache.note_made)."""
 
     rewrite: dict
-    seconds: float | None
+    seconds: float
 
     def row(self) -> dict:
         p = self.contract.params
         return {"exporter": p["exporter"], "codes_length": p["codes_length"], **self.census, **self.rewrite,
                 "onnx_mb": round(self.path.stat().st_size / 1e6, 1),
-                "export_s": "" if self.seconds is None else round(self.seconds, 1)}
+                "export_s": round(self.seconds, 1)}
 
 
 def produce(codes_length: int = DEFAULT_CODES_LENGTH, *, widths: str = "released", seed: int = 0,
@@ -212,10 +213,14 @@ def produce(codes_length: int = DEFAULT_CODES_LENGTH, *, widths: str = "released
         output = entry(FAMILY, f"step_{widths}_b{codes_length}_{exporter}{'' if long_axis else '_raw'}",
                        digest(codes_length, widths, seed, exporter, long_axis, PRODUCER_VERSION, torch.__version__,
                               onnx.__version__), ".onnx")
-        if Path(output).exists():  # the contract as stored (read_contract refuses a dynamic export's)
-            c = from_metadata(graph.metadata(output), where=Path(output).name, remake=command)
+        made = made_note(output, "export_s")
+        if Path(output).exists() and made is not None:  # the contract as stored (read_contract refuses a
+            c = from_metadata(graph.metadata(output), where=Path(output).name, remake=command)  # dynamic export's)
             return VocoderStep(path=output, contract=c, census=hazard_census(output),
-                               rewrite=c.params.get("long_axis_rewrite", {}), seconds=None)
+                               rewrite=c.params.get("long_axis_rewrite", {}), seconds=made["export_s"])
+        cached = True
+    else:
+        cached = False
     torch.set_num_threads(1)
     t0 = time.monotonic()
     decoder = decoder if decoder is not None else decoder_for(widths, seed)
@@ -234,7 +239,10 @@ def produce(codes_length: int = DEFAULT_CODES_LENGTH, *, widths: str = "released
     census = hazard_census(model)
     warn_if_abort(census, Path(output).name)
     atomic.save_onnx(model, output)
-    return VocoderStep(path=output, contract=contract, census=census, rewrite=rewrite, seconds=time.monotonic() - t0)
+    seconds = time.monotonic() - t0
+    if cached:
+        note_made(output, export_s=seconds)
+    return VocoderStep(path=output, contract=contract, census=census, rewrite=rewrite, seconds=seconds)
 
 
 # --- hazard census -----------------------------------------------------------------------------------
