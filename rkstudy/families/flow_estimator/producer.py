@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from ... import atomic, gates, graph
-from ...cache import digest, entry, made_note, note_made
+from ...cache import digest, entry, locked, made_note, note_made
 from ...contract import METADATA_KEY, Contract, Digest, Tensor, from_metadata
 from ...produced import Produced
 from . import standin
@@ -102,18 +102,23 @@ def produce(frames: int, *, depth: int = 2, seed: int = 0, attn_form: str = "sdp
 
         raise UsageError(f"--frames {frames}: the estimator needs at least 2 frames")
     cfg = standin.standin_config(depth, attn_bias, attn_form)
-    if output is None:
-        output = entry(FAMILY, f"estimator_s{frames}_d{depth}_{attn_form}_{attn_bias}",
-                       digest(asdict(cfg), frames, seed, PRODUCER_VERSION, torch.__version__,
-                              onnxslim.__version__), ".onnx")
+    if output is not None:
+        return _make(frames, cfg, seed, Path(output))
+    output = entry(FAMILY, f"estimator_s{frames}_d{depth}_{attn_form}_{attn_bias}",
+                   digest(asdict(cfg), frames, seed, PRODUCER_VERSION, torch.__version__, onnxslim.__version__),
+                   ".onnx")
+    with locked(output):  # two studies asking for one graph: the second reads what the first made
         made = made_note(output, "raw_nodes", "export_fold_s")
         if output.exists() and made is not None:
             nodes = graph.census(output, with_axis=False).nodes
             return EstimatorGraph(frames=frames, path=output, contract=read_contract(output),
                                   raw_nodes=made["raw_nodes"], folded_nodes=nodes, seconds=made["export_fold_s"])
-        cached = True
-    else:
-        cached = False
+        produced = _make(frames, cfg, seed, output)
+        note_made(output, raw_nodes=produced.raw_nodes, export_fold_s=produced.seconds)
+        return produced
+
+
+def _make(frames: int, cfg, seed: int, output: Path) -> EstimatorGraph:
     t0 = time.monotonic()
     model = standin.build(cfg, seed=seed)
     with tempfile.TemporaryDirectory(prefix="rkstudy-dit-") as tmp:
@@ -123,11 +128,8 @@ def produce(frames: int, *, depth: int = 2, seed: int = 0, attn_form: str = "sdp
     contract = estimator_contract(frames=frames, cfg=cfg, seed=seed, source=source_digest(model, cfg, seed),
                                   producer=producer_command(frames, cfg, seed))
     atomic.save_onnx(graph.with_metadata(folded, **{METADATA_KEY: contract.to_json()}), output)
-    seconds = time.monotonic() - t0
-    if cached:
-        note_made(output, raw_nodes=raw_nodes, export_fold_s=seconds)
     return EstimatorGraph(frames=frames, path=output, contract=contract, raw_nodes=raw_nodes,
-                          folded_nodes=len(folded.graph.node), seconds=seconds)
+                          folded_nodes=len(folded.graph.node), seconds=time.monotonic() - t0)
 
 
 def read_contract(model) -> Contract:
