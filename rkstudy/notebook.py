@@ -6,6 +6,8 @@ read, and end with what the run shows, each statement rendered from the table ro
 
 from __future__ import annotations
 
+import json
+import re
 import string
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -112,6 +114,27 @@ def _unfilled(text: str) -> str:
     return "".join(lit + ("…" if field is not None else "") for lit, field, _, _ in string.Formatter().parse(text))
 
 
+class Rows(list):
+    """The stamped rows of a table the notebook has shown: left as a cell's last value they display
+    nothing more (the table is on the page; a repr of every row under it is noise to a reader)."""
+
+    def _ipython_display_(self) -> None:
+        pass
+
+
+def fields(mapping: Mapping) -> str:
+    """A mapping as a reader reads it, `key value, key value` (sequences joined by commas), instead of a
+    Python dict's repr."""
+    def shown(value):
+        if isinstance(value, Mapping):
+            return "{" + fields(value) + "}"
+        if isinstance(value, (list, tuple)):
+            return ", ".join(map(str, value)) if value else "none"
+        return str(value)
+
+    return "; ".join(f"{k} {shown(v)}" for k, v in mapping.items())
+
+
 def _with_risk(row: Mapping) -> dict:
     """An engine row (one with a REGTASK count) with its board-risk verdict, read from the whole row:
     a simulator SNR is never written without what the compiler logged beside it."""
@@ -165,7 +188,7 @@ class Study:
             if columns and "board_risk" not in columns and any("board_risk" in r for r in stamped):
                 columns = [*columns, "board_risk"]  # an engine row is never shown without its verdict
             self.show(stamped, columns)
-        return stamped
+        return Rows(stamped)
 
     def write_tables(self) -> list[Path]:
         return [results.write_table(self.study, name, rows, root=self.root, title=title)
@@ -286,3 +309,48 @@ class Study:
             print(shown_path(path))
         if self.headline_values:
             print(shown_path(results.record_headlines(self.study, self.headline_values, root=self.root)))
+
+
+# What a reader of an executed notebook must not meet: this machine's paths, a progress bar's refreshes,
+# a Python container's repr where a table or a sentence belongs, and the reference documents under a
+# name that is not theirs.
+READER_PROBLEMS = {
+    "an absolute path of the machine that ran it":
+        re.compile(r"(?<![\w.~])/(?:tmp|home|work|root)/|site-packages/|/\.venv"),
+    "a progress bar": re.compile(r"\r|\d+%\||it/s\]|s/it\]"),
+    "a dict or list of dicts printed raw": re.compile(r"(?m)^\s*\[?\{'[^'\n]*': "),
+    "the reference documents by another name": re.compile(r"(?i)\bseeds?'|\bseeds\b"),
+}
+
+
+def reader_text(path: Path) -> list[tuple[int, str]]:
+    """(cell number, text) of everything an executed notebook shows a reader: its markdown, and each
+    output's streams and the richest text of its display data (a table's Markdown, not its repr)."""
+    nb = json.loads(Path(path).read_text(encoding="utf-8"))
+    out = []
+    for n, cell in enumerate(nb.get("cells", [])):
+        if cell["cell_type"] == "markdown":
+            out.append((n, "".join(cell["source"])))
+        for o in cell.get("outputs", []):
+            if o.get("output_type") == "stream":
+                out.append((n, "".join(o.get("text", ""))))
+            elif "data" in o:
+                data = o["data"]
+                kind = next((k for k in ("text/markdown", "text/html", "text/plain") if k in data), None)
+                if kind:
+                    out.append((n, "".join(data[kind])))
+            elif o.get("output_type") == "error":
+                out.append((n, "\n".join(o.get("traceback", []))))
+    return out
+
+
+def reader_problems(path: Path) -> list[str]:
+    """One line per place an executed notebook shows a reader something READER_PROBLEMS names."""
+    found = []
+    for n, text in reader_text(path):
+        for what, pattern in READER_PROBLEMS.items():
+            m = pattern.search(text)
+            if m:
+                line = text[max(0, m.start() - 40): m.end() + 40].replace("\n", " ").replace("\r", " ")
+                found.append(f"{Path(path).name}, cell {n}: {what}: ...{line}...")
+    return found

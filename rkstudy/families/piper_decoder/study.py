@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 from ... import gates, graph
 from ...graph.decmask import UPSAMPLERS
 from ...lint.compiler import layer_table
+from ...process import shows_progress
 from ...runtime import OrtRunner
 from ...toolkit.build import build_engine
 from ...toolkit.convert import simulator_vs_fp32
@@ -74,7 +75,7 @@ def window_sweep(model: DecoderModel, latents, configs=SWEEP, progress: bool = T
     full = FullDecoder(model.model, model.seam)
     refs = [full.decode(lat.z, lat.g) for lat in latents]
     rows, utterances = [], []
-    for emit, context in tqdm(configs, desc="windows", disable=not progress):
+    for emit, context in tqdm(configs, desc="windows", disable=not shows_progress(progress)):
         produced = produce_for_voice(model, emit=emit, context=context)
         runner = OrtRunner(produced.model)
         side = sidecar(model, runner, produced.contract)
@@ -206,7 +207,7 @@ def build_rows(model: DecoderModel, targets, *, emit: int = DEFAULT_EMIT, contex
     time, converter peak RSS)."""
     rows = []
     jobs = [(t, m) for t in targets for m in masks]
-    for target, dec_mask in tqdm(jobs, desc="builds", disable=not progress):
+    for target, dec_mask in tqdm(jobs, desc="builds", disable=not shows_progress(progress)):
         produced = produce_for_voice(model, emit=emit, context=context, dec_mask=dec_mask)
         report = build_engine(produced.save(), target).raise_for_status()
         rows.append({"family": produced.contract.family, "window": produced.contract.window.frames,

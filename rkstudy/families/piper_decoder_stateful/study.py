@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 
 from ... import gates, graph
 from ...graph.delays import conv_macs, delay_table
+from ...process import shows_progress
 from ...runtime import OrtRunner, Recording
 from ...tables.results import HOST
 from ...toolkit.build import build_engine
@@ -177,7 +178,7 @@ def exactness(voice: DecoderModel, latents: dict, steps: dict[int, StatefulStep]
                 feed = {"z": lat.z[None], "y_mask": np.ones((1, 1, lat.frames))}
                 refs[(text, k)]["f64_full"] = run_f64(dynamic, feed)[0].ravel()
     out = Exactness(rows=[])
-    for e, produced in tqdm(steps.items(), desc="E", disable=not progress):
+    for e, produced in tqdm(steps.items(), desc="E", disable=not shows_progress(progress)):
         w32 = sidecar(voice, OrtRunner(produced.model), produced)
         w64 = StatefulWalker(F64Runner(produced.model), produced.contract, dtype=np.float64)
         for text, lats in latents.items():
@@ -208,7 +209,7 @@ def build_rows(voice: DecoderModel, steps: dict[int, StatefulStep], targets, pro
     window = produce_for_voice(voice)
     jobs = [(t, e, p) for t in targets for e, p in steps.items()] + [(t, None, window) for t in targets]
     rows = []
-    for target, e, produced in tqdm(jobs, desc="builds", disable=not progress):
+    for target, e, produced in tqdm(jobs, desc="builds", disable=not shows_progress(progress)):
         report = build_engine(produced.save(), target)
         rows.append({"graph": WINDOW if e is None else f"stateful step E={e}", "emit": e or DEFAULT_EMIT,
                      "frames_per_run": DEFAULT_EMIT + 2 * DEFAULT_CONTEXT if e is None else e,
@@ -254,7 +255,8 @@ def simulator_rows(voice: DecoderModel, latents: dict, produced: StatefulStep, t
     out = {"rows": [], "per_step": [], "renders": {}}
 
     def utterances(name, sim, decode, fp32_decode):
-        for text, lats in tqdm(latents.items(), desc=f"{target} {name}", disable=not progress, leave=False):
+        for text, lats in tqdm(latents.items(), desc=f"{target} {name}", disable=not shows_progress(progress),
+                               leave=False):
             t0 = time.perf_counter()
             test = np.concatenate([decode(lat.z, lat.g) for lat in lats])
             seconds = time.perf_counter() - t0

@@ -19,6 +19,7 @@ from ...board.memory import smallest_rung
 from ...cache import cache_dir, sha256_file
 from ...graph.relshift import BANDED, GATHER
 from ...levers.quantization import evenly
+from ...process import shows_progress
 from ...runtime import OrtRunner
 from ...tables.results import HOST
 from ...toolkit.build import build_engine
@@ -219,7 +220,7 @@ def measure_widths(voice: piper.Voice, widths: Sequence[int], chunks: Sequence[t
     `keep` are left serving (the ladder's rungs run on them; see simulator())."""
     refs = refs or Reference(voice)
     fid, size, outputs = [], [], {}
-    for frames in tqdm(sorted(widths), desc=f"widths, {mode} (build + simulate)"):
+    for frames in tqdm(sorted(widths), desc=f"widths, {mode} (build + simulate)", disable=not shows_progress()):
         got = simulate_width(voice, frames, target, chunks=[ids for _, ids in chunks], mode=mode, refs=refs,
                              keep=frames in keep)
         fid += got["fidelity"]
@@ -432,7 +433,7 @@ def drift_sensitivity(voice: piper.Voice, chunks: Sequence[tuple[str, Sequence[i
     refs = refs or Reference(voice)
     rng = np.random.default_rng(seed)
     rows = []
-    for _, ids in tqdm(chunks, desc="drift sensitivity"):
+    for _, ids in tqdm(chunks, desc="drift sensitivity", disable=not shows_progress()):
         cond = refs.outputs(ids)[1]
         ref = refs.frames(ids, seed)
         power = float(np.mean(cond.astype(np.float64) ** 2))
@@ -548,7 +549,7 @@ def run_ladder(voice: piper.Voice, widths: Sequence[int], chunks: Sequence[tuple
         raw = OrtRunner(encoder_slice(voice.model))
         dur = Durations(voice)
         rows = []
-        for k, (text, ids) in enumerate(tqdm(chunks, desc="ladder chunks")):
+        for k, (text, ids) in enumerate(tqdm(chunks, desc="ladder chunks", disable=not shows_progress())):
             stats, cond, where = ladder.run(ids)
             ref = raw.run(piper.ids_feed(ids))
             f_ref, f_got = dur.frames(ref[1], ids, seed), dur.frames(cond, ids, seed)
