@@ -25,3 +25,9 @@ family's hook.
 """
 
 __version__ = "0.1.0"
+
+from .process import for_readers as _for_readers  # noqa: E402
+from .process import recorded as _recorded  # noqa: E402
+
+if _recorded():  # an executed notebook kept for readers: set before any module imports tqdm or warns
+    _for_readers()

@@ -86,3 +86,23 @@ def cached_file(kind: str, name: str, key: str, suffix: str, make: Callable[[Pat
                 with atomic.replacing(path) as tmp:
                     make(tmp)
     return path
+
+
+def _note_path(path: Path | str) -> Path:
+    return Path(str(path) + ".made.json")
+
+
+def note_made(path: Path | str, **facts) -> None:
+    """Keep beside a cache entry what making it measured (node counts, seconds): a study that takes
+    the entry from the cache reads the same row as the study that made it, whichever ran first. Written
+    after the entry, so an entry without its note is made again (made_note returns None)."""
+    atomic.write_text(_note_path(path), json.dumps(facts, sort_keys=True) + "\n")
+
+
+def made_note(path: Path | str, *keys: str) -> dict | None:
+    """What note_made kept beside `path`, when it holds every one of `keys`; else None."""
+    try:
+        facts = json.loads(_note_path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return facts if isinstance(facts, dict) and set(keys) <= set(facts) else None

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import os
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 from math import exp, gcd
 
@@ -502,3 +503,26 @@ def board_risk(row) -> str:
     if cpu and cpu not in ("0", "{}", "none"):
         why.append(f"ops on the CPU ({cpu}): board time the simulator does not measure")
     return "at risk: " + "; ".join(why) if why else "clean"
+
+
+RISK_ORDER = ("known bad on a board", "at risk", "not built", "clean")
+
+
+def risk_summary(rows) -> str:
+    """One board-risk verdict for a number drawn from engine rows (a headline's worst over a sweep):
+    the worst row's verdict (known bad, then at risk, then clean), and with several rows how many of
+    them share its kind. A row without a REGTASK count cannot vouch for a board: `not an engine row`."""
+    rows = [rows] if isinstance(rows, Mapping) else list(rows)
+    if not rows:
+        raise ValueError("no engine rows to state a board risk for")
+    verdicts = [str(r.get("board_risk") or board_risk(r)) for r in rows]
+    rank = {kind: n for n, kind in enumerate(RISK_ORDER)}
+
+    def kind(verdict: str) -> str:
+        return next((k for k in RISK_ORDER if verdict.startswith(k)), "not an engine row")
+
+    worst = min(verdicts, key=lambda v: rank.get(kind(v), -1))
+    if len(verdicts) == 1:
+        return worst
+    share = sum(kind(v) == kind(worst) for v in verdicts)
+    return f"{worst} [{share} of {len(verdicts)} engines {kind(worst)}]"

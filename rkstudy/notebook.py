@@ -6,8 +6,10 @@ read, and end with what the run shows, each statement rendered from the table ro
 
 from __future__ import annotations
 
+import json
+import re
 import string
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,40 +32,107 @@ def shown_path(path: Path) -> Path:
         return Path(path)
 
 
+SUMMARIES = ("min", "max", "count", "sum")
+
+
 @dataclass(frozen=True)
 class Cite:
     """One value a statement quotes: `column` of the one row of `table` that `where` selects (column
-    -> value, every pair must match; compared as text too, so 93 selects a row holding "93")."""
+    -> value, every pair must match; compared as text too, so 93 selects a row holding "93"), or with
+    `summary` ("min", "max", "count", "sum") that summary over every row `where` selects."""
     table: str
     where: Mapping
     column: str
+    summary: str | None = None
 
     def label(self) -> str:
         sel = ", ".join(f"{k}={v}" for k, v in self.where.items())
-        return f"`{self.table}`: {sel + ', ' if sel else ''}{self.column}"
+        what = f"{self.summary} of {self.column}" if self.summary else self.column
+        return f"`{self.table}`: {sel + ', ' if sel else ''}{what}"
 
     def matches(self, row: Mapping) -> bool:
         return all(k in row and (row[k] == v or str(row[k]) == str(v)) for k, v in self.where.items())
+
+    def conditions(self) -> list[str]:
+        return [self.table, self.column, *(f"{k}={v}" for k, v in self.where.items())]
+
+
+@dataclass(frozen=True)
+class Theirs:
+    """A reference figure a statement sets beside ours, by its exact text (data/reference/figures.csv):
+    rendered as theirs ("98+ dB"), never typed into the prose."""
+    figure: str
+    study: str
+    target: str | None = None
+
+    def label(self) -> str:
+        return f"the reference documents: {self.figure}" + (f" ({self.target})" if self.target else "")
+
+    def conditions(self) -> list[str]:
+        return [self.figure, self.target or ""]
+
+
+def theirs(figure: str, study: str, target: str | None = None) -> Theirs:
+    return Theirs(figure, study, target)
 
 
 @dataclass(frozen=True)
 class Statement:
     """One thing a run shows: `text` is a format string whose fields take the cited values in
     order. `full_only` says the cited rows exist only in a full run: in quick mode a missing table
-    or row then renders as skipped instead of failing."""
+    or row then renders as skipped instead of failing. `holds(*values)`, when given, says whether the
+    reading the text puts on the values holds in this run; where it does not the statement is
+    flagged, not shown as if it did."""
     text: str
-    cites: tuple[Cite, ...]
+    cites: tuple[Cite | Theirs, ...]
     full_only: bool = False
+    holds: Callable[..., bool] | None = None
 
 
-def says(text: str, *cites: tuple | Cite, full_only: bool = False) -> Statement:
-    """`says("worst window {:.1f} dB", ("window_sweep", {"window": 93}, "min_snr_db"))`."""
-    return Statement(text, tuple(c if isinstance(c, Cite) else Cite(*c) for c in cites), full_only)
+def typed_numbers(text: str, cites: Iterable[Cite | Theirs] = ()) -> list[str]:
+    """The numbers in a statement's own words (its format fields left out) that none of its cites'
+    conditions name: a quantity typed into the prose where it should be rendered from a row."""
+    words = _unfilled(text).replace("…", " ")
+    return claims.typed_numbers(words, [c for cite in cites for c in cite.conditions()])
+
+
+def says(text: str, *cites: tuple | Cite | Theirs, full_only: bool = False,
+         holds: Callable[..., bool] | None = None) -> Statement:
+    """`says("worst window {:.1f} dB", ("window_sweep", {"window": 93}, "min_snr_db"))`. A number in
+    `text` that is no condition of its cites (a selector value, a reference figure's text) is refused:
+    a measured value is a field, filled from this run's row."""
+    made = tuple(c if isinstance(c, (Cite, Theirs)) else Cite(*c) for c in cites)
+    typed = typed_numbers(text, made)
+    if typed:
+        raise ValueError(f"statement {text!r} types {', '.join(typed)}: cite the row that holds it "
+                         "(a format field) or name it in a cite's selector")
+    return Statement(text, made, full_only, holds)
 
 
 def _unfilled(text: str) -> str:
     """`text` with every format field shown as an ellipsis: a statement whose values were not measured."""
     return "".join(lit + ("…" if field is not None else "") for lit, field, _, _ in string.Formatter().parse(text))
+
+
+class Rows(list):
+    """The stamped rows of a table the notebook has shown: left as a cell's last value they display
+    nothing more (the table is on the page; a repr of every row under it is noise to a reader)."""
+
+    def _ipython_display_(self) -> None:
+        pass
+
+
+def fields(mapping: Mapping) -> str:
+    """A mapping as a reader reads it, `key value, key value` (sequences joined by commas), instead of a
+    Python dict's repr."""
+    def shown(value):
+        if isinstance(value, Mapping):
+            return "{" + fields(value) + "}"
+        if isinstance(value, (list, tuple)):
+            return ", ".join(map(str, value)) if value else "none"
+        return str(value)
+
+    return "; ".join(f"{k} {shown(v)}" for k, v in mapping.items())
 
 
 def _with_risk(row: Mapping) -> dict:
@@ -115,8 +184,11 @@ class Study:
         stamped = [results.stamp(_with_risk(r), by) for r in rows]
         self.tables[name] = (stamped, title)
         if show:
-            self.show(stamped, show if isinstance(show, list) else None)
-        return stamped
+            columns = show if isinstance(show, list) else None
+            if columns and "board_risk" not in columns and any("board_risk" in r for r in stamped):
+                columns = [*columns, "board_risk"]  # an engine row is never shown without its verdict
+            self.show(stamped, columns)
+        return Rows(stamped)
 
     def write_tables(self) -> list[Path]:
         return [results.write_table(self.study, name, rows, root=self.root, title=title)
@@ -138,11 +210,18 @@ class Study:
         print(f"{name}: {pcm.size / sample_rate:.1f} s (player: first {clip.size / sample_rate:.1f} s)")
         display(Audio(clip, rate=sample_rate))
 
-    def headline(self, name: str, value, unit: str = "", reference: str = "", comparable: str = "") -> None:
+    def headline(self, name: str, value, unit: str = "", reference: str = "", comparable: str = "",
+                 risk=None) -> None:
         """Record one headline number, with the reference figure it is shown beside (by its exact
         text) and whether the two are the same quantity under the same conditions: `"same"` or
-        `"differs: <what>"` (rkstudy.tables.results.record_headlines refuses a figure without it)."""
-        self.headline_values[name] = {"value": value, "unit": unit, "reference": reference, "comparable": comparable}
+        `"differs: <what>"` (rkstudy.tables.results.record_headlines refuses a figure without it).
+        `risk` is the engine row (or rows, for a worst over a sweep) the number was measured on: its
+        board-risk verdict stands in the same row (rkstudy.gates.risk_summary); a simulator headline
+        without one is refused, so no simulator number is shown without what the compiler logged."""
+        entry = {"value": value, "unit": unit, "reference": reference, "comparable": comparable}
+        if risk is not None:
+            entry["board_risk"] = risk if isinstance(risk, str) else gates.risk_summary(risk)
+        self.headline_values[name] = entry
 
     def reference_claims(self) -> list[dict]:
         """Record `reference_claims`: each of the reference documents' measured claims for this
@@ -155,8 +234,9 @@ class Study:
             return []
         tally = claims.counts([r["verdict"] for r in rows])
         print(", ".join(f"{n} {kind}" for kind, n in tally.items()))
+        # each row keeps where the rows it read were measured (a simulator score stays a simulator row)
         return self.table("reference_claims", rows, "The reference documents' measured claims beside ours",
-                          by=results.HOST, show=["claim", "theirs", "ours", "verdict"])
+                          show=["claim", "theirs", "ours", "verdict"])
 
     def conclusions(self, statements: Iterable[Statement]) -> str:
         """The Markdown list `conclude` shows: each statement filled from this run's tables, with the
@@ -181,13 +261,33 @@ class Study:
                 text = st.text.format(*values)
             except (ValueError, TypeError, IndexError) as bad:
                 raise ValueError(f"{self.study}, statement {n} ({st.text!r}) cannot take {values!r}: {bad}") from None
-            lines.append(f"- {text} ({sources})")
+            if st.holds is not None and not st.holds(*values):
+                lines.append(f"- **Not so in this run** (the reading this statement puts on its values fails on "
+                             f"them): {text} ({sources})")
+                continue
+            lines.append(f"- {text} ({sources})" if sources else f"- {text}")
         return "\n".join(lines)
 
-    def _cited(self, cite: Cite):
+    def _cited(self, cite: Cite | Theirs):
+        if isinstance(cite, Theirs):
+            found = [r for r in results.reference(cite.study)
+                     if r["figure"] == cite.figure and (cite.target is None or r["target"] == cite.target)]
+            if len(found) != 1:
+                raise KeyError(f"{len(found)} reference figures {cite.figure!r} for {cite.study}; name one "
+                               "(its exact text, and its target where two share it)")
+            return f"{found[0]['value']} {found[0]['unit']}".strip()
         if cite.table not in self.tables:
             raise KeyError(f"table {cite.table!r} was not recorded in this run (recorded: {', '.join(self.tables)})")
         rows = [r for r in self.tables[cite.table][0] if cite.matches(r)]
+        if cite.summary is not None:
+            if cite.summary not in SUMMARIES:
+                raise KeyError(f"{cite.label()}: summary {cite.summary!r} is not one of {', '.join(SUMMARIES)}")
+            if cite.summary == "count":
+                return len(rows)
+            cells = [r.get(cite.column) for r in rows if r.get(cite.column) not in ("", None)]
+            if not cells:
+                raise KeyError(f"{cite.label()} selects no row with a value")
+            return {"min": min, "max": max, "sum": sum}[cite.summary](cells)
         if len(rows) != 1:
             raise KeyError(f"{cite.label()} selects {len(rows)} rows of {cite.table!r}, not one")
         if cite.column not in rows[0]:
@@ -253,3 +353,48 @@ def against_cpu(rows: list[dict], audio: Mapping[str, tuple[np.ndarray, int]], c
     return [{"path": r["path"], "plan_sha256": r["plan_sha256"], "runtime": r["runtime"],
              **compare(ref, audio[r["path"]][0], hop=hop, rate=rate, absolute=speech), "where": r["where"],
              "target": r["target"]} for r in rows if r["path"] != cpu]
+
+
+# What a reader of an executed notebook must not meet: this machine's paths, a progress bar's refreshes,
+# a Python container's repr where a table or a sentence belongs, and the reference documents under a
+# name that is not theirs.
+READER_PROBLEMS = {
+    "an absolute path of the machine that ran it":
+        re.compile(r"(?<![\w.~])/(?:tmp|home|work|root)/|site-packages/|/\.venv"),
+    "a progress bar": re.compile(r"\r|\d+%\||it/s\]|s/it\]"),
+    "a dict or list of dicts printed raw": re.compile(r"(?m)^\s*\[?\{'[^'\n]*': "),
+    "the reference documents by another name": re.compile(r"(?i)\bseeds?'|\bseeds\b"),
+}
+
+
+def reader_text(path: Path) -> list[tuple[int, str]]:
+    """(cell number, text) of everything an executed notebook shows a reader: its markdown, and each
+    output's streams and the richest text of its display data (a table's Markdown, not its repr)."""
+    nb = json.loads(Path(path).read_text(encoding="utf-8"))
+    out = []
+    for n, cell in enumerate(nb.get("cells", [])):
+        if cell["cell_type"] == "markdown":
+            out.append((n, "".join(cell["source"])))
+        for o in cell.get("outputs", []):
+            if o.get("output_type") == "stream":
+                out.append((n, "".join(o.get("text", ""))))
+            elif "data" in o:
+                data = o["data"]
+                kind = next((k for k in ("text/markdown", "text/html", "text/plain") if k in data), None)
+                if kind:
+                    out.append((n, "".join(data[kind])))
+            elif o.get("output_type") == "error":
+                out.append((n, "\n".join(o.get("traceback", []))))
+    return out
+
+
+def reader_problems(path: Path) -> list[str]:
+    """One line per place an executed notebook shows a reader something READER_PROBLEMS names."""
+    found = []
+    for n, text in reader_text(path):
+        for what, pattern in READER_PROBLEMS.items():
+            m = pattern.search(text)
+            if m:
+                line = text[max(0, m.start() - 40): m.end() + 40].replace("\n", " ").replace("\r", " ")
+                found.append(f"{Path(path).name}, cell {n}: {what}: ...{line}...")
+    return found

@@ -378,3 +378,23 @@ def test_the_int16_overflow_mode_is_a_float_build_keyed_apart(probe, tmp_path):
     fp16 = build.build_engine(probe, "rk3588", out=tmp_path / "f16.rknn")
     assert report.ok, report.error
     assert report.dtype == "fp16 auto-hybrid int16" and report.engine != fp16.engine
+
+
+def test_a_killed_builds_regtask_count_is_the_limits_lower_bound_not_the_pipes_timing(tmp_path):
+    """Lines still in the pipe after the kill are not counted: how many arrive depends on the kill's
+    timing (20,001 one run, 20,234 the next), so the count of a killed build is the first line past the
+    limit, the same every run, and its error says it is a lower bound."""
+    from collections import deque
+    from types import SimpleNamespace
+
+    line = ("E RKNN: [20:11:21.216] REGTASK: The bit width of field value exceeds the limit, target: v2, offset: "
+            "0x4038, shift = 19, limit: 0x1fff, value: {:#x}\n")
+    for arriving in (12, 40):  # lines the child had written before the kill landed
+        proc = object.__new__(build.EngineProcess)
+        proc.log, proc.tail = tmp_path / "build.log", deque(maxlen=10)
+        proc.regtask = proc.regtask_max = 0
+        proc.regtask_limit, proc.killed_for_regtask = 5, False
+        proc._kill = lambda: None
+        proc.proc = SimpleNamespace(stdout=[line.format(0x2000 + k).encode() for k in range(arriving)])
+        proc._pump()
+        assert proc.killed_for_regtask and (proc.regtask, proc.regtask_max) == (6, 0x2005)

@@ -30,8 +30,9 @@ def spec_file(tmp_path, *rows):
 
 
 def tables():
-    sweep = [{"window": w, "kind": "interior", "min_snr_db": snr} for w, snr in ((77, 22.6), (93, 73.2))]
-    builds = [{"window": 93, "target": t, "regtask": n} for t, n in (("rk3588", 18), ("rk3566", 355))]
+    sweep = [{"window": w, "kind": "interior", "min_snr_db": snr, "where": "fp32", "target": "none"}
+             for w, snr in ((77, 22.6), (93, 73.2))]
+    builds = [{"window": 93, "target": t, "regtask": n, "where": "host"} for t, n in (("rk3588", 18), ("rk3566", 355))]
     return {"window_sweep": sweep, "builds": builds}
 
 
@@ -51,25 +52,59 @@ def test_every_verdict_kind_from_this_runs_tables(tmp_path):
               summary="value", comparison="same", rule="tolerance", low="0", high="0"),
         claim("sweep-range", figure=INTERIOR_93, table="window_sweep", column="min_snr_db", summary="range",
               comparison="differs: every width", rule="differs", cause="other widths"),
+        claim("w77-direction", figure=INTERIOR_93, table="window_sweep", column="min_snr_db", rows="window=77",
+              summary="value", comparison="differs: another width", rule="tolerance", high="60",
+              cause="a narrower window is far from exact, against {window_sweep[window=93].min_snr_db} dB at 93"),
         claim("resize-board", figure="mask upsample by Resize: board", comparison="differs: a board run",
               rule="board only"),
         claim("padded-1", figure="wrong seam (dec.conv_pre input fed pre-flow z): output RMS",
               comparison="differs: nothing here", rule="not measured", cause="no table decodes it"),
+        claim("other", figure=W93_LINES + " @rk3588", table="toolkit_levers/regtask-w93-rk3588-2.3.2",
+              comparison="differs: another notebook", rule="elsewhere"),
         claim("engines", figure=INTERIOR_93, table="builds", column="regtask", rows="target=rk3399",
               summary="count", comparison="same", rule="tolerance", low="1"))
     got = {r["claim"]: r for r in claims.evaluate(STUDY, tables(), quick=False, path=path)}
     assert got["interior-93"]["verdict"] == ("differs: ours 73.2 dB, theirs 98+ dB, 24.8 below the band [98, inf]: "
                                              "an open question: the latents differ")
     assert got["interior-93"]["ours_from"] == "window_sweep.min_snr_db[window=93; kind=interior] value"
+    assert (got["interior-93"]["where"], got["interior-93"]["target"]) == ("fp32", "none")
     assert got["w93-rk3566"]["verdict"] == "reproduced" and got["w93-rk3566"]["theirs"] == "355 lines"
+    assert (got["w93-rk3566"]["where"], got["w93-rk3566"]["target"]) == ("host", "rk3566")
     assert got["w93-rk3588"]["verdict"].startswith("differs: ours 18 lines, theirs 0 lines, 18 above the band [0, 0]: "
                                                    "an open question")
     assert got["sweep-range"]["verdict"] == "differs: ours 22.6 to 73.2 dB, theirs 98+ dB: other widths"
+    assert got["w77-direction"]["verdict"] == ("consistent: ours 22.6 dB, theirs 98+ dB: a narrower window is far "
+                                               "from exact, against 73.2 dB at 93")
     assert got["resize-board"]["verdict"] == "board only" and got["resize-board"]["ours"] == ""
     assert got["padded-1"]["verdict"] == "not measured here: no table decodes it"
+    assert got["other"]["verdict"] == "measured in toolkit_levers: claim regtask-w93-rk3588-2.3.2"
     assert got["engines"]["ours"] == "0 dB" and got["engines"]["verdict"].startswith("differs: ours 0 dB")
     assert claims.counts([r["verdict"] for r in got.values()]) == {
-        "reproduced": 1, "differs": 4, "board only": 1, "not measured": 1}
+        "reproduced": 1, "consistent": 1, "differs": 4, "board only": 1, "measured elsewhere": 1, "not measured": 1}
+
+
+def test_a_verdict_moves_with_its_measurement(tmp_path):
+    """Nothing typed stands between the row and the verdict: the same spec row on a moved measurement
+    gives the other verdict, and a different quantity leaving the band its reading needs loses that
+    reading."""
+    path = spec_file(
+        tmp_path,
+        claim("w93", figure=W93_LINES + " @rk3588", table="builds", column="regtask", rows="target=rk3588",
+              summary="value", comparison="same", rule="tolerance", low="0", high="0",
+              cause="the toolkit version"),
+        claim("w77", figure=INTERIOR_93, table="window_sweep", column="min_snr_db", rows="window=77",
+              summary="value", comparison="differs: another width", rule="tolerance", high="60",
+              cause="a narrower window is far from exact"))
+    measured = tables()
+    before = {r["claim"]: r["verdict"] for r in claims.evaluate(STUDY, measured, quick=False, path=path)}
+    assert before["w93"].startswith("differs: ours 18 lines") and before["w93"].endswith(": the toolkit version")
+    assert before["w77"].startswith("consistent: ours 22.6 dB")
+    measured["builds"][0]["regtask"] = 0
+    measured["window_sweep"][0]["min_snr_db"] = 70.0
+    after = {r["claim"]: r["verdict"] for r in claims.evaluate(STUDY, measured, quick=False, path=path)}
+    assert after["w93"] == "reproduced"
+    assert after["w77"].startswith("differs: ours 70 dB, theirs 98+ dB, 10 above the band [-inf, 60]")
+    assert "an open question" in after["w77"]
 
 
 @pytest.mark.parametrize("row, message", [
@@ -84,8 +119,21 @@ def test_every_verdict_kind_from_this_runs_tables(tmp_path):
     (dict(rows="target"), "row selector 'target' is not column=value"),
     (dict(figure="a figure nobody wrote"), "claim c: no reference figure 'a figure nobody wrote'"),
     (dict(figure=W93_LINES), "claim c: 2 (add ' @<target>') reference figure"),
-    (dict(rule="differs"), "claim c: a `differs` verdict needs its cause"),
+    (dict(rule="differs", comparison="differs: x", low=""), "claim c: a `differs` verdict needs its cause"),
     (dict(rule="differs", cause="other latents", table=""), "claim c: a `differs` verdict needs a table of ours"),
+    (dict(rule="differs", cause="other latents", low=""), "the same quantity is held to a band (`tolerance`)"),
+    (dict(rule="differs", comparison="differs: x", cause="y"), "a band (low/high) is read only by a `tolerance`"),
+    (dict(low=""), "claim c: a `tolerance` verdict needs its band"),
+    (dict(comparison="differs: another width"), "a `tolerance` claim on a different quantity needs the cause"),
+    (dict(rule="not measured", low="", cause="nothing"), "`not measured` names table 'builds'"),
+    (dict(rule="board only", low=""), "`board only`, but theirs was measured on 'fp32', not a board"),
+    (dict(rule="elsewhere", table="piper_decoder", low=""), "`elsewhere` needs table=<study>/<claim>"),
+    (dict(rule="elsewhere", table="toolchain/lines-piper-w93-rk3588", low=""),
+     "toolchain/lines-piper-w93-rk3588 is itself `elsewhere`"),
+    (dict(cause="ours is 73.2 dB, far below"), "claim c: its cause types 73.2; render a measured value"),
+    (dict(cause="see {claim:piper_decoder/no-such-claim}"), "points at piper_decoder/no-such-claim, which is no claim"),
+    (dict(cause="{window_sweep[window=91].min_snr_db}", rule="differs", comparison="differs: x", low=""),
+     "its cause cites window_sweep[window=91], which selects 0 rows"),
     (dict(comparison="similar"), "claim c: comparison 'similar' must say"),
     (dict(quick="sometimes"), "claim c: quick 'sometimes' must be"),
 ])
@@ -125,7 +173,8 @@ def test_the_study_records_its_claims_table_from_the_tables_it_wrote(tmp_path, m
     study.table("window_sweep", tables()["window_sweep"], "sweep", by=Origin("fp32"), show=False)
     rows = study.reference_claims()
     assert [r["verdict"] for r in rows] == ["reproduced"] and rows[0]["ours"] == "73.2 dB"
-    assert rows[0]["where"] == "host" and rows[0]["commit"] == results.commit()
+    # stamped where the row it read was measured (the sweep is fp32), not as a host computation
+    assert rows[0]["where"] == "fp32" and rows[0]["commit"] == results.commit()
     study.finish()
     written = results.read_table(tmp_path / STUDY / "reference_claims.csv")
     assert written[0]["claim"] == "interior-93" and written[0]["theirs_where"] == "fp32, none"
@@ -156,6 +205,28 @@ def test_the_committed_spec_reads_the_committed_tables():
         assert rows and all(r["verdict"] for r in rows)
     encoder = {r["claim"]: r for r in claims.evaluate("piper_encoder", committed("piper_encoder"), quick=False)}
     assert encoder["raw-nodes"]["verdict"] == "reproduced" and encoder["raw-nodes"]["ours"] == "992 nodes"
+
+
+def test_every_claim_keeps_the_rules_whatever_the_tables_say():
+    """Fast: the whole spec against the rules that need no table (a `same` comparison held to a band,
+    a `board only` figure measured on a board, `elsewhere` naming a claim that measures, no number
+    typed into a cause, every pointer and figure resolving)."""
+    rows = claims.check_spec()
+    assert len(rows) >= 190 and {r["rule"] for r in rows} == set(claims.RULES)
+
+
+def test_committed_verdicts_are_what_their_rows_give():
+    """Every committed reference_claims row is the verdict its committed rows give today: a verdict its
+    row contradicts (typed, or left from an earlier run) fails here."""
+    stale = []
+    for study in sorted({r["study"] for r in results.read_table(claims.CLAIMS)}):
+        committed_claims = {r["claim"]: r for r in results.read_table(RESULTS / study / "reference_claims.csv")}
+        for row in claims.evaluate(study, committed(study), quick=False):
+            old = committed_claims.get(row["claim"], {})
+            if old.get("verdict") != row["verdict"]:
+                stale.append(f"{study}/{row['claim']}: committed {old.get('verdict')!r}, "
+                             f"its rows give {row['verdict']!r}")
+    assert stale == []
 
 
 def test_every_reference_figure_has_a_claim():

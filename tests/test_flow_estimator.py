@@ -144,3 +144,32 @@ def test_the_command_refuses_mixed_stages_and_a_missing_length(capsys):
     assert exit_.value.code == 2 and "--frames belong to stage 1" in capsys.readouterr().err
     assert main(["cosyvoice3", "estimator"]) == 2
     assert "give --frames S" in capsys.readouterr().err
+
+
+def test_a_graph_from_the_cache_reads_the_row_of_the_run_that_made_it(tmp_path, monkeypatch):
+    """The builds row does not depend on which study put the graph in the shared cache first: the raw
+    node count and the export seconds stay beside the entry, and an entry without them is made again."""
+    from rkstudy import cache
+    from rkstudy.families.flow_estimator import producer
+
+    monkeypatch.setenv("RKSTUDY_CACHE", str(tmp_path))
+    made = producer.produce(12, depth=1, seed=0)
+    again = producer.produce(12, depth=1, seed=0)
+    assert again.path == made.path and again.row() == made.row()
+    assert again.raw_nodes > again.folded_nodes and again.row()["export_fold_s"] == round(made.seconds, 1)
+    assert cache.made_note(made.path, "raw_nodes", "export_fold_s")["raw_nodes"] == made.raw_nodes
+
+
+def test_a_cache_note_is_read_only_whole(tmp_path):
+    """An entry without its note (made before the note existed, or its maker killed between the two
+    writes) reads as not made, so its study makes it again instead of writing a row with holes."""
+    from rkstudy import cache
+
+    entry = tmp_path / "graph.onnx"
+    entry.write_bytes(b"onnx")
+    assert cache.made_note(entry, "raw_nodes") is None
+    cache.note_made(entry, raw_nodes=490, export_fold_s=14.7)
+    assert cache.made_note(entry, "raw_nodes", "export_fold_s") == {"export_fold_s": 14.7, "raw_nodes": 490}
+    assert cache.made_note(entry, "raw_nodes", "export_s") is None
+    (tmp_path / "graph.onnx.made.json").write_text("{truncated")
+    assert cache.made_note(entry, "raw_nodes") is None

@@ -553,3 +553,26 @@ def test_linted_family_graphs_are_kept_on_disk_not_in_memory(tmp_path, monkeypat
     assert [fg.graph().SerializeToString() for fg, _ in linted] == originals
     assert [r["nodes"] for r in study.summary_rows(linted)] == [len(onnx.load_from_string(b).graph.node)
                                                                  for b in originals]
+
+
+def test_the_exit_code_table_names_files_never_the_runs_temporary_folder(tmp_path):
+    """rkstudy lint run as a command in the study's scratch folder on the files' own names: the first
+    line it prints is the same every run (a temporary folder's name differs every run)."""
+    from types import SimpleNamespace
+
+    from onnx import TensorProto, helper
+
+    from rkstudy.lint import study as lint_study
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
+    model = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "toy", [x], [y]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    toy = SimpleNamespace(family="toy", label="one Relu", model=model, graph=lambda: model, inputs={}, sample=None)
+    workdir = tmp_path / "rkstudy-lint-abc123"
+    workdir.mkdir()
+    rows = lint_study.cli_exit_codes([(toy, SimpleNamespace(exit_code=0))], workdir)
+    assert [r["exit_code"] for r in rows] == [0, 2, 2, 2] and all(r["agrees"] for r in rows)
+    corrupt = next(r for r in rows if r["graph"] == "corrupt copy of the first graph")
+    assert corrupt["first_line"].startswith("rkstudy: error: corrupt.onnx is not a readable ONNX model")
+    assert not any(str(tmp_path) in r["first_line"] or "rkstudy-lint-" in r["first_line"] for r in rows)

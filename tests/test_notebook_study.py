@@ -23,13 +23,13 @@ def test_statements_render_from_the_cited_rows_and_name_them():
     text = _study(quick=False).conclusions([
         says("The worst interior window of the 93-frame window scores {:.1f} dB against a full decode",
              ("window_sweep", {"window": 93, "kind": "interior"}, "min_snr_db")),
-        says("{} lines at 93 frames on {}, {:.2f} dB at 55", ("builds", {"target": "rk3588"}, "regtask"),
+        says("{} lines for the 93-frame window on {}, {:.2f} dB at 55", ("builds", {"target": "rk3588"}, "regtask"),
              Cite("builds", {"target": "rk3588"}, "target"),
              ("window_sweep", {"window": "55", "kind": "interior"}, "min_snr_db"))])
     assert text.split("\n") == [
         "- The worst interior window of the 93-frame window scores 73.2 dB against a full decode "
         "(`window_sweep`: window=93, kind=interior, min_snr_db)",
-        "- 18 lines at 93 frames on rk3588, -3.17 dB at 55 (`builds`: target=rk3588, regtask; "
+        "- 18 lines for the 93-frame window on rk3588, -3.17 dB at 55 (`builds`: target=rk3588, regtask; "
         "`builds`: target=rk3588, target; `window_sweep`: window=55, kind=interior, min_snr_db)"]
 
 
@@ -98,3 +98,14 @@ def test_each_notebook_ends_with_what_it_shows_before_its_last_cell(name):
     calls = [n for n in ast.walk(ast.parse(source[-2]))
              if isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "conclude"]
     assert calls and all(isinstance(c.args[0], ast.List) and 0 < len(c.args[0].elts) <= MAX_STATEMENTS for c in calls)
+
+
+def test_an_engine_row_is_shown_with_its_board_risk(tmp_path, monkeypatch):
+    shown = []
+    monkeypatch.setattr(Study, "show", staticmethod(lambda rows, columns=None: shown.append(columns)))
+    study = Study("synthetic", quick=True)
+    study.root = tmp_path
+    study.table("builds", [{"target": "rk3588", "regtask": 18, "regtask_max_value": 16352, "snr_db": 43.1,
+                            "where": "simulator"}], "builds", show=["target", "snr_db"])
+    study.table("sweep", [{"window": 93, "min_snr_db": 73.2, "where": "fp32"}], "sweep", show=["window", "min_snr_db"])
+    assert shown == [["target", "snr_db", "board_risk"], ["window", "min_snr_db"]]

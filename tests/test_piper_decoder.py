@@ -191,3 +191,38 @@ def test_two_stage_command_line(tmp_path, capsys):
     assert compiled.toolkit == "rknn-toolkit2 2.5.0"
     with pytest.raises(EngineMismatch, match="compiled for rk3566 and this board is rk3588"):
         contract.for_engine(engine, family="piper_decoder", soc="rk3588")
+
+
+class _Lat:
+    def __init__(self, frames):
+        self.frames, self.z, self.g = frames, None, None
+
+
+def test_the_window_walk_bound_counts_every_padded_window():
+    """Every call runs the whole window: a sentence's last window and a sentence shorter than one
+    window are padded to it, so on real sentences the walk computes more than 93/45 frames per frame."""
+    assert study.window_compute_bound([_Lat(49)]) == pytest.approx(93 / 49)
+    assert study.window_compute_bound([_Lat(45 * 20)]) == pytest.approx(20 * 93 / 900)
+    notebook = [_Lat(n) for n in (49, 380, 279, 818, 380, 378, 225)]  # notebook 01's sentences
+    assert study.window_compute_bound(notebook) == pytest.approx(2.187, abs=1e-3)
+
+
+def test_cpu_timings_interleave_the_paths_and_take_the_median_ratio(monkeypatch):
+    calls = []
+
+    def path(name, seconds):
+        def run(lat):
+            calls.append(name)
+            run.t += seconds.pop(0) if lat.frames else 0.0
+        run.t = 0.0
+        return run
+
+    mono_s, walk_s = [0.0, 1.0, 1.0, 1.0], [0.0, 2.0, 5.0, 2.2]  # a slow spell hits the walk's 2nd repeat
+    mono, walk = path("mono", mono_s), path("walk", walk_s)
+    # a clock that advances only by the paths' own work
+    monkeypatch.setattr(study.time, "perf_counter", lambda: mono.t + walk.t)
+    rows = study.rtf_rows([("mono", mono, 1.0), ("walk", walk, 2.19)], [_Lat(10)], 256, 22050, 3, "fp32")
+    assert calls == ["mono", "walk"] + ["mono", "walk"] * 3  # a warm-up each, then A, B, A, B, A, B
+    assert rows[1]["ratio_vs_monolithic"] == pytest.approx(2.2) and rows[1]["ratio_max"] == pytest.approx(5.0)
+    assert rows[1]["ratio_min"] == pytest.approx(2.0) and rows[1]["compute_bound"] == 2.19
+    assert rows[0]["ratio_vs_monolithic"] == 1.0 and rows[1]["threads"] == 1 and rows[1]["repeats"] == 3

@@ -12,7 +12,6 @@ from rkstudy.families.piper import voice as piper
 from rkstudy.families.piper_encoder import producer, seam, sidecar, study, tokens
 from rkstudy.runtime import OrtRunner
 from rkstudy.tables import results
-from rkstudy.tables.results import HOST
 from rkstudy.toolkit.simulator import SimulatorRunner
 
 W = 32
@@ -170,7 +169,7 @@ def test_banded_producer_is_pad_safe_and_records_its_mode(voice, product, tmp_pa
 def _size(mode, frames, engine_bytes, peak_mb, peak_from=study.SIMULATOR_PEAK):
     return {"relshift": mode, "frames": frames, "onnx_initializer_bytes": 1, "engine_bytes": engine_bytes,
             "build_s": 1.0, "regtask": 0, "regtask_max": 0, "converter_peak_mb": peak_mb, "peak_from": peak_from,
-            "carried_from": "", "status": "ok", "where": "host", "target": "rk3588"}
+            "status": "ok", "where": "host", "target": "rk3588"}
 
 
 def test_relshift_growth_gives_each_place_its_own_row_and_scores_the_size_goals():
@@ -206,29 +205,13 @@ def test_relshift_growth_gives_each_place_its_own_row_and_scores_the_size_goals(
     assert not goals["width 384 built and simulated"]["met"] and not goals["width 512 built and simulated"]["met"]
 
 
-def test_carried_gather_rows_come_from_the_committed_sizes_with_their_stamp(tmp_path):
-    path = tmp_path / "sizes.csv"
-    stamp = "0.1.0,4ba221b00000,rknn-toolkit2 2.5.0,rk3588,host,2026-11-30"
-    path.write_text("frames,onnx_initializer_bytes,engine_bytes,build_s,regtask,converter_peak_gb,status,"
-                    f"rkstudy_version,commit,toolkit_version,target,where,date\n256,37879252,901928284,44.7,0,6.32,ok,{stamp}\n")
-    (row,) = study.carried_sizes(path, (256,))
-    # a GiB column (VmHWM / 2^30) read into the build rows' MB field (VmHWM / 2^20)
-    assert row["engine_bytes"] == 901928284 and row["converter_peak_mb"] == round(6.32 * 1024)
-    assert row["carried_from"] == "results/piper_encoder/sizes.csv" and row["peak_from"] == study.BUILD_PEAK
-    stamped = results.stamp(row, HOST)  # the run that built it keeps the number
-    assert (stamped["commit"], stamped["date"], stamped["target"]) == ("4ba221b00000", "2026-11-30", "rk3588")
-    with pytest.raises(FileNotFoundError, match=r"no gather rows at widths \[320\]"):
-        study.carried_sizes(path, (256, 320))
-    path.write_text("relshift,frames,onnx_initializer_bytes,engine_bytes,build_s,regtask,converter_peak_mb,status,"
-                    "carried_from,rkstudy_version,commit,toolkit_version,target,where,date\n"
-                    "gather,256,37879252,901928284,44.7,0,6472.0,ok,results/piper_encoder/sizes.csv (2026-11-30),"
-                    f"{stamp}\n")
-    (row,) = study.carried_sizes(path, (256,))  # a table this study wrote: carried again, first source kept
-    assert row["converter_peak_mb"] == 6472.0 and row["carried_from"] == "results/piper_encoder/sizes.csv (2026-11-30)"
-    path.write_text("frames,onnx_initializer_bytes,engine_bytes,build_s,regtask,converter_peak_gb,status,target,where,date\n"
-                    "256,37879252,901928284,44.7,0,6.32,ok,rk3588,host,2026-11-30\n")
-    with pytest.raises(ValueError, match="has no rkstudy_version, commit, toolkit_version"):
-        study.carried_sizes(path, (256,))  # a table from before stamps: which run built it is unknown
+def test_the_full_run_measures_every_gather_width_it_fits_and_carries_none():
+    """The growth exponents are fitted to widths this run built: the size-only widths are built in the
+    full run (a dedicated build child each), never read back from an earlier run's table."""
+    full, quick = study.config(quick=False), study.config(quick=True)
+    assert full["size_only"] == study.SIZE_ONLY_WIDTHS and set(full["size_only"]).isdisjoint(full["widths"])
+    assert max(full["size_only"]) > max(full["widths"]) and quick["size_only"] == ()
+    assert not hasattr(study, "carried_sizes") and "carried_from" not in study.GROWTH_COLUMNS
 
 
 def test_durations_feed_the_drawn_noise_and_give_a_fresh_seeded_sessions_frames(voice):

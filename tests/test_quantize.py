@@ -210,3 +210,27 @@ def test_the_qwen3_step_calibrates_and_scores_on_two_streams_of_random_codes():
     assert [f["codes"].shape for f in stage.calibration] == [(1, 16, 4)] * 2
     assert not np.array_equal(stage.calibration[0]["codes"], stage.evaluation[0]["codes"])
     assert not stage.calibration[0]["cache_in"].any() and stage.calibration[1]["cache_in"].any()
+
+
+def test_a_step_window_is_a_whole_step_never_the_tail_past_the_last_one():
+    """The stateful step's quantization scores one step's output per window: the 49-frame short text
+    (12,544 samples at E=45, hop 256: one step and 1,024 samples) is one window, not a step and a
+    near-silent 1,024-sample tail that scores as the worst window of an engine that is as good there."""
+    from rkstudy.families.piper_decoder_stateful.study import step_spans
+
+    step = 45 * 256
+    assert step_spans(49 * 256, step) == [(0, 12544)]
+    spans = step_spans(380 * 256, step)
+    assert len(spans) == 8 and spans[0] == (0, step) and spans[-1][1] == 380 * 256
+    assert all(hi - lo >= step for lo, hi in spans) and all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+    assert step_spans(100, step) == [(0, 100)] and step_spans(2 * step, step) == [(0, step), (step, 2 * step)]
+    # an utterance ending in near-silence: fixed spans make the tail the worst window, whole steps do not
+    rng = np.random.default_rng(0)
+    ref = np.concatenate([rng.standard_normal(step), 1e-4 * rng.standard_normal(1024)])
+    test = ref + 1e-3 * rng.standard_normal(ref.size)
+    fixed = quantize.span_scores([ref], [test], [[(0, step), (step, ref.size)]])
+    whole = quantize.span_scores([ref], [test], [step_spans(ref.size, step)])
+    assert fixed["window_snr_db_min"] < 0 < 50 < whole["window_snr_db_min"]
+    assert whole["window_snr_db_min"] == pytest.approx(whole["utterance_snr_db"])
+    with pytest.raises(ValueError, match="both must be positive"):
+        step_spans(0, step)

@@ -207,3 +207,10 @@ def test_an_opset_past_the_toolkit_is_predicted_to_fail():
     assert not producer.predict_abort({"opset": 17, "shape_chains": 0})[0]
     with pytest.warns(producer.AbortPredicted, match="opset 20"):
         assert producer.warn_if_abort({"opset": 20, "shape_chains": 0}, "step.onnx")
+
+
+def test_a_step_from_the_cache_reads_the_export_seconds_of_the_run_that_made_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("RKSTUDY_CACHE", str(tmp_path))
+    made = producer.produce(4, widths="tiny")
+    again = producer.produce(4, widths="tiny")
+    assert again.path == made.path and again.row() == made.row() and again.row()["export_s"] != ""

@@ -24,7 +24,7 @@ def test_the_index_lists_tables_headlines_with_the_reference_figure_and_figures(
     (tmp_path / "piper_decoder" / "figures" / "sweep.png").write_bytes(b"\x89PNG")
     text = report.generate(tmp_path)
     assert "| [`piper_decoder/window_sweep`](piper_decoder/window_sweep.md) | Window sweep | 1 |" in text
-    assert "| interior SNR | 73.25 | dB | 98+ dB (fp32, none) | same |" in text
+    assert "| interior SNR | 73.25 | dB |  | 98+ dB (fp32, none) | same |" in text
     assert "![piper_decoder: sweep](piper_decoder/figures/sweep.png)" in text
     sections = text.split("# Results")[1].split("\n## ")[1:]
     assert [s.split(":")[0] for s in sections] == ["piper_decoder"]  # studies without tables are left out
@@ -77,5 +77,18 @@ def test_a_headline_pair_recorded_without_comparable_is_flagged_not_stated(tmp_p
                          "reference": "interior window SNR vs full-length decode at 93 (45+24+24)"},
         "lag": {"value": 0, "unit": "samples", "reference": ""}}}))
     text = report.generate(tmp_path)
-    assert "| interior SNR | 73.25 | dB | 98+ dB (fp32, none) | not stated |" in text
+    assert "| interior SNR | 73.25 | dB |  | 98+ dB (fp32, none) | not stated |" in text
     assert "| lag | 0 | samples |  |  |" in text
+
+
+def test_a_simulator_headline_shows_its_board_risk_in_its_row(tmp_path):
+    folder = tmp_path / "toolchain"
+    folder.mkdir()
+    results.write_table("toolchain", "simulator", [results.stamp({"graph": "probe"}, Origin("fp32"))],
+                        root=tmp_path, title="Simulator")
+    (folder / "headlines.json").write_text(json.dumps({"commit": "abc", "date": "2026-12-03", "headlines": {
+        "simulator vs fp32, worst": {"value": 61.32, "unit": "dB", "board_risk": "known bad on a board: field"},
+        "simulator vs fp32, recorded before the column": {"value": 63.1, "unit": "dB"}}}))
+    text = report.generate(tmp_path)
+    assert "| simulator vs fp32, worst | 61.32 | dB | known bad on a board: field |  |  |" in text
+    assert "| simulator vs fp32, recorded before the column | 63.1 | dB | not stated |  |  |" in text

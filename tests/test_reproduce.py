@@ -329,8 +329,8 @@ def test_every_notebook_defaults_to_quick_mode_and_reads_the_committed_tables_on
         for cell in provenance.code_cells(nb):
             assert "results_root(quick=False)" not in cell and "root=RESULTS" not in cell, nb.name
             for line in cell.splitlines():
-                if "RESULTS" in line:  # the committed tables, read (a carried row, a script's table)
-                    assert any(w in line for w in ("import RESULTS", "read_table(", "carried_sizes(")), (nb.name, line)
+                if "RESULTS" in line:  # the committed tables, read (a script's table)
+                    assert any(w in line for w in ("import RESULTS", "read_table(")), (nb.name, line)
 
 
 def test_the_expected_wall_time_plays_the_schedule_forward_with_the_memory_rule():

@@ -171,3 +171,51 @@ def test_the_command_writes_the_report_and_exits_1_when_something_moved(tmp_path
     assert main(["results", "diff", str(a), str(a)]) == 0
     assert main(["results", "diff", str(a), str(tmp_path / "nowhere")]) == 2
     assert "is not a result tree" in capsys.readouterr().err
+
+
+def test_machine_figures_and_times_named_by_a_headline_or_goal_are_reported_not_failed(tmp_path):
+    """A rerun from a fresh clone measures the same counts, bytes and dB and other machine figures: a
+    headline read from a converter peak, a bandwidth or a ratio of times moves with the machine, and so
+    does a goal row's margin over a converter peak."""
+    def heads(peak, rtf, dram, nodes):
+        return {"s": {"banded: converter peak at the widest width": {"value": peak, "unit": "MB"},
+                      "CPU RTF, windowed / monolithic": {"value": rtf, "unit": "x"},
+                      "DRAM read on this host, 1 thread, wall clock": {"value": dram, "unit": "GB/s"},
+                      "raw slice nodes": {"value": nodes, "unit": "nodes"}}}
+
+    def goals(measured):
+        return [stamped(where="host", target="none", goal="converter peak at width 320", budget=3000.0,
+                        measured=measured, margin=3000.0 - measured, unit="MB")]
+
+    text, failed = run(tmp_path, {"s/targets": goals(707.9)}, {"s/targets": goals(634.9)},
+                       a_headlines=heads(859.3, 2.635, 28.88, 992), b_headlines=heads(786.6, 2.951, 21.75, 992))
+    assert not failed, text
+    assert "`value` (machine, reported (by row label))" in text and "`value` (time, reported (by row label))" in text
+    assert "`margin` (machine, reported (by row label))" in text
+    text, failed = run(tmp_path / "n", {"s/targets": goals(707.9)}, {"s/targets": goals(707.9)},
+                       a_headlines=heads(859.3, 2.635, 28.88, 992), b_headlines=heads(859.3, 2.635, 28.88, 993))
+    assert failed and "| headline=raw slice nodes | `value` |" in text
+
+
+def test_a_reference_claim_is_compared_by_its_source_column_and_its_verdict_by_kind(tmp_path):
+    def claim(cid, ours, source, verdict):
+        return stamped(where="host", target="none", claim=cid, theirs="x", ours=ours, ours_from=source,
+                       verdict=verdict)
+
+    a = [claim("dram", "28.88 GB/s", "dram.gb_per_s_best[threads=1] value", "board only"),
+         claim("snr", "43.11 dB", "simulator_vs_fp32.snr_db[target=rk3588] value",
+               "differs: ours 43.11 dB, theirs 24.1 dB: board"),
+         claim("lines", "18 lines", "builds.regtask[target=rk3588] value", "differs: ours 18 lines, theirs 0 lines")]
+    b = [claim("dram", "21.75 GB/s", "dram.gb_per_s_best[threads=1] value", "board only"),
+         claim("snr", "43.31 dB", "simulator_vs_fp32.snr_db[target=rk3588] value",
+               "differs: ours 43.31 dB, theirs 24.1 dB: board"),
+         claim("lines", "18 lines", "builds.regtask[target=rk3588] value", "differs: ours 18 lines, theirs 0 lines")]
+    text, failed = run(tmp_path, {"s/reference_claims": a}, {"s/reference_claims": b})
+    assert not failed, text
+    moved_a = [dict(r) for r in a]
+    moved_b = [dict(r) for r in a]
+    moved_b[2] = claim("lines", "0 lines", "builds.regtask[target=rk3588] value", "reproduced")
+    text, failed = run(tmp_path / "k", {"s/reference_claims": moved_a}, {"s/reference_claims": moved_b})
+    assert failed
+    assert "| target=none, where=host, claim=lines | `ours` | exact (by ours_from) | 18 lines | 0 lines |" in text
+    assert "| target=none, where=host, claim=lines | `verdict` | exact (by verdict kind) |" in text

@@ -18,6 +18,7 @@ import numpy as np
 
 from .. import cache
 from ..errors import NeedsConverter
+from ..gates import board_risk
 from ..paths import REPO
 from ..tables.results import reference
 from ..toolkit.build import BuildFailed, Toolkit, toolkit_env
@@ -103,8 +104,10 @@ def _reference_regtask(engine: str, target: str) -> str:
 
 
 def side_by_side(rows: Sequence[Mapping], versions: Sequence[str]) -> list[dict]:
-    """One row per engine and target, each version's REGTASK lines, largest value, bytes, SNR and
-    status in its own column, the REGTASK difference, and the reference documents' count."""
+    """One row per engine and target, each version's REGTASK lines, largest value, bytes, SNR, status
+    and board-risk verdict (rkstudy.gates.board_risk of that version's build) in its own column, the
+    REGTASK difference, and the reference documents' count: no version's simulator SNR stands without
+    what that version's compiler logged."""
     out = {}
     for r in rows:
         key = (r["engine"], r["target"])
@@ -112,7 +115,8 @@ def side_by_side(rows: Sequence[Mapping], versions: Sequence[str]) -> list[dict]
         v = r["toolkit"]
         side.update({f"status_{v}": r["status"], f"regtask_{v}": r["regtask"],
                      f"regtask_max_value_{v}": r["regtask_max_value"], f"engine_bytes_{v}": r["engine_bytes"],
-                     f"simulator_snr_db_{v}": r["simulator_snr_db"], f"build_s_{v}": r["build_s"]})
+                     f"simulator_snr_db_{v}": r["simulator_snr_db"], f"build_s_{v}": r["build_s"],
+                     f"board_risk_{v}": r.get("board_risk") or board_risk(r)})
     for (engine, target), side in out.items():
         present = [v for v in versions if f"regtask_{v}" in side]
         if len(present) >= 2:

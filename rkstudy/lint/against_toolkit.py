@@ -23,6 +23,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from .. import graph
 from ..graph import decmask, relshift, sine
+from ..process import shows_progress
 from . import compiler
 from . import lint as lint_graph
 
@@ -406,7 +407,7 @@ def matrix(targets=("rk3588",), extra: list[Case] = (), progress: bool = True) -
     from tqdm.auto import tqdm
 
     jobs = [(t, c) for t in targets for c in [*cases(), *extra]]
-    return [evaluate(c, t) for t, c in tqdm(jobs, desc="lint vs compiler", disable=not progress)]
+    return [evaluate(c, t) for t, c in tqdm(jobs, desc="lint vs compiler", disable=not shows_progress(progress))]
 
 
 def _tensor(layer: str) -> str:

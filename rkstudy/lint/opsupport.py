@@ -27,6 +27,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from ..process import shows_progress
+
 TABLE = Path(__file__).with_name("op_support.json")
 OPSET = 17
 SHAPE = (1, 8, 32)  # [N, C, T]: how a TTS stage's tensors reach the compiler
@@ -263,7 +265,7 @@ def probe_all(targets: Iterable[str], keys: Iterable[str] | None = None, progres
     chosen = [p for p in probes() if keys is None or p.key in set(keys)]
     jobs = [(t, p) for t in targets for p in chosen]
     table: dict = {t: {} for t in targets}
-    for t, p in tqdm(jobs, desc="op probes", disable=not progress):
+    for t, p in tqdm(jobs, desc="op probes", disable=not shows_progress(progress)):
         table[t][p.key] = probe_row(p, t)
     return table
 

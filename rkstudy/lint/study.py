@@ -8,6 +8,7 @@ graphs (which the tests never see) to record its exit codes.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -141,14 +142,22 @@ def one_per_shape(linted) -> list[tuple[FamilyGraph, Report]]:
 
 def cli_exit_codes(linted, workdir) -> list[dict]:
     """`rkstudy lint` run as a command on each graph (saved under `workdir`), and on inputs it must refuse:
-    a corrupt file, an unknown input name, a shape that does not parse. The exit code and the first line."""
+    a corrupt file, an unknown input name, a shape that does not parse. The exit code and the first line.
+
+    The command runs in `workdir` on the files' own names, as a user runs it beside their model: the
+    line it prints names the file, never this run's temporary folder (which differs every run)."""
     from ..atomic import save_onnx
+    from ..paths import REPO
 
     rows = []
+    workdir = Path(workdir)
+    # the child imports this checkout's rkstudy whatever folder it runs in
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
 
     def run(label: str, args: list[str], expected: int) -> None:
+        args = [Path(a).name if Path(a).parent == workdir else a for a in args]
         proc = subprocess.run([sys.executable, "-m", "rkstudy", "lint", *args], capture_output=True, text=True,
-                              timeout=1800)
+                              timeout=1800, cwd=workdir, env=env)
         said = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
         rows.append({"graph": label, "args": " ".join(a if not a.endswith((".onnx", ".npz")) else a.rsplit("/", 1)[-1]
                                                      for a in args[1:]),

@@ -11,7 +11,12 @@ Each column gets one rule, from its name first and its values second, and the re
   machine and what else ran, so reported, never failed;
 * otherwise exact for strings and integers, and relative 1e-6 for floats.
 
-A `value` or `measured` cell takes the rule of its row's `unit` (dB, s, ms, ms/window ...).
+A `value` or `measured` cell takes the rule of its row's `unit` (dB, s, ms, ms/window ...); where the
+unit says nothing, a row whose label (a headline's name, a goal, a quantity) names a machine figure or a
+time ("converter peak", "DRAM read", "CPU RTF", "wall") has its float cells reported like that column
+would be: a headline is the same figure as the column it was read from. A reference claim's `ours` takes
+the rule of the column it was read from (`ours_from`), and its `verdict` is compared by kind (reproduced,
+differs, ...), the text that quotes ours reported.
 Rows are matched by their key columns: target and where, then the fewest leading columns not named
 as counts, bytes, dB, times or machine figures (a dB level the table leads with is a key) that tell
 the rows apart in both trees (the order of appearance too when none does).
@@ -40,6 +45,10 @@ EXACT_NAME = re.compile(r"^regtask|nodes|bytes|(^|_)(count|counts|nonfinite|line
 TIME_WORDS = {"s", "ms", "seconds", "minutes", "rtf"}
 MACHINE_NAME = re.compile(r"peak|rss|gb_per|load")
 REPORTED = ("time", "machine")
+# a row's label: what a headline, a goal or a quantity row says it holds
+LABEL_COLUMNS = ("headline", "goal", "quantity", "label")
+MACHINE_WORDS = {"peak", "rss", "bandwidth", "dram", "load", "gb/s", "mb/s"}
+TIME_LABEL_WORDS = {"rtf", "wall", "seconds", "minutes", "time", "times"}
 UNIT_FIRST = "; in a row whose unit is dB or a time, that rule"
 
 
@@ -101,6 +110,35 @@ def unit_rule(unit: str) -> Tolerance | None:
     return None
 
 
+def label_rule(text: str) -> Tolerance | None:
+    """The rule a row's label gives its float cells: a machine figure or a time named in words."""
+    words = set(re.findall(r"[a-z0-9/]+", text.lower()))
+    if words & MACHINE_WORDS:
+        return Tolerance("machine", "row label")
+    if words & TIME_LABEL_WORDS:
+        return Tolerance("time", "row label")
+    return None
+
+
+def source_rule(ours_from: str) -> Tolerance | None:
+    """The rule of the column a reference claim read ours from (`table.column[rows] summary`)."""
+    column = ours_from.split("[")[0].split(" ")[0].rpartition(".")[2]
+    return name_rule(column) if column else None
+
+
+def _numbers(text: str) -> list[float]:
+    return [float(x.replace(",", "")) for x in re.findall(r"[-+]?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?|inf", text)]
+
+
+def _claim_kind(verdict: str) -> str:
+    from .claims import kind
+
+    try:
+        return kind(verdict)
+    except ValueError:
+        return verdict
+
+
 def moved(rule: Tolerance, a: str, b: str) -> tuple[bool, float | None]:
     """(past tolerance, numeric change B - A or None) for one cell."""
     if a == b:
@@ -148,7 +186,8 @@ def _tables(root: Path) -> dict[str, list[dict]]:
     for path in sorted(Path(root).glob("*/headlines.json")):
         h = json.loads(path.read_text(encoding="utf-8"))
         out[f"{path.parent.name}/headlines.json"] = [
-            {"headline": name, "value": str(v["value"]), "unit": v.get("unit", "")}
+            {"headline": name, "value": str(v["value"]), "unit": v.get("unit", ""),
+             "board_risk": v.get("board_risk", "")}
             for name, v in h.get("headlines", {}).items()]
     return out
 
@@ -197,18 +236,48 @@ def diff_table(name: str, a: list[dict], b: list[dict]) -> TableDiff:
                    (("A", [k for k in ka if k not in kb]), ("B", [k for k in kb if k not in ka])) if keys}
     for key in (k for k in ka if k in kb):
         ra, rb = ka[key], kb[key]
+        label = next((ra[c] for c in LABEL_COLUMNS if c in ra), "")
+        by_label = label_rule(label) if label else None
         for c in common:
             if c in d.keys:
                 continue
             rule = d.rules[c]
             if c in ("value", "measured") and "unit" in ra:
                 rule = unit_rule(ra["unit"]) or rule
+            if by_label is not None and rule.kind == "relative":
+                rule = by_label
+            if "ours_from" in ra and c in ("ours", "verdict"):
+                past, delta, rule = _claim_cell(c, ra, rb)
+                if past:
+                    d.failures.append((_label(d.keys, key), c, rule.describe(), ra[c], rb[c], delta))
+                elif ra[c] != rb[c]:
+                    d.changes[(c, rule)].append((delta, ra[c], rb[c]))
+                continue
             past, delta = moved(rule, ra[c], rb[c])
             if past:
                 d.failures.append((_label(d.keys, key), c, rule.describe(), ra[c], rb[c], delta))
             elif ra[c] != rb[c]:
                 d.changes[(c, rule)].append((delta, ra[c], rb[c]))
     return d
+
+
+def _claim_cell(column: str, ra: dict, rb: dict) -> tuple[bool, float | None, Tolerance]:
+    """A reference claim's `ours` by the rule of the column it was read from (its numbers compared under
+    that rule), its `verdict` by kind: the verdict's text quotes ours, so it moves with it."""
+    source = source_rule(ra.get("ours_from", "")) if ra.get("ours_from") == rb.get("ours_from") else None
+    if column == "verdict":
+        if _claim_kind(ra[column]) != _claim_kind(rb[column]):
+            return True, None, Tolerance("exact", "verdict kind")
+        return False, None, Tolerance("time" if source and source.kind in REPORTED else "exact", "verdict kind")
+    if source is None or ra[column] == rb[column]:
+        return ra[column] != rb[column], None, Tolerance("exact", "string values")
+    xa, xb = _numbers(ra[column]), _numbers(rb[column])
+    if source.kind in REPORTED or len(xa) != len(xb) or not xa:
+        return (source.kind not in REPORTED), None, Tolerance(source.kind if source.kind in REPORTED else "exact",
+                                                             "ours_from")
+    rule = Tolerance(source.kind, "ours_from")
+    moves = [moved(rule, repr(x), repr(y)) for x, y in zip(xa, xb)]
+    return any(past for past, _ in moves), moves[0][1], rule
 
 
 def diff_trees(a: Path, b: Path) -> tuple[list[TableDiff], list[str], list[str]]:
@@ -249,8 +318,9 @@ def report(a: Path, b: Path, labels: tuple[str, str] | None = None) -> tuple[str
              f"{len(diffs)} tables compared; {n_fail} cells in {len(failed)} tables moved past their tolerance"
              + (" (exit 1)." if n_fail else "."),
              f"Tolerances: counts, nodes, bytes and REGTASK lines exact; dB within {DB_TOLERANCE}; times and "
-             f"machine figures (peak RSS, bandwidth, load) reported, never failed; other floats relative "
-             f"{RELATIVE_TOLERANCE:g}; strings and integers exact. Stamp columns ignored.", ""]
+             f"machine figures (peak RSS, bandwidth, load; a headline or goal naming one) reported, never failed; "
+             f"other floats relative {RELATIVE_TOLERANCE:g}; strings and integers exact; a reference claim's ours by "
+             f"its source column's rule, its verdict by kind. Stamp columns ignored.", ""]
     if only_a:
         lines += [f"Tables only in A ({len(only_a)}): " + ", ".join(f"`{n}`" for n in only_a), ""]
     if only_b:

@@ -35,10 +35,15 @@ PC simulator, board = RKNNLite on a real board, replay = the test double of RKNN
 a census or a timing on the host) and `date`. There is no board row unless a board produced it.
 The reference documents' own figures are in `data/reference/figures.csv` (with document and section);
 where a headline has one, it is shown beside ours, labelled as theirs, with whether the two are the
-same quantity under the same conditions (`same`) or what differs (`differs: ...`). Each study's
+same quantity under the same conditions (`same`) or what differs (`differs: ...`). A simulator headline
+carries, in its own row, the board-risk verdict of the engine rows it was measured on (the worst of
+them for a worst over a sweep): the simulator does not see the register-field overflow a board does.
+Each study's
 `reference_claims` table puts every measured claim the documents make about it beside ours, with a
-verdict: `reproduced`, `differs` (by how much, and the cause or the open question), `board only` or
-`not measured here` (and why); data/reference/claims.csv says how each is read. The executed
+verdict computed from the row it cites by the rule data/reference/claims.csv states: `reproduced` (the
+same quantity, within the band), `consistent` (a different quantity that agrees with theirs, and what
+that means), `differs` (by how much, and the cause or the open question), `board only`, `measured in`
+another study (which claim), or `not measured here` (and why). The executed
 notebooks, with their plots, tables and audio, are under `notebooks/`.
 """
 
@@ -122,10 +127,13 @@ def _claims_line(study: str, folder: Path) -> str:
     if not path.is_file():
         return ""
     tally = claims.counts([r["verdict"] for r in results.read_table(path)])
+    named = {"reproduced": "reproduced", "consistent": "consistent (a different quantity that agrees)",
+             "differs": "differ", "board only": "board only", "measured elsewhere": "measured in another study",
+             "not measured": "not measured here"}
+    parts = ", ".join(f"{tally[k]} {named[k]}" for k in claims.KINDS if tally[k] or k in ("reproduced", "differs"))
     return (f"\nThe reference documents' measured claims about {study}, ours beside each "
             f"([`{study}/reference_claims`]({study}/reference_claims.md)): {sum(tally.values())} claims, "
-            f"{tally['reproduced']} reproduced, {tally['differs']} differ, {tally['board only']} board only, "
-            f"{tally['not measured']} not measured here.\n")
+            f"{parts}.\n")
 
 
 def generate(root: Path = RESULTS) -> str:
@@ -146,13 +154,15 @@ def generate(root: Path = RESULTS) -> str:
         if (folder / "headlines.json").is_file():
             h = results.read_headlines(study, root)
             parts.append(f"\nHeadlines (commit {h['commit']}, {h['date']}):\n\n"
-                         "| headline | ours | unit | the reference documents' figure | comparable |\n"
-                         "|---|---|---|---|---|\n")
+                         "| headline | ours | unit | board risk | the reference documents' figure | comparable |\n"
+                         "|---|---|---|---|---|---|\n")
             for name, v in h["headlines"].items():
                 reference = _reference_value(study, v["reference"]) if v.get("reference") else ""
                 # a pair recorded without saying whether it compares is flagged, never shown as if it did
                 comparable = v.get("comparable") or ("not stated" if reference else "")
-                parts.append(f"| {name} | {_fmt(v['value'])} | {v['unit']} | {reference} | {comparable} |\n")
+                # a simulator number recorded before the verdict stood beside it says so, never stands alone
+                risk = v.get("board_risk") or ("not stated" if results.SIMULATOR_HEADLINE in name.lower() else "")
+                parts.append(f"| {name} | {_fmt(v['value'])} | {v['unit']} | {risk} | {reference} | {comparable} |\n")
         parts.append(_claims_line(study, folder))
         parts.append("\n| table | what | rows |\n|---|---|---|\n")
         for csv in tables:

@@ -50,6 +50,7 @@ from pathlib import Path
 
 from .. import atomic
 from ..errors import Failed, UsageError
+from ..process import RECORDED
 from . import bench, provenance, results
 
 TABLE = "reproduce"
@@ -269,12 +270,15 @@ def committed_results(repo: Path) -> Path | None:
 def run_command(command: list[str], cwd: Path, log: Path | None = None) -> tuple[int, float | None]:
     """Run `command`, its output to `log` (or the terminal); its exit code and the peak RSS in GiB of
     its largest process: the kernel's maximum over the child and every descendant it waited for
-    (papermill's kernel, the compiler and simulator children)."""
+    (papermill's kernel, the compiler and simulator children). The run is recorded
+    (rkstudy.process.RECORDED): the executed notebook it keeps is read on other machines, so its
+    kernel shows no progress bars and no absolute paths in its warnings."""
     if log is not None:
         log.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, RECORDED: "1"}
     with open(log, "w", encoding="utf-8") if log is not None else open(os.devnull) as out:
         proc = subprocess.Popen(command, cwd=cwd, stdout=out if log is not None else None,
-                                stderr=subprocess.STDOUT if log is not None else None)
+                                stderr=subprocess.STDOUT if log is not None else None, env=env)
         _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
     return proc.returncode, round(usage.ru_maxrss * 1024 / 2**30, 2)  # ru_maxrss is in KiB on Linux

@@ -214,13 +214,17 @@ def reference_figure(study: str, figure: str) -> dict:
 
 
 # --- headline numbers (recorded by each notebook's last cell) ----------------------------------
+SIMULATOR_HEADLINE = "simulator"  # a headline whose name says simulator is a simulator number
+
+
 def record_headlines(study: str, headlines: Mapping[str, Mapping], *, root: Path) -> Path:
-    """Write `<root>/<study>/headlines.json`: {name: {value, unit, reference, comparable}} — what the
-    notebook tests assert (with tolerances) and what the generated index shows. `reference` names the
-    reference figure (its exact `figure` text in data/reference/figures.csv) the headline is shown
-    beside, and `comparable` says whether the pair is the same quantity under the same conditions
+    """Write `<root>/<study>/headlines.json`: {name: {value, unit, reference, comparable[, board_risk]}}
+    — what the notebook tests assert (with tolerances) and what the generated index shows. `reference`
+    names the reference figure (its exact `figure` text in data/reference/figures.csv) the headline is
+    shown beside, and `comparable` says whether the pair is the same quantity under the same conditions
     (`same`) or not (`differs: <what>`): a reference figure without it is refused, so the index
-    never pairs two numbers without saying whether they can be compared."""
+    never pairs two numbers without saying whether they can be compared. A simulator headline (its
+    name says so) without `board_risk` is refused: the index shows the verdict in the same row."""
     clean = {}
     for name, h in headlines.items():
         value = h["value"]
@@ -237,8 +241,13 @@ def record_headlines(study: str, headlines: Mapping[str, Mapping], *, root: Path
         elif comparable:
             raise ValueError(f"{study} headline {name!r}: comparable={comparable!r} without a reference "
                              "figure; pass reference=<its figure> or drop comparable")
+        risk = h.get("board_risk", "")
+        if SIMULATOR_HEADLINE in name.lower() and not risk:
+            raise ValueError(f"{study} headline {name!r} is a simulator number without a board risk; pass "
+                             "risk=<the engine row or rows it was measured on> (the simulator does not see the "
+                             "register-field overflow a board does)")
         clean[name] = {"value": value, "unit": h.get("unit", ""), "reference": h.get("reference", ""),
-                       "comparable": comparable}
+                       "comparable": comparable, **({"board_risk": risk} if risk else {})}
     payload = {"study": study, "rkstudy_version": __version__, "commit": commit(),
                "date": _dt.date.today().isoformat(), "headlines": clean}
     return atomic.write_text(Path(root) / study / "headlines.json", json.dumps(payload, indent=1) + "\n")

@@ -471,6 +471,10 @@ class EngineProcess:
                 log.write(line + "\n")
                 self.tail.append(line)
                 if toolkit_log.is_regtask(line):
+                    if self.killed_for_regtask:
+                        # lines still in the pipe after the kill: how many arrive is timing, not the graph,
+                        # so a killed build's count stops at the limit's first line past it (a lower bound)
+                        continue
                     self.regtask += 1
                     value = toolkit_log.regtask_value(line)
                     if value is not None:  # the magnitude is what separates a harmless overflow from a ruinous one
@@ -557,8 +561,8 @@ class EngineProcess:
             return self._report("timeout", error=f"killed after {self.timeout:.0f} s without finishing "
                                 f"{self.step or 'start-up'}; raise --timeout if the graph is simply large")
         if self.killed_for_regtask:
-            return self._report("regtask-limit", error=f"killed after {self.regtask} REGTASK lines "
-                                f"(limit {self.regtask_limit}): an axis overflows the 13-bit field "
+            return self._report("regtask-limit", error=f"killed once past {self.regtask_limit} REGTASK lines (the "
+                                f"count {self.regtask} is a lower bound): an axis overflows the 13-bit field "
                                 "by far; narrow the window or slice the long axis")
         if rc < 0:
             name = signal.Signals(-rc).name

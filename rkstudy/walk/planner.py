@@ -37,6 +37,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from .. import fits, gates
+from ..process import shows_progress
 from ..tables.results import HOST
 from .window import interior_windows
 
@@ -151,7 +152,7 @@ def context_sweep(decode, latents, hop: int, contexts: Sequence[int], emit: int,
              "worst_interior_snr_db": worst_interior_snr(decode, latents, hop, emit, c, walk=walk, n_frames=n_frames,
                                                          references=references),
              "where": "fp32"}
-            for c in tqdm(contexts, desc=f"contexts ({kind})", leave=False)]
+            for c in tqdm(contexts, desc=f"contexts ({kind})", leave=False, disable=not shows_progress())]
 
 
 def min_context(rows: Sequence[dict], snr_db: float, kind: str = "speech") -> int | None:

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm.auto import tqdm
 
+from ..process import shows_progress
+
 
 @dataclass(frozen=True)
 class Window:
@@ -162,7 +164,7 @@ def walk(n_frames: int, run: Callable[[dict], Sequence[np.ndarray]], *, emit: in
     window = emit + 2 * context
     plan = plan_windows(n_frames, emit, context, overlap)
     pieces: list[list[np.ndarray]] = [[] for _ in outputs]
-    for w in tqdm(plan, desc=desc, disable=not progress, leave=False):
+    for w in tqdm(plan, desc=desc, disable=not shows_progress(progress), leave=False):
         feed = {name: _window_slice(np.asarray(x), w, window, rate) for name, (x, rate) in walked.items()}
         feed.update({name: _window_mask(w, window, rate) for name, rate in masks.items()})
         outs = [np.asarray(o) for o in run(feed)]

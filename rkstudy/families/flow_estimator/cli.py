@@ -37,7 +37,7 @@ def _cmd(args) -> int:
     product = produce(args.frames, depth=args.depth, seed=args.seed, attn_form=args.attn_form,
                       attn_bias=args.attn_bias, output=args.output)
     c = product.contract
-    nodes = f"{product.raw_nodes} -> " if product.raw_nodes is not None else ""
+    nodes = f"{product.raw_nodes} -> "
     print(f"DiT stand-in S={args.frames}: depth {c.params['depth']}, {c.params['parameters']} parameters, "
           f"{c.params['weights']}; {nodes}{product.folded_nodes} nodes after the fold")
     print("inputs: " + ", ".join(f"{t.name} {list(t.shape)} {t.role}" for t in c.inputs))

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from ... import atomic, gates, graph
-from ...cache import digest, entry
+from ...cache import digest, entry, locked, made_note, note_made
 from ...contract import METADATA_KEY, Contract, Digest, Tensor, from_metadata
 from ...produced import Produced
 from . import standin
@@ -74,20 +74,20 @@ def estimator_contract(*, frames: int, cfg: standin.DiTConfig, seed: int, source
 @dataclass(kw_only=True)
 class EstimatorGraph(Produced):
     """One produced S: the folded graph on disk (contract in its metadata), the node counts before
-    and after the fold, and the export and fold seconds (raw_nodes and seconds are None for a graph
-    taken from the cache)."""
+    and after the fold, and the export and fold seconds of the run that made it: a cache entry keeps
+    both beside it, so a graph another study put in the cache reads the same row as one made here."""
 
     frames: int
-    raw_nodes: int | None
+    raw_nodes: int
     folded_nodes: int
-    seconds: float | None
+    seconds: float
 
     def row(self) -> dict:
         p = self.contract.params
         return {"S": self.frames, "depth": p["depth"], "attn": f"{p['attn_form']}/{p['attn_bias']}",
                 "parameters": p["parameters"], "raw_nodes": self.raw_nodes, "folded_nodes": self.folded_nodes,
                 "onnx_bytes": self.path.stat().st_size,
-                "export_fold_s": "" if self.seconds is None else round(self.seconds, 1)}
+                "export_fold_s": round(self.seconds, 1)}
 
 
 def produce(frames: int, *, depth: int = 2, seed: int = 0, attn_form: str = "sdpa", attn_bias: str = "key",
@@ -102,14 +102,23 @@ def produce(frames: int, *, depth: int = 2, seed: int = 0, attn_form: str = "sdp
 
         raise UsageError(f"--frames {frames}: the estimator needs at least 2 frames")
     cfg = standin.standin_config(depth, attn_bias, attn_form)
-    if output is None:
-        output = entry(FAMILY, f"estimator_s{frames}_d{depth}_{attn_form}_{attn_bias}",
-                       digest(asdict(cfg), frames, seed, PRODUCER_VERSION, torch.__version__,
-                              onnxslim.__version__), ".onnx")
-        if output.exists():
+    if output is not None:
+        return _make(frames, cfg, seed, Path(output))
+    output = entry(FAMILY, f"estimator_s{frames}_d{depth}_{attn_form}_{attn_bias}",
+                   digest(asdict(cfg), frames, seed, PRODUCER_VERSION, torch.__version__, onnxslim.__version__),
+                   ".onnx")
+    with locked(output):  # two studies asking for one graph: the second reads what the first made
+        made = made_note(output, "raw_nodes", "export_fold_s")
+        if output.exists() and made is not None:
             nodes = graph.census(output, with_axis=False).nodes
-            return EstimatorGraph(frames=frames, path=output, contract=read_contract(output), raw_nodes=None,
-                                  folded_nodes=nodes, seconds=None)
+            return EstimatorGraph(frames=frames, path=output, contract=read_contract(output),
+                                  raw_nodes=made["raw_nodes"], folded_nodes=nodes, seconds=made["export_fold_s"])
+        produced = _make(frames, cfg, seed, output)
+        note_made(output, raw_nodes=produced.raw_nodes, export_fold_s=produced.seconds)
+        return produced
+
+
+def _make(frames: int, cfg, seed: int, output: Path) -> EstimatorGraph:
     t0 = time.monotonic()
     model = standin.build(cfg, seed=seed)
     with tempfile.TemporaryDirectory(prefix="rkstudy-dit-") as tmp:

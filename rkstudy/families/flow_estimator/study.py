@@ -20,6 +20,7 @@ from ... import fits
 from ...board.dmesg import InitRefused
 from ...board.memory import MIB, SINGLE_MAPPING_CEILING, LazyLadder, check_set, smallest_rung
 from ...contract import Contract
+from ...process import shows_progress
 from ...tables.results import HOST
 from ...toolkit.build import build_engine
 from ...toolkit.convert import simulator_vs_fp32
@@ -186,7 +187,7 @@ def build_ladder(cfg: dict, target: str = "rk3588") -> tuple[list[dict], list[di
     each graph's contract by (form, S)."""
     builds, sims, contracts = [], [], {}
     jobs = [(cfg["depth"], form, s) for form, sizes in cfg["sizes"].items() for s in sizes] + list(cfg["depth_probe"])
-    for depth, form, s in tqdm(jobs, desc="stand-in builds"):
+    for depth, form, s in tqdm(jobs, desc="stand-in builds", disable=not shows_progress()):
         rows, contracts[depth, form, s] = build_row(s, depth=depth, attn_form=form, target=target,
                                                     simulate=depth == cfg["depth"] and form == "sdpa"
                                                     and s in cfg["simulate"])

@@ -6,6 +6,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ... import gates
+from ...process import shows_progress
 from ...runtime import OrtRunner
 from ..piper_decoder.producer import produce_for_voice
 from ..piper_decoder.study import FullDecoder, per_window_rows, sidecar
@@ -22,7 +23,7 @@ def context_sweep(decode: DecodeModel, z: np.ndarray, contexts=CONTEXT_SWEEP, em
     (rkstudy.gates.perceptual; STOI is NaN on a latent under ~0.4 s of voiced speech)."""
     ref = FullDecoder(decode.model, decode.seam).decode(z)
     rows = []
-    for context in tqdm(contexts, desc="contexts", disable=not progress):
+    for context in tqdm(contexts, desc="contexts", disable=not shows_progress(progress)):
         produced = produce_for_voice(decode, emit=emit, context=context, dec_mask=dec_mask)
         runner = OrtRunner(produced.model)
         test = sidecar(decode, runner, produced.contract).decode(z, progress=False)

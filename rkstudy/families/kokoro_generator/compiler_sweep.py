@@ -13,6 +13,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ... import gates
+from ...process import shows_progress
 from ...runtime import OrtRunner
 from ...tables.results import HOST
 from ...toolkit.build import BUILD_TIMEOUT_S, REGTASK_LIMIT, BuildReport, build_engine
@@ -86,7 +87,7 @@ def toolkit_probes(target: str = "rk3588", names: Sequence[str] | None = None, p
 
     rows = []
     torch.manual_seed(0)
-    for name in tqdm(names or list(PROBES), desc="probes", disable=not progress):
+    for name in tqdm(names or list(PROBES), desc="probes", disable=not shows_progress(progress)):
         factory, shape, verdict = PROBES[name]
         buf = io.BytesIO()
         with torch.no_grad():
@@ -172,7 +173,7 @@ def sweep(model: KokoroModel, cases: Sequence[SweepBuild], utt: frontend.Utteran
     for case i also on `extra_feeds[i]` (the windows of a walk, so that walk needs no second build).
     Returns the rows and each case's (produced, Simulated)."""
     rows, made = [], []
-    for i, case in enumerate(tqdm(cases, desc="builds", disable=not progress)):
+    for i, case in enumerate(tqdm(cases, desc="builds", disable=not shows_progress(progress))):
         produced = case_graph(model, case, context)
         feed = probe_feed(utt, produced)
         sim = simulate_case(produced, case, [feed, *(extra_feeds or {}).get(i, [])])

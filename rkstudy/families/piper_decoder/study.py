@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 from ... import gates, graph
 from ...graph.decmask import UPSAMPLERS
 from ...lint.compiler import layer_table
+from ...process import shows_progress
 from ...runtime import OrtRunner
 from ...toolkit.build import build_engine
 from ...toolkit.convert import simulator_vs_fp32
@@ -42,9 +43,9 @@ def sidecar(model: DecoderModel, runner, contract) -> DecoderSidecar:
 class FullDecoder:
     """The dynamic decoder half in onnxruntime: a full-length decode, the reference for walks."""
 
-    def __init__(self, model, seam: DecoderSeam | None = None):
+    def __init__(self, model, seam: DecoderSeam | None = None, threads: int | None = None):
         seam = seam or find_decoder_seam(model)
-        self.runner = OrtRunner(decoder_graph(model, seam))
+        self.runner = OrtRunner(decoder_graph(model, seam), threads=threads)
         self.where, self.target = self.runner.where, self.runner.target
 
     def decode(self, z: np.ndarray, g: np.ndarray | None = None) -> np.ndarray:
@@ -74,7 +75,7 @@ def window_sweep(model: DecoderModel, latents, configs=SWEEP, progress: bool = T
     full = FullDecoder(model.model, model.seam)
     refs = [full.decode(lat.z, lat.g) for lat in latents]
     rows, utterances = [], []
-    for emit, context in tqdm(configs, desc="windows", disable=not progress):
+    for emit, context in tqdm(configs, desc="windows", disable=not shows_progress(progress)):
         produced = produce_for_voice(model, emit=emit, context=context)
         runner = OrtRunner(produced.model)
         side = sidecar(model, runner, produced.contract)
@@ -206,7 +207,7 @@ def build_rows(model: DecoderModel, targets, *, emit: int = DEFAULT_EMIT, contex
     time, converter peak RSS)."""
     rows = []
     jobs = [(t, m) for t in targets for m in masks]
-    for target, dec_mask in tqdm(jobs, desc="builds", disable=not progress):
+    for target, dec_mask in tqdm(jobs, desc="builds", disable=not shows_progress(progress)):
         produced = produce_for_voice(model, emit=emit, context=context, dec_mask=dec_mask)
         report = build_engine(produced.save(), target).raise_for_status()
         rows.append({"family": produced.contract.family, "window": produced.contract.window.frames,
@@ -324,35 +325,77 @@ def dec_mask_opt_in(model: DecoderModel, latents, target: str | None, emit: int 
     return {"rows": rows, "perceptual": scored}
 
 
+# CPU timings run single-threaded: two intra-op threads on the two cores of a shared host make each of
+# the window walk's many short calls pay thread hand-offs the monolithic decode's one long call does not,
+# so the ratio measured the machine's load (2.2 to 3.5 between repeats with two threads under load, the
+# median 2.23 with one, against the 2.19 frames the walk computes per frame voiced), not the paths.
+CPU_THREADS = 1
+
+
+def window_compute_bound(latents, emit: int = DEFAULT_EMIT, context: int = DEFAULT_CONTEXT) -> float:
+    """Frames the window walk computes per frame it voices over these latents: every call runs the whole
+    window (a sentence's last window and a sentence shorter than one window are padded to it), so it is
+    (emit + 2 x context) / emit only for an endless latent."""
+    frames = [lat.frames for lat in latents]
+    calls = sum(len(plan_windows(n, emit, context)) for n in frames)
+    return calls * (emit + 2 * context) / sum(frames)
+
+
 def cpu_rtf(model: DecoderModel, latents, emit: int = DEFAULT_EMIT, context: int = DEFAULT_CONTEXT,
             repeats: int = 3) -> list[dict]:
-    """onnxruntime on this CPU: the monolithic decoder vs the windowed walk, same latents, same run.
-    `compute_bound` is the frames each path computes per frame it voices (window / emit)."""
-    full = FullDecoder(model.model, model.seam)
+    """onnxruntime on this CPU, one thread each: the monolithic decoder vs the windowed walk, same
+    latents, same run, interleaved. `compute_bound` is the frames each path computes per frame it
+    voices over these latents (window_compute_bound)."""
+    full = FullDecoder(model.model, model.seam, threads=CPU_THREADS)
     produced = produce_for_voice(model, emit=emit, context=context)
-    side = sidecar(model, OrtRunner(produced.model), produced.contract)
+    side = sidecar(model, OrtRunner(produced.model, threads=CPU_THREADS), produced.contract)
     paths = (("monolithic", lambda lat: full.decode(lat.z, lat.g), 1.0),
              (f"windowed {emit}+2x{context}", lambda lat: side.decode(lat.z, lat.g, progress=False),
-              (emit + 2 * context) / emit))
+              window_compute_bound(latents, emit, context)))
     return rtf_rows(paths, latents, model.hop, model.sample_rate, repeats, where=full.where)
 
 
-def rtf_rows(paths, latents, hop: int, sample_rate: int, repeats: int, where: str) -> list[dict]:
-    """Median wall time over `repeats` of each (name, decode(latent), compute bound) path, as RTF
-    (decode seconds per audio second) and as a ratio to the first path (the monolithic decode)."""
+def plan_cpu_rtf(model: DecoderModel, latents, emit: int, context: int, repeats: int = 3) -> list[dict]:
+    """The window plan's CPU cost, as cpu_rtf measures it: the monolithic decode, today's window
+    (DEFAULT_EMIT + 2 x DEFAULT_CONTEXT) and the planned one (`emit` + 2 x `context`), interleaved,
+    one thread each, each window's compute bound over these latents."""
+    full = FullDecoder(model.model, model.seam, threads=CPU_THREADS)
+    paths = [("monolithic", lambda lat: full.decode(lat.z, lat.g), 1.0)]
+    for e, c, label in ((DEFAULT_EMIT, DEFAULT_CONTEXT, "today"), (emit, context, "planned, 80 dB")):
+        produced = produce_for_voice(model, emit=e, context=c)
+        side = sidecar(model, OrtRunner(produced.model, threads=CPU_THREADS), produced.contract)
+        paths.append((f"windowed {e}+2x{c} ({label})", lambda lat, side=side: side.decode(lat.z, lat.g, progress=False),
+                      window_compute_bound(latents, e, c)))
+    return rtf_rows(paths, latents, model.hop, model.sample_rate, repeats, where=full.where)
+
+
+def rtf_rows(paths, latents, hop: int, sample_rate: int, repeats: int, where: str,
+             threads: int = CPU_THREADS) -> list[dict]:
+    """Wall time of each (name, decode(latent), compute bound) path over `latents`, as RTF (decode
+    seconds per audio second) and as a ratio to the first path (the monolithic decode).
+
+    The paths run interleaved, repeat after repeat (A, B, A, B, ...), after one warm-up call each on the
+    first latent, so a slow spell of a shared machine falls on every path alike; `ratio_vs_monolithic` is
+    the median of the per-repeat ratios, with their spread (`ratio_min`, `ratio_max`) beside it, and the
+    decode time each path's median. `threads` is what the caller's sessions were built with."""
     audio_s = sum(lat.frames for lat in latents) * hop / sample_rate
-    out = []
-    for name, fn, bound in paths:
-        times = []
-        for _ in range(repeats):
+    for _, fn, _ in paths:  # first calls pay session and allocator set-up a later call does not
+        fn(latents[0])
+    times = [[] for _ in paths]
+    for _ in range(repeats):
+        for k, (_, fn, _) in enumerate(paths):
             t0 = time.perf_counter()
             for lat in latents:
                 fn(lat)
-            times.append(time.perf_counter() - t0)
-        rtf = float(np.median(times)) / audio_s
-        out.append({"path": name, "seconds_audio": round(audio_s, 2), "decode_s": round(rtf * audio_s, 3),
-                    "rtf": rtf, "ratio_vs_monolithic": rtf / out[0]["rtf"] if out else 1.0,
-                    "compute_bound": bound, "where": where})
+            times[k].append(time.perf_counter() - t0)
+    out = []
+    for k, (name, _, bound) in enumerate(paths):
+        ratios = [t / t0 for t, t0 in zip(times[k], times[0])]
+        decode_s = float(np.median(times[k]))
+        out.append({"path": name, "seconds_audio": round(audio_s, 2), "decode_s": round(decode_s, 3),
+                    "rtf": decode_s / audio_s, "ratio_vs_monolithic": float(np.median(ratios)),
+                    "ratio_min": min(ratios), "ratio_max": max(ratios), "compute_bound": bound,
+                    "repeats": repeats, "threads": threads, "where": where})
     return out
 
 

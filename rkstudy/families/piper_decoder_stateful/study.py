@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 
 from ... import gates, graph
 from ...graph.delays import conv_macs, delay_table
+from ...process import shows_progress
 from ...runtime import OrtRunner, Recording
 from ...tables.results import HOST
 from ...toolkit.build import build_engine
@@ -177,7 +178,7 @@ def exactness(voice: DecoderModel, latents: dict, steps: dict[int, StatefulStep]
                 feed = {"z": lat.z[None], "y_mask": np.ones((1, 1, lat.frames))}
                 refs[(text, k)]["f64_full"] = run_f64(dynamic, feed)[0].ravel()
     out = Exactness(rows=[])
-    for e, produced in tqdm(steps.items(), desc="E", disable=not progress):
+    for e, produced in tqdm(steps.items(), desc="E", disable=not shows_progress(progress)):
         w32 = sidecar(voice, OrtRunner(produced.model), produced)
         w64 = StatefulWalker(F64Runner(produced.model), produced.contract, dtype=np.float64)
         for text, lats in latents.items():
@@ -208,7 +209,7 @@ def build_rows(voice: DecoderModel, steps: dict[int, StatefulStep], targets, pro
     window = produce_for_voice(voice)
     jobs = [(t, e, p) for t in targets for e, p in steps.items()] + [(t, None, window) for t in targets]
     rows = []
-    for target, e, produced in tqdm(jobs, desc="builds", disable=not progress):
+    for target, e, produced in tqdm(jobs, desc="builds", disable=not shows_progress(progress)):
         report = build_engine(produced.save(), target)
         rows.append({"graph": WINDOW if e is None else f"stateful step E={e}", "emit": e or DEFAULT_EMIT,
                      "frames_per_run": DEFAULT_EMIT + 2 * DEFAULT_CONTEXT if e is None else e,
@@ -254,7 +255,8 @@ def simulator_rows(voice: DecoderModel, latents: dict, produced: StatefulStep, t
     out = {"rows": [], "per_step": [], "renders": {}}
 
     def utterances(name, sim, decode, fp32_decode):
-        for text, lats in tqdm(latents.items(), desc=f"{target} {name}", disable=not progress, leave=False):
+        for text, lats in tqdm(latents.items(), desc=f"{target} {name}", disable=not shows_progress(progress),
+                               leave=False):
             t0 = time.perf_counter()
             test = np.concatenate([decode(lat.z, lat.g) for lat in lats])
             seconds = time.perf_counter() - t0
@@ -284,19 +286,26 @@ def simulator_rows(voice: DecoderModel, latents: dict, produced: StatefulStep, t
 
 # --- CPU cost --------------------------------------------------------------------------------------
 def cpu_rtf(voice: DecoderModel, latents, produced: StatefulStep, macs: list[dict], repeats: int = 3) -> list[dict]:
-    """onnxruntime on this CPU, same latents, same run: the monolithic decode, the 93-frame window
-    walk and the stateful step. `compute_bound` is each path's MACs per frame over the monolithic's
-    (from `macs`: macs_rows)."""
-    full = pd.FullDecoder(voice.model, voice.seam)
+    """onnxruntime on this CPU, one thread each (rkstudy.families.piper_decoder.study.CPU_THREADS), same
+    latents, same run, interleaved: the monolithic decode, the 93-frame window walk and the stateful step.
+    `compute_bound` is each path's MACs over the monolithic decode's for these latents, every call
+    counted (the window walk's padded windows, the step's flush: utterance_compute_rows)."""
+    threads = pd.CPU_THREADS
+    full = pd.FullDecoder(voice.model, voice.seam, threads=threads)
     window = produce_for_voice(voice)
-    side_w = pd.sidecar(voice, OrtRunner(window.model), window.contract)
-    side_s = sidecar(voice, OrtRunner(produced.model), produced)
+    side_w = pd.sidecar(voice, OrtRunner(window.model, threads=threads), window.contract)
+    side_s = sidecar(voice, OrtRunner(produced.model, threads=threads), produced)
     e = produced.contract.params["emit"]
-    bound = {r["path"]: 1 / r["compute_ratio"] for r in macs}
+    per_utterance = utterance_compute_rows({"all": list(latents)}, {e: produced}, macs)
+    frames = sum(lat.frames for lat in latents)
+
+    def bound(path):  # each row's compute_ratio is monolithic MACs / the path's, over its own frames
+        return sum(r["frames"] / r["compute_ratio"] for r in per_utterance if r["path"] == path) / frames
+
     paths = (("monolithic decode", lambda lat: full.decode(lat.z, lat.g), 1.0),
-             (WINDOW, lambda lat: side_w.decode(lat.z, lat.g, progress=False), bound[WINDOW]),
-             (f"stateful step E={e}", lambda lat: side_s.decode(lat.z, lat.g), bound[f"stateful step E={e}"]))
-    return pd.rtf_rows(paths, latents, voice.hop, voice.sample_rate, repeats, where=full.where)
+             (WINDOW, lambda lat: side_w.decode(lat.z, lat.g, progress=False), bound(WINDOW)),
+             (f"stateful step E={e}", lambda lat: side_s.decode(lat.z, lat.g), bound(f"stateful step E={e}")))
+    return pd.rtf_rows(paths, latents, voice.hop, voice.sample_rate, repeats, where=full.where, threads=threads)
 
 
 class NullRunner:
@@ -405,6 +414,17 @@ def inflect_rows(voice, text: str, emits=(45, 93), seed: int = 1234) -> list[dic
 
 
 # --- quantization: the step engine calibrated on the states a real walk carries ---------------------
+def step_spans(samples: int, step: int) -> list[tuple[int, int]]:
+    """[start, stop) spans of one step's output (`step` samples) over an utterance of `samples`, the
+    remainder joined to the last step: a window score is of a whole step's audio, never of the few
+    hundred samples an utterance ends with past its last full step (end-of-utterance near-silence,
+    which would score as the worst "window" of a step that is in fact as good as the rest)."""
+    if samples <= 0 or step <= 0:
+        raise ValueError(f"spans of {step} over {samples} samples: both must be positive")
+    starts = list(range(0, max(samples - step, 0) + 1, step)) if samples >= step else [0]
+    return [(lo, hi) for lo, hi in zip(starts, [*starts[1:], samples])]
+
+
 def quantization_stage(voice: DecoderModel | None = None, emit: int = 45,
                        calibration_texts: Sequence[str] = pd.CALIBRATION_TEXTS,
                        evaluation_texts: Sequence[str] = pd.EVALUATION_TEXTS, calibration_steps: int | None = None):
@@ -412,7 +432,8 @@ def quantization_stage(voice: DecoderModel | None = None, emit: int = 45,
     steps an fp32 walk runs over the voice's latents of `calibration_texts` (the state inputs hold
     what that walk carried, so the quantizer sees the ranges of a real history), `calibration_steps`
     of them evenly spread; the evaluation latents of `evaluation_texts` are walked with the engine
-    carrying its own state, scored per step (E x hop samples) and per utterance against the fp32 walk."""
+    carrying its own state, scored per step (E x hop samples, step_spans) and per utterance against the
+    fp32 walk."""
     from ...levers.quantization import Stage, evenly, held_apart, recorded_feeds, span_scores
     from ..piper.voice import Voice, read_text
 
@@ -429,8 +450,7 @@ def quantization_stage(voice: DecoderModel | None = None, emit: int = 45,
     step = emit * voice.hop
 
     def score(refs, tests):
-        return span_scores(refs, tests, [[(lo, min(lo + step, a.size)) for lo in range(0, a.size, step)]
-                                         for a in refs])
+        return span_scores(refs, tests, [step_spans(a.size, step) for a in refs])
 
     return Stage(name=f"Piper decoder stateful step E={emit}", onnx=onnx_path,
                  calibration=evenly(recorded_feeds(onnx_path, walk, calibration), calibration_steps),

@@ -19,8 +19,9 @@ from ...board.memory import smallest_rung
 from ...cache import cache_dir, sha256_file
 from ...graph.relshift import BANDED, GATHER
 from ...levers.quantization import evenly
+from ...process import shows_progress
 from ...runtime import OrtRunner
-from ...tables.results import HOST, STAMP, carried, read_table
+from ...tables.results import HOST
 from ...toolkit.build import build_engine
 from ...toolkit.simulator import SimulatorRunner
 from ..piper import voice as piper
@@ -31,11 +32,12 @@ from .tokens import chunk_ids, pad_ids, real_tokens
 
 QUICK_WIDTHS = (32, 64)
 FULL_WIDTHS = (64, 96, 128, 192)
-# The gather form's widths measured for the size fit in an earlier run and carried (not rebuilt):
-# the converter's peak grows with the engine, ~4.6 GiB at 192, ~6.3 GiB at 256, ~11.6 GiB at 320;
-# 384 (the reference documents' 2.9 GB engine) would pass the ~12 GiB a build may take on this
-# shared 24 GiB machine.
-SIZE_ONLY_WIDTHS = (256, 320)
+# The gather form's widths built for the size fit alone (not simulated), in a dedicated build child
+# every full run: the converter's peak grows with the engine, ~4.6 GiB at 192 and ~6.3 GiB at 256 (a
+# 45 s build); 320 (~11.6 GiB, ~70 s) and 384 (the reference documents' 2.9 GB engine) would pass what
+# a build may take beside another study on this shared 24 GiB machine, so the growth exponents are
+# fitted to the widths measured, 64 to 256.
+SIZE_ONLY_WIDTHS = (256,)
 REFERENCE_LADDER = (128, 192)
 # The banded rewrite (relshift mode "banded") from 64 to 512; its converter stays near 1 GB, so 384
 # and 512 build and simulate here. Six widths (64, 128, 256 doubling, then 320, 384, 512) fit its
@@ -61,9 +63,8 @@ BUILD_PEAK = "dedicated build child"
 
 def config(quick: bool) -> dict:
     """Widths and chunkings per mode. Quick (CI, 2 cores, well under 5 minutes): two narrow
-    widths and short chunks. Full: the reference documents' widths up to 192 simulated, wider ones
-    (256, 320) measured for the size fit in an earlier run and carried from the committed sizes.csv
-    (`carried`: a 320 rebuild peaks near 12 GiB on this shared machine). The full ladder text is
+    widths and short chunks. Full: the reference documents' widths up to 192 simulated, and
+    SIZE_ONLY_WIDTHS built for the size fit alone (`size_only`, build_size). The full ladder text is
     chunked at 100 characters: 8 chunks of 17-225 tokens, like the reference documents' 8 chunks,
     so the {128, 192} ladder has chunks on both rungs and one above.
 
@@ -76,12 +77,12 @@ def config(quick: bool) -> dict:
     ladder; full measures BANDED_WIDTHS (64 to 512) and runs the banded ladder. Every engine is built once:
     the ladder's rungs are the simulator children measure_widths kept serving (`keep`)."""
     if quick:
-        return {"widths": QUICK_WIDTHS, "carried": (), "chunk_chars": (20,), "drift_chunks": 8,
+        return {"widths": QUICK_WIDTHS, "size_only": (), "chunk_chars": (20,), "drift_chunks": 8,
                 "ladder": QUICK_WIDTHS, "ladder_chars": 20, "census_width": 64,
                 "sensitivity_chunks": 3, "sensitivity_draws": 1,
                 "banded_widths": QUICK_BANDED_WIDTHS, "banded_ladder": (),
                 "banded_plan": QUICK_BANDED_WIDTHS, "plan_chars": (20, 100)}
-    return {"widths": FULL_WIDTHS, "carried": SIZE_ONLY_WIDTHS, "chunk_chars": (25, 40, 60, 120), "drift_chunks": 12,
+    return {"widths": FULL_WIDTHS, "size_only": SIZE_ONLY_WIDTHS, "chunk_chars": (25, 40, 60, 120), "drift_chunks": 12,
             "ladder": REFERENCE_LADDER, "ladder_chars": 100, "census_width": 128,
             "sensitivity_chunks": 12, "sensitivity_draws": 3,
             "banded_widths": BANDED_WIDTHS, "banded_ladder": BANDED_LADDER,
@@ -200,40 +201,15 @@ def size_row(product: EncoderSlice, report, peak_from: str = SIMULATOR_PEAK) -> 
     return {"relshift": product.contract.params["relshift"], "frames": product.frames,
             "onnx_initializer_bytes": c.initializer_bytes, "engine_bytes": report.engine_bytes,
             "build_s": build["build_s"], "regtask": report.regtask, "regtask_max": report.regtask_max,
-            "converter_peak_mb": build["converter_peak_mb"], "peak_from": peak_from, "carried_from": "",
+            "converter_peak_mb": build["converter_peak_mb"], "peak_from": peak_from,
             "status": report.status, "where": report.where, "target": report.target}
 
 
 def build_size(voice: piper.Voice, frames: int, target: str = "rk3588", mode: str = GATHER) -> dict:
-    """Compile and report sizes only, in a dedicated build child (how a carried width is measured
-    again). Always a fresh build (reuse=False): the converter's peak memory is part of the measurement."""
+    """Compile and report sizes only, in a dedicated build child (a width measured for the size fit
+    alone). Always a fresh build (reuse=False): the converter's peak memory is part of the measurement."""
     product = produce(voice, frames, mode=mode)
     return size_row(product, build_engine(product.path, target, reuse=False), peak_from=BUILD_PEAK)
-
-
-def carried_sizes(path, widths: Sequence[int]) -> list[dict]:
-    """Gather-form size rows at `widths` from an earlier committed sizes.csv (not rebuilt here:
-    the 320 build peaks near 12 GiB). Read before the run rewrites that file; rows say where they
-    came from and keep the stamp of the run that built them."""
-    rows = []
-    for r in read_table(path):
-        if int(r["frames"]) not in widths or r.get("relshift", GATHER) != GATHER:
-            continue
-        # a table written before the peak was the build rows' field holds it in GiB (converter_peak_gb:
-        # the same VmHWM / 2^30), which the MB field (VmHWM / 2^20) reads to the 10 MB it was rounded to
-        peak = (float(r["converter_peak_mb"]) if r.get("converter_peak_mb")
-                else round(float(r["converter_peak_gb"]) * 1024))
-        rows.append({"relshift": GATHER, "frames": int(r["frames"]),
-                     "onnx_initializer_bytes": int(r["onnx_initializer_bytes"]), "engine_bytes": int(r["engine_bytes"]),
-                     "build_s": float(r["build_s"]), "regtask": int(r["regtask"]),
-                     "regtask_max": int(r["regtask_max"]) if r.get("regtask_max") else "",
-                     "converter_peak_mb": peak, "peak_from": r.get("peak_from") or BUILD_PEAK,
-                     **carried(r, "results/piper_encoder/sizes.csv"), "status": r["status"]})
-    missing = sorted(set(widths) - {r["frames"] for r in rows})
-    if missing:
-        raise FileNotFoundError(f"{path} has no gather rows at widths {missing}; build them with "
-                                f"study.build_size(voice, N) (the 320 build peaks near 12 GiB)")
-    return rows
 
 
 def measure_widths(voice: piper.Voice, widths: Sequence[int], chunks: Sequence[tuple[str, Sequence[int]]],
@@ -244,7 +220,7 @@ def measure_widths(voice: piper.Voice, widths: Sequence[int], chunks: Sequence[t
     `keep` are left serving (the ladder's rungs run on them; see simulator())."""
     refs = refs or Reference(voice)
     fid, size, outputs = [], [], {}
-    for frames in tqdm(sorted(widths), desc=f"widths, {mode} (build + simulate)"):
+    for frames in tqdm(sorted(widths), desc=f"widths, {mode} (build + simulate)", disable=not shows_progress()):
         got = simulate_width(voice, frames, target, chunks=[ids for _, ids in chunks], mode=mode, refs=refs,
                              keep=frames in keep)
         fid += got["fidelity"]
@@ -256,7 +232,7 @@ def measure_widths(voice: piper.Voice, widths: Sequence[int], chunks: Sequence[t
 # relshift_growth's columns: a row holds the numbers of one place (its where), the rest stay blank.
 GROWTH_COLUMNS = ("relshift", "frames", "engine_bytes", "engine_mb", "onnx_initializer_bytes", "build_s", "regtask",
                   "regtask_max", "converter_peak_mb", "peak_from", "status", "sim_worst_snr_db", "sim_counts",
-                  "fp32_worst_snr_db", "fp32_max_diff", "fp32_counts", "carried_from")
+                  "fp32_worst_snr_db", "fp32_max_diff", "fp32_counts")
 
 
 def relshift_growth(sizes: Sequence[dict], fidelity: Sequence[dict], pads: Sequence[dict] = ()) -> list[dict]:
@@ -266,8 +242,7 @@ def relshift_growth(sizes: Sequence[dict], fidelity: Sequence[dict], pads: Seque
     over the token counts, how many, and the REGTASK lines of the engine it ran (a simulator score
     is never shown without what the compiler logged); the fp32 gate (where fp32: the rewritten
     padded graph vs the exact-length raw slice): worst SNR and max |diff|. The last two only where
-    measured; a carried width keeps the stamp of the run that built it. One size row per
-    (rewrite, width): an engine is measured once."""
+    measured. One size row per (rewrite, width): an engine is measured once."""
     blank = dict.fromkeys(GROWTH_COLUMNS, "")
     out, seen = [], set()
     for r in sorted(sizes, key=lambda r: (r["relshift"], r["frames"])):
@@ -280,8 +255,7 @@ def relshift_growth(sizes: Sequence[dict], fidelity: Sequence[dict], pads: Seque
                     "engine_mb": round(r["engine_bytes"] / 1e6, 2),
                     "onnx_initializer_bytes": r["onnx_initializer_bytes"], "build_s": r["build_s"], **engine,
                     "converter_peak_mb": r["converter_peak_mb"], "peak_from": r["peak_from"],
-                    "carried_from": r.get("carried_from", ""), "where": r["where"], "target": r["target"],
-                    **({k: r[k] for k in STAMP} if r.get("carried_from") else {})})
+                    "where": r["where"], "target": r["target"]})
         sim = [f for f in fidelity if f["relshift"] == mode and f["frames"] == frames]
         if sim:
             out.append({**blank, "relshift": mode, "frames": frames, **engine,
@@ -459,7 +433,7 @@ def drift_sensitivity(voice: piper.Voice, chunks: Sequence[tuple[str, Sequence[i
     refs = refs or Reference(voice)
     rng = np.random.default_rng(seed)
     rows = []
-    for _, ids in tqdm(chunks, desc="drift sensitivity"):
+    for _, ids in tqdm(chunks, desc="drift sensitivity", disable=not shows_progress()):
         cond = refs.outputs(ids)[1]
         ref = refs.frames(ids, seed)
         power = float(np.mean(cond.astype(np.float64) ** 2))
@@ -575,7 +549,7 @@ def run_ladder(voice: piper.Voice, widths: Sequence[int], chunks: Sequence[tuple
         raw = OrtRunner(encoder_slice(voice.model))
         dur = Durations(voice)
         rows = []
-        for k, (text, ids) in enumerate(tqdm(chunks, desc="ladder chunks")):
+        for k, (text, ids) in enumerate(tqdm(chunks, desc="ladder chunks", disable=not shows_progress())):
             stats, cond, where = ladder.run(ids)
             ref = raw.run(piper.ids_feed(ids))
             f_ref, f_got = dur.frames(ref[1], ids, seed), dur.frames(cond, ids, seed)

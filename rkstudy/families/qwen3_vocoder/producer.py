@@ -17,6 +17,7 @@ Range / Expand chains that size a tensor at run time): the producer warns at exp
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import tempfile
@@ -29,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from ... import atomic, gates, graph
-from ...cache import digest, entry
+from ...cache import digest, entry, locked, made_note, note_made
 from ...contract import METADATA_KEY, Contract, Digest, Tensor, from_metadata
 from ...errors import EngineMismatch, UsageError
 from ...graph.index import Index
@@ -179,16 +180,17 @@ def export_raw(step, path: Path, exporter: str) -> None:
 @dataclass(kw_only=True)
 class VocoderStep(Produced):
     """One produced step, on disk (contract in its metadata), with its census (a dict), what the
-    long-axis pass rewrote, and the export seconds (None for a graph from the cache)."""
+    long-axis pass rewrote, and the export seconds of the run that made it (a cache entry keeps them
+    beside it: rkstudy.cache.note_made)."""
 
     rewrite: dict
-    seconds: float | None
+    seconds: float
 
     def row(self) -> dict:
         p = self.contract.params
         return {"exporter": p["exporter"], "codes_length": p["codes_length"], **self.census, **self.rewrite,
                 "onnx_mb": round(self.path.stat().st_size / 1e6, 1),
-                "export_s": "" if self.seconds is None else round(self.seconds, 1)}
+                "export_s": round(self.seconds, 1)}
 
 
 def produce(codes_length: int = DEFAULT_CODES_LENGTH, *, widths: str = "released", seed: int = 0,
@@ -200,22 +202,37 @@ def produce(codes_length: int = DEFAULT_CODES_LENGTH, *, widths: str = "released
     import onnx
     import torch
 
-    from ...graph.longaxis import long_axis_safe
-    from .step import StreamingStep
-
     if codes_length < 1:
         raise UsageError(f"--codes-length {codes_length}: a step voices at least 1 token")
     if exporter not in EXPORTERS:
         raise UsageError(f"--exporter {exporter!r}: choose one of {', '.join(EXPORTERS)}")
     command = producer_command(codes_length, widths, seed, exporter)
-    if output is None:
-        output = entry(FAMILY, f"step_{widths}_b{codes_length}_{exporter}{'' if long_axis else '_raw'}",
-                       digest(codes_length, widths, seed, exporter, long_axis, PRODUCER_VERSION, torch.__version__,
-                              onnx.__version__), ".onnx")
-        if Path(output).exists():  # the contract as stored (read_contract refuses a dynamic export's)
-            c = from_metadata(graph.metadata(output), where=Path(output).name, remake=command)
+    make = functools.partial(_make, codes_length, widths=widths, seed=seed, exporter=exporter, decoder=decoder,
+                             long_axis=long_axis, command=command)
+    if output is not None:
+        return make(Path(output))
+    output = entry(FAMILY, f"step_{widths}_b{codes_length}_{exporter}{'' if long_axis else '_raw'}",
+                   digest(codes_length, widths, seed, exporter, long_axis, PRODUCER_VERSION, torch.__version__,
+                          onnx.__version__), ".onnx")
+    with locked(output):  # two studies asking for one step: the second reads what the first made
+        made = made_note(output, "export_s")
+        if output.exists() and made is not None:  # the contract as stored (read_contract refuses a dynamic export's)
+            c = from_metadata(graph.metadata(output), where=output.name, remake=command)
             return VocoderStep(path=output, contract=c, census=hazard_census(output),
-                               rewrite=c.params.get("long_axis_rewrite", {}), seconds=None)
+                               rewrite=c.params.get("long_axis_rewrite", {}), seconds=made["export_s"])
+        produced = make(output)
+        note_made(output, export_s=produced.seconds)
+        return produced
+
+
+def _make(codes_length: int, output: Path, *, widths: str, seed: int, exporter: str, decoder, long_axis: bool,
+          command: str) -> VocoderStep:
+    import onnx
+    import torch
+
+    from ...graph.longaxis import long_axis_safe
+    from .step import StreamingStep
+
     torch.set_num_threads(1)
     t0 = time.monotonic()
     decoder = decoder if decoder is not None else decoder_for(widths, seed)

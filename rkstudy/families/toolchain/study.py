@@ -7,6 +7,7 @@ from tqdm.auto import tqdm
 
 from ... import gates
 from ...graph import REGISTER_FIELD_MAX
+from ...process import shows_progress
 from ...toolkit.build import BuildFailed, build_engine
 from ...toolkit.convert import simulator_vs_fp32
 from ...toolkit.probes import long_axis_probe, save_probe, vocoder_probe
@@ -78,7 +79,7 @@ def regtask_row(length: int, target: str, channels: int = 256, simulate: bool = 
 def regtask_sweep(lengths, targets, channels: int = 256, progress: bool = True) -> list[dict]:
     """regtask_row for every target and length (one build and one simulator run each)."""
     jobs = [(t, n) for t in targets for n in lengths]
-    return [regtask_row(n, t, channels) for t, n in tqdm(jobs, desc="builds", disable=not progress)]
+    return [regtask_row(n, t, channels) for t, n in tqdm(jobs, desc="builds", disable=not shows_progress(progress))]
 
 
 # --- how to read a perceptual score: one speech render, scored at both ends ----------------------------
@@ -160,6 +161,6 @@ def perceptual_calibration(quick: bool, target: str = CALIBRATION_TARGET, progre
              ("mu-law 8-bit", "G.711-style mu-law, 256 levels at full scale", mu_law_8bit(ref)),
              ("seam dropouts", "one frame (256 samples) zeroed at every 45-frame window seam",
               seam_dropouts(ref, hop, every=45))]
-    for render, what, test in tqdm(known, desc="degradations", disable=not progress):
+    for render, what, test in tqdm(known, desc="degradations", disable=not shows_progress(progress)):
         rows.append({**score_row(render, what, ref, test, rate), "regtask": "", "where": "fp32", "target": "none"})
     return rows
