@@ -231,7 +231,7 @@ def cut(model: bytes | Graph, inputs: Mapping[str, str], outputs: Sequence[str])
 
 def seed_random_nodes(model: bytes, seed: int) -> bytes:
     """`model` with every RandomNormal / RandomNormalLike node given its own fixed seed, seed * 1000 + i
-    for the i-th in node order (the seeds rkstudy.families.piper.voice.seed_random_nodes gives with onnx),
+    for the i-th in node order (the random seed rkstudy.families.piper.voice.seed_random_nodes gives each with onnx),
     so onnxruntime draws the same noise on every fresh session."""
     _, _, p0, p1 = _graph_span(model)
     body, out, i = model[p0:p1], bytearray(), 0

@@ -4,7 +4,7 @@ synthesis (`rkstudy speak piper`), the same bytes on the host and on a board.
     encoder: ids, lengths -> stats, cond         (the duration encoder's seam: enc_p.proj, dp.proj)
     middle:  stats, cond, ids, lengths, scales -> z, y_mask (, g)
              (the duration flows, the duration ceiling, length regulation and prior sampling: every
-             random node of the voice, seeded per chunk as rkstudy.families.piper.voice seeds them)
+             random node of the voice, seeded per chunk as in rkstudy.families.piper.voice)
     decoder: z, y_mask (, g) -> audio           (the decoder seam: the inverse flow and the decoder)
 
 The seams are found by structure on the wire (rkstudy.runtime.protowire), as the host finds them with

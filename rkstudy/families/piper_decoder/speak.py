@@ -8,7 +8,7 @@ order a chunk of text meets them:
   widest rung on the voice's own encoder (the ladder's fallback);
 * duration_flows: the duration flows, the duration ceiling, length regulation and prior sampling, up
   to the pre-flow latent; CPU only. Its noise is seeded per chunk (seed + chunk index), as
-  `rkstudy piper latents` seeds it, so a plan and the CPU plan voice the same latent whenever their
+  `rkstudy piper latents` fixes its random seed, so a plan and the CPU plan voice the same latent whenever their
   encoders agree, on the host and on a board alike;
 * decoder: the pre-flow latent -> audio (inverse flow and decoder). CPU path: the voice's own decoder
   half in one call; rknn: the window engine (`rkstudy piper decoder`) walked by its sidecar.
