@@ -130,7 +130,7 @@ def _cmd_plan_window(args) -> int:
     root = args.results or results.results_root(quick=False)
     for name, rows in tables.items():
         table = "window_plan" if name == "plan" else f"window_plan_{name}"
-        results.write_table(family.study, table, [results.stamp(r) for r in rows], root=root,
+        results.write_table(family.name, table, [results.stamp(r) for r in rows], root=root,
                             title=f"{family.name}: window plan ({name.replace('_', ' ')})")
     for rf in tables["receptive_field"]:
         label = f" ({rf['decode']})" if "decode" in rf else ""
@@ -145,7 +145,7 @@ def _cmd_plan_window(args) -> int:
         else:
             print(f"{r['target']} at {r['snr_target_db']:g} dB: no plan (context {r['min_context_speech']}, "
                   f"largest clean window {r['largest_clean_window']})")
-    print(f"wrote {root / family.study}/window_plan*.csv")
+    print(f"wrote {root / family.name}/window_plan*.csv")
     return 0
 
 

@@ -40,10 +40,19 @@ class Family:
     # ({graph} is the produced graph; a refusal's fix adds --target)
     stage2: str | None = None
     plan: str | None = None                # "module:function() -> rkstudy.plan.ModelPlan" (`rkstudy speak`)
+    # a stage that is a flag of another family's command: the module whose handlers that command calls
+    # (`rkstudy piper decoder --stateful`), found through this record, never imported by name
+    handlers: str | None = None
+    # the families this one is cut from or measured beside, whose modules its own may import (the Inflect
+    # decode.onnx is carved by the Piper decoder's producer); every other family is reached through this
+    # registry (tests/test_families.py reads the imports)
+    builds_on: tuple[str, ...] = ()
 
-    @property
-    def study(self) -> str:
-        return self.name
+    def handler(self, name: str):
+        """`name` from the module `handlers` names."""
+        if not self.handlers:
+            raise LookupError(f"the {self.name} family registers no handlers")
+        return getattr(importlib.import_module(self.handlers), name)
 
     def resolve(self, which: str):
         module, _, attr = getattr(self, which).partition(":")

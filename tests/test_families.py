@@ -98,3 +98,44 @@ def test_every_family_folder_is_registered():
     shared = {"piper"}  # the Piper voice the Piper families share: not a family of its own
     assert sorted(set(folders) - shared) == sorted(families.FAMILIES)
     assert set(LACKS) | {f for f, _ in NO_HOOK} <= set(families.FAMILIES)
+
+
+def _family_imports(name: str) -> set[str]:
+    """The other families a family's modules import (the shared Piper voice package is no family)."""
+    import ast
+
+    found = set()
+    for path in (FOLDER / name).glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                if node.level == 2 and node.module:          # from ..<family>... import
+                    found.add(node.module.split(".")[0])
+                elif node.level == 2:                         # from .. import <family>
+                    found.update(a.name for a in node.names)
+                elif node.level == 0 and (node.module or "").startswith("rkstudy.families."):
+                    found.add(node.module.split(".")[2])
+    return (found & set(families.FAMILIES)) - {name}
+
+
+@pytest.mark.parametrize("name", families.FAMILIES)
+def test_a_family_imports_only_the_families_its_record_says_it_builds_on(name):
+    """Any other family is reached through the registry (a hook, or `handlers`), so a new cross-family
+    import shows up here until the record declares it."""
+    declared = set(families.load_all()[name].builds_on)
+    assert _family_imports(name) <= declared, f"{name} imports {sorted(_family_imports(name) - declared)}"
+    assert declared <= set(families.FAMILIES) - {name}
+
+
+def test_what_families_build_on_has_no_cycle():
+    graph = {name: set(f.builds_on) for name, f in families.load_all().items()}
+    done: set[str] = set()
+
+    def visit(name, path):
+        assert name not in path, f"builds_on cycle: {' -> '.join([*path, name])}"
+        if name not in done:
+            for other in graph[name]:
+                visit(other, [*path, name])
+            done.add(name)
+
+    for name in graph:
+        visit(name, [])

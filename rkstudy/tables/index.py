@@ -56,7 +56,7 @@ def _studies() -> list[tuple[str, str, str | None]]:
     """(folder, title, notebook) for every study that has a folder under results/."""
     from ..registry import load_all
 
-    out = [(f.study, f.title, f.notebook) for f in load_all().values()]
+    out = [(f.name, f.title, f.notebook) for f in load_all().values()]
     seen = {s for s, _, _ in out}
     out += [(name, title, notebook) for name, (title, notebook) in OTHER_STUDIES.items() if name not in seen]
     return out

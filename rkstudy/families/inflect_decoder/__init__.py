@@ -17,4 +17,5 @@ FAMILY = register(Family(
     notebook="01_piper_decoder.ipynb", command=("inflect", "decoder"),
     cli="rkstudy.families.inflect_decoder.cli:add_cli", planner="rkstudy.families.inflect_decoder.study:plan_target",
     lint_graphs="rkstudy.families.inflect_decoder.lint_graphs:lint_graphs",
-    plan="rkstudy.families.inflect_decoder.speak:plan"))
+    plan="rkstudy.families.inflect_decoder.speak:plan",
+    builds_on=("piper_decoder",)))

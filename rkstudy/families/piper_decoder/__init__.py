@@ -20,4 +20,5 @@ FAMILY = register(Family(
     lint_graphs="rkstudy.families.piper_decoder.lint_graphs:lint_graphs",
     lever_graphs="rkstudy.families.piper_decoder.levers:lever_graphs",
     compiler_cases="rkstudy.families.piper_decoder.levers:compiler_cases",
-    plan="rkstudy.families.piper_decoder.speak:plan"))
+    plan="rkstudy.families.piper_decoder.speak:plan",
+    builds_on=("piper_encoder",)))

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ...cliutil import add_stage_args, command_line, positive, refuse_mixed, stage2, text_to_speak
+from ...registry import get
 from . import DEFAULT_CONTEXT, DEFAULT_EMIT
 
 
@@ -26,9 +27,8 @@ def convert_decoder(onnx_path: Path, target: str | list[str], out: Path | None, 
 
     c = read_contract(onnx_path, remake)
     if c.state:  # a stateful step (rkstudy piper decoder --stateful): its own probe carries a state
-        from ..piper_decoder_stateful.cli import convert_step
-
-        return convert_step(onnx_path, target, out, c.producer, as_json, toolkit)
+        return get("piper_decoder_stateful").handler("convert_step")(onnx_path, target, out, c.producer, as_json,
+                                                                       toolkit)
     return stage2(onnx_path, target, out, describe=lambda contract: _describe(onnx_path, contract), remake=remake,
                   probed_on="a white-noise window", as_json=as_json, toolkit=toolkit)
 
@@ -38,10 +38,8 @@ def _decoder(args) -> int:
         from .producer import PRODUCER
 
         return convert_decoder(args.onnx, args.target, args.out, PRODUCER, args.json, args.toolkit)
-    if args.stateful:
-        from ..piper_decoder_stateful.cli import produce as produce_step
-
-        return produce_step(args, command_line())
+    if args.stateful:  # the stateful family's stage, a flag of this command: its handlers, through the registry
+        return get("piper_decoder_stateful").handler("produce")(args, command_line())
     from ..piper.voice import Voice
     from . import study
     from .producer import produce_for_voice

@@ -17,4 +17,6 @@ FAMILY = register(Family(
     notebook="01b_piper_decoder_stateful.ipynb", command=None,
     board="rkstudy.families.piper_decoder_stateful.board:add_board",
     lint_graphs="rkstudy.families.piper_decoder_stateful.lint_graphs:lint_graphs",
-    lever_graphs="rkstudy.families.piper_decoder_stateful.levers:lever_graphs"))
+    lever_graphs="rkstudy.families.piper_decoder_stateful.levers:lever_graphs",
+    handlers="rkstudy.families.piper_decoder_stateful.cli",
+    builds_on=("piper_decoder", "inflect_decoder")))

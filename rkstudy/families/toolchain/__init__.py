@@ -11,4 +11,5 @@ FAMILY = register(Family(
     name="toolchain", title="The compiler, the simulator and the 13-bit register field, on probe graphs",
     notebook="00_toolchain.ipynb",
     lint_graphs="rkstudy.families.toolchain.lint_graphs:lint_graphs",
-    lever_graphs="rkstudy.families.toolchain.levers:lever_graphs"))
+    lever_graphs="rkstudy.families.toolchain.levers:lever_graphs",
+    builds_on=("piper_decoder",)))
