@@ -12,12 +12,12 @@ from rkstudy import gates, graph
 from rkstudy.contract import Digest
 from rkstudy.families.piper.voice import read_text
 from rkstudy.families.piper_decoder.producer import produce_for_voice
-from rkstudy.families.piper_decoder_stateful.f64 import F64Runner, run_f64
-from rkstudy.families.piper_decoder_stateful.producer import step_contract
+from rkstudy.graph.f64 import F64Runner, run_f64
+from rkstudy.contract import step_contract
 from rkstudy.families.piper_decoder_stateful.study import decoder_graph
 from rkstudy.graph.delays import NotStreamable
 from rkstudy.graph.stateful import make_step
-from rkstudy.graph.validity import mask_conv_inputs
+from rkstudy.graph.validity import mask_boundaries as mask_conv_inputs
 from rkstudy.port import architectures
 from rkstudy.port.architectures import INPUT, MELS, SPEAKER
 from rkstudy.runtime import OrtRunner
@@ -130,7 +130,7 @@ def test_only_the_conv_inputs_that_can_be_nonzero_outside_are_masked():
     masked, plain = make_step(folded, [INPUT], 16), make_step(folded, [INPUT], 16, mask_ends=False)
     # the state grows by the mask's own delay lines only (one channel at each rate)
     mask_buffers = [b for b in masked.buffers if b.tensor.startswith("valid")]
-    assert {b.lead for b in mask_buffers} == {(1, 1)}
+    assert {b.shape[:2] for b in mask_buffers} == {(1, 1)}
     assert masked.state_floats - plain.state_floats == sum(b.history for b in mask_buffers) == 435
 
 
