@@ -1,4 +1,4 @@
-"""The per-target measurements of notebook 07 (rkstudy.port.targets): an RV110x part's row is the
+"""The per-target measurements of notebook 07 (rkstudy.families.port.targets): an RV110x part's row is the
 toolkit's own refusal of an fp16 build; the register field per target is what the compiler prints
 for the 64-channel k=7 probe (built in the simulator tier); the per-target summary keeps the
 vendor's published figures beside ours, labelled as theirs, and takes the window plan's budget from
@@ -6,7 +6,7 @@ the window's own build on each target."""
 
 import pytest
 
-from rkstudy.port import targets
+from rkstudy.families.port import targets
 
 
 @pytest.mark.parametrize("target", ["rv1103", "rv1106"])

@@ -77,6 +77,7 @@ def mask_boundaries(model: onnx.ModelProto, time_inputs: Sequence[str], name: st
     # 1. rewrite the pads that are not zero pads of the time axis
     b = Builder("/boundary")
     nodes, rewritten = [], []
+    placed = 0   # the mask constants already in the graph
     for n in g.node:
         if n.op_type == "Pad" and n.input[0] in dm.timing and pad.needs_rewrite(n, dm.context):
             nodes += pad.rewrite(n, dm.context, masks, b)
@@ -89,8 +90,7 @@ def mask_boundaries(model: onnx.ModelProto, time_inputs: Sequence[str], name: st
         del g.node[:]
         g.node.extend(masks.b.nodes + nodes)
         g.initializer.extend(masks.b.inits + b.inits)
-        masks.b.nodes.clear()
-        masks.b.inits.clear()
+        placed = len(masks.b.inits)
         model = name_nodes(model)
         g = model.graph
         dm = delay_map(model, list(time_inputs) + [name])
@@ -126,14 +126,17 @@ def mask_boundaries(model: onnx.ModelProto, time_inputs: Sequence[str], name: st
         out, m = mask_of[t]
         return helper.make_node("Mul", [t, m], [out], name=f"/{out}")
 
+    head = {n.name for n in masks.b.nodes}   # made once at the top: they read the frame mask only
     new = list(masks.b.nodes) + [mul(i.name) for i in g.input if i.name in mask_of]
     for n in g.node:
+        if n.name in head:
+            continue
         n.input[:] = [mask_of[t][0] if t in mask_of else t for t in n.input]
         new.append(n)
         new.extend(mul(o) for o in n.output if o in mask_of)
     del g.node[:]
     g.node.extend(new)
-    g.initializer.extend(masks.b.inits)
+    g.initializer.extend(masks.b.inits[placed:])
     return Validity(model, name, tuple(masked), tuple(rewritten))
 
 

@@ -22,6 +22,9 @@ from .producer import Port, produce_window
 
 # The float64 gate: the step's walk against the full-length decode, both in float64, every sample.
 EXACT_GATE = gates.Gate("port_step_vs_full_decode_float64", 250.0)
+# The fp32 gate: the same walk and decode in onnxruntime fp32 (the step's short convs round differently,
+# nothing else), and the window walk's tail window against the full fp32 decode.
+FP32_GATE = gates.Gate("port_step_vs_full_decode_fp32", 90.0)
 
 
 def _frame_major(out: np.ndarray) -> np.ndarray:
@@ -88,13 +91,19 @@ def plan_target(port: Port, utterances: Sequence[Mapping[str, np.ndarray]], fram
                       noise_like=noise_like, n_frames=lambda u: n_frames(port, u))
 
 
-def exactness_f64(port: Port, step, utterance: Mapping[str, np.ndarray], edge_frames: int = 8) -> dict:
-    """The step walked over `utterance` against the full-length decode, both in float64 (the method's
-    own error, without fp32 rounding): SNR over every sample, over the first and the last
-    `edge_frames` frames; with the fp32 full decode against the float64 one beside it."""
+def _edges(n: int, hop: int, edge_frames: int) -> tuple[slice, slice]:
+    e = min(edge_frames, n) * hop
+    return slice(0, e), slice(n * hop - e, n * hop)
+
+
+def step_exactness(port: Port, step, utterance: Mapping[str, np.ndarray], edge_frames: int = 20) -> dict:
+    """The step walked over `utterance` against the full-length decode of the same graph: in float64 (the
+    method's own error, without fp32 rounding: every sample, the first and the last `edge_frames` frames)
+    and in fp32 (the step on onnxruntime against the full decode on onnxruntime, the same three spans),
+    with the fp32 full decode against the float64 one beside them (the size of fp32 rounding)."""
+    from ...graph.f64 import F64Runner, run_f64
     from ...runtime import OrtRunner
     from ...walk.stateful import StatefulWalker
-    from ..piper_decoder_stateful.f64 import F64Runner, run_f64
     from .producer import folded
 
     n = n_frames(port, utterance)
@@ -103,15 +112,47 @@ def exactness_f64(port: Port, step, utterance: Mapping[str, np.ndarray], edge_fr
     full64 = run_f64(full_graph, utterance)[out_index][0]
     full32 = OrtRunner(full_graph).run(dict(utterance))[out_index][0]
     c = step.contract
-    walker = StatefulWalker(F64Runner(step.model), c, {s: utterance[s] for s in port.static}, dtype=np.float64)
-    got = walker.decode({w.name: np.asarray(utterance[w.name], np.float64)[0] for w in port.walked})
-    step64 = got[[t.name for t in c.role("walked", outputs=True)].index(port.outputs[0][0])]
-    e = edge_frames * port.hop
+    constants = {s: utterance[s] for s in port.static}
+    frames = {w.name: np.asarray(utterance[w.name])[0] for w in port.walked}
+    k = [t.name for t in c.role("walked", outputs=True)].index(port.outputs[0][0])
+    step64 = StatefulWalker(F64Runner(step.model), c, constants, dtype=np.float64).decode(
+        {name: x.astype(np.float64) for name, x in frames.items()})[k]
+    step32 = StatefulWalker(OrtRunner(step.model), c, constants).decode(
+        {name: x.astype(np.float32) for name, x in frames.items()})[k]
+    first, last = _edges(n, port.hop, edge_frames)
     return {"frames": n, "emit": c.params["emit"], "step_vs_full_f64_db": gates.snr_db(full64, step64),
-            "first_frames_db": gates.snr_db(full64[..., :e], step64[..., :e]),
-            "last_frames_db": gates.snr_db(full64[..., -e:], step64[..., -e:]), "edge_frames": edge_frames,
+            "first_frames_db": gates.snr_db(full64[..., first], step64[..., first]),
+            "last_frames_db": gates.snr_db(full64[..., last], step64[..., last]), "edge_frames": edge_frames,
+            "step_vs_full_fp32_db": gates.snr_db(full32, step32),
+            "first_frames_fp32_db": gates.snr_db(full32[..., first], step32[..., first]),
+            "last_frames_fp32_db": gates.snr_db(full32[..., last], step32[..., last]),
             "fp32_full_vs_f64_db": gates.snr_db(full64, full32), "gate_db": EXACT_GATE.threshold,
-            "precision": "float64", "where": "host"}
+            "fp32_gate_db": FP32_GATE.threshold, "precision": "float64 and fp32", "where": "host"}
+
+
+def window_exactness(port: Port, window, utterance: Mapping[str, np.ndarray], edge_frames: int = 20) -> dict:
+    """The window graph walked over `utterance` (fp32, onnxruntime: the window sidecar with the frame mask
+    it makes) against the full-length fp32 decode: every sample, the last window's frames (the tail the
+    walk pads when the utterance is shorter than the window) and the first and last `edge_frames`."""
+    from ...runtime import OrtRunner
+    from .producer import folded
+    from .sidecar import PortSidecar
+
+    n = n_frames(port, utterance)
+    full_graph = folded(port, n)
+    out_index = [o.name for o in full_graph.graph.output].index(port.outputs[0][0])
+    full32 = OrtRunner(full_graph).run(dict(utterance))[out_index][0]
+    c = window.contract
+    k = [t.name for t in c.role("walked", outputs=True)].index(port.outputs[0][0])
+    walked = PortSidecar(OrtRunner(window.model), c).decode(utterance)[k]
+    first, last = _edges(n, port.hop, edge_frames)
+    tail = slice(max(0, n - c.window.emit) * port.hop, n * port.hop)
+    return {"frames": n, "window": c.window.frames, "context": c.window.context, "padded": n < c.window.frames,
+            "frame_mask": bool(c.role("mask")), "walk_vs_full_fp32_db": gates.snr_db(full32, walked),
+            "tail_window_db": gates.snr_db(full32[..., tail], walked[..., tail]),
+            "first_frames_db": gates.snr_db(full32[..., first], walked[..., first]),
+            "last_frames_db": gates.snr_db(full32[..., last], walked[..., last]),
+            "gate_db": FP32_GATE.threshold, "where": "fp32"}
 
 
 def input_probe(utterances: Sequence[Mapping[str, np.ndarray]], limit: int = 8):
