@@ -136,7 +136,11 @@ def _walk(model: onnx.ModelProto, time_inputs: Sequence[str], lead: int, strict:
                     raise NotStreamable(f"{node.op_type} {node.name!r}: {o!r} is {got} samples long at {frames} "
                                         f"frames, its rule says {want}; the rates are off")
             timing[o] = tm
-        reads += timed.reads
+        covered = {r.index for r in timed.reads}
+        # a rule that reads an input as it comes still reads it: through a delay line where it is a graph
+        # input read `lead` frames late
+        reads += timed.reads + [Read(node.name, i, t, 0, 0) for i, t in enumerate(node.input)
+                                if t in timing and i not in covered and t not in timed.outputs]
         if timed.plan is not None:
             convs.append(timed.plan)
     outs = [o.name for o in g.output]
@@ -148,7 +152,7 @@ def _walk(model: onnx.ModelProto, time_inputs: Sequence[str], lead: int, strict:
     outputs = {}
     for o in timed_outs:
         reads.append(Read("<output>", outs.index(o), o, top - timing[o].delay, 0))
-        outputs[o] = Timing(timing[o].rate, top, timing[o].axis, timing[o].extent)
+        outputs[o] = Timing(timing[o].rate, top, timing[o].axis, timing[o].extent, timing[o].zeros)
     shapes = {t: tuple(idx.shapes[t]) for t in timing if t in idx.shapes}
     # inputs are fed at delay 0: a read that assumed `lead` frames of delay reaches that much further back
     reads = [Read(r.node, r.index, r.tensor, r.back + lead, r.extra) if r.tensor in time_inputs else r for r in reads]
@@ -166,7 +170,7 @@ def delay_map(model: onnx.ModelProto, time_inputs: Sequence[str]) -> DelayMap:
     if len(set(node_names)) != len(node_names) or not all(node_names):
         raise NotStreamable("node names are empty or repeated; pass the graph through delays.name_nodes first")
     dm = _walk(model, time_inputs, 0, True)
-    ahead = max((ceil(-t.delay / t.rate) for t in dm.timing.values() if t.delay < 0), default=0)
+    ahead = max((ceil(-(t.delay + t.zeros) / t.rate) for t in dm.timing.values() if t.delay + t.zeros < 0), default=0)
     return _walk(model, time_inputs, ahead, True) if ahead > 0 else dm
 
 

@@ -147,6 +147,23 @@ class Vocoder:
     module: torch.nn.Module | None = None
 
 
+def _version(package: str) -> str:
+    from importlib.metadata import version
+
+    return version(package)
+
+
+def exported(module: torch.nn.Module, outputs: tuple[str, ...], exporter: str, key: dict) -> onnx.ModelProto:
+    """`module` exported by `exporter`, from the build cache when the same package, config, seed, torch and
+    this file made it before (a dynamo export of the small BigVGAN takes about a minute)."""
+    from ... import cache
+
+    parts = (Path(__file__), torch.__version__, onnx.__version__, exporter, key)
+    path = cache.cached_file("exports", f"port_{key['name']}_{exporter}", cache.digest(*parts), ".onnx",
+                             lambda tmp: onnx.save(_export(module, outputs, exporter), str(tmp)))
+    return onnx.load(str(path))
+
+
 def _export(module: torch.nn.Module, outputs: tuple[str, ...], exporter: str, frames: int = 48) -> onnx.ModelProto:
     x = torch.zeros(1, MELS, frames)
     with torch.no_grad(), warnings.catch_warnings():
@@ -173,8 +190,10 @@ def vocos(exporter: str = "legacy", seed: int = 0, dim: int = 64, layers: int = 
     models, heads = vocos_modules()
     torch.manual_seed(seed)
     net = seeded(VocosGraph(models.VocosBackbone(MELS, dim, 3 * dim, layers), heads.ISTFTHead(dim, n_fft, hop)), seed)
-    return Vocoder("vocos", _export(net, ("real", "imag"), exporter), 1, ("real", "imag"), exporter,
-                   "vocos 0.1.0: vocos.models.VocosBackbone + vocos.heads.ISTFTHead", net)
+    key = {"name": "vocos", "package": _version("vocos"), "seed": seed, "dim": dim, "layers": layers, "n_fft": n_fft,
+           "hop": hop}
+    return Vocoder("vocos", exported(net, ("real", "imag"), exporter, key), 1, ("real", "imag"), exporter,
+                   f"vocos {key['package']}: vocos.models.VocosBackbone + vocos.heads.ISTFTHead", net)
 
 
 def istft(vocoder: Vocoder, real: np.ndarray, imag: np.ndarray) -> np.ndarray:
@@ -202,5 +221,6 @@ def bigvgan(exporter: str = "dynamo", seed: int = 0, channels: int = 32, rates=(
     module, env = bigvgan_modules()
     torch.manual_seed(seed)
     net = seeded(module.BigVGAN(env.AttrDict(bigvgan_config(channels, rates))), seed)
-    return Vocoder("bigvgan", _export(net, ("audio",), exporter), int(np.prod(rates)), ("audio",), exporter,
-                   "bigvgan 2.4.1: bigvgan.bigvgan.BigVGAN", net)
+    key = {"name": "bigvgan", "package": _version("bigvgan"), "seed": seed, "config": bigvgan_config(channels, rates)}
+    return Vocoder("bigvgan", exported(net, ("audio",), exporter, key), int(np.prod(rates)), ("audio",), exporter,
+                   f"bigvgan {key['package']}: bigvgan.bigvgan.BigVGAN", net)

@@ -34,12 +34,14 @@ class NotStreamable(InputError):
 @dataclass(frozen=True)
 class Timing:
     """A time-carrying tensor: `rate` samples per frame on `axis`, `extent` samples longer than
-    rate x frames, produced `delay` samples late by a step."""
+    rate x frames, produced `delay` samples late by a step; its first `zeros` samples are zero in the
+    full graph whatever the input (a zero pad's), so a step may run that far ahead of its first frame."""
 
     rate: int
     delay: int
     axis: int = -1
     extent: int = 0
+    zeros: int = 0
 
 
 @dataclass(frozen=True)
@@ -157,8 +159,9 @@ def aligned(node: onnx.NodeProto, ctx: Context, names: Sequence[str], out: str, 
     delay = max(ctx.timing[t].delay for t in names)
     reads = [Read(node.name, i, t, delay - ctx.timing[t].delay, 0) for i, t in enumerate(node.input) if t in names]
     axis = axes[0]
-    return Timed({o: Timing(base.rate, delay, axis, base.extent) for o in ([out] if isinstance(out, str) else out)
-                  if o}, reads)
+    zeros = min(ctx.timing[t].zeros for t in names)
+    return Timed({o: Timing(base.rate, delay, axis, base.extent, zeros)
+                  for o in ([out] if isinstance(out, str) else out) if o}, reads)
 
 
 class Builder:

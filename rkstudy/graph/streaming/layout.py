@@ -37,7 +37,7 @@ class Transpose(Rule):
         x, t, axis = _one_input(node, ctx)
         rank = ctx.rank(x, node)
         perm = attrs(node).get("perm") or list(range(rank))[::-1]
-        return Timed({node.output[0]: Timing(t.rate, t.delay, list(perm).index(axis), t.extent)})
+        return Timed({node.output[0]: Timing(t.rate, t.delay, list(perm).index(axis), t.extent, t.zeros)})
 
     def zero_outside(self, node, ctx, zero):
         return node.input[0] in zero
@@ -59,7 +59,7 @@ class Unsqueeze(Rule):
         out_rank = rank + len(axes)
         new = sorted(norm_axis(a, out_rank) for a in axes)
         kept = [k for k in range(out_rank) if k not in new]
-        return Timed({node.output[0]: Timing(t.rate, t.delay, kept[axis], t.extent)})
+        return Timed({node.output[0]: Timing(t.rate, t.delay, kept[axis], t.extent, t.zeros)})
 
     def zero_outside(self, node, ctx, zero):
         return node.input[0] in zero
@@ -83,7 +83,7 @@ class Squeeze(Rule):
         gone = self._squeezed(node, ctx)
         if axis in gone:
             raise NotStreamable(f"{where(node)} squeezes the time axis away")
-        return Timed({node.output[0]: Timing(t.rate, t.delay, axis - sum(a < axis for a in gone), t.extent)})
+        return Timed({node.output[0]: Timing(t.rate, t.delay, axis - sum(a < axis for a in gone), t.extent, t.zeros)})
 
     def step(self, node, inputs, sc):
         if _axes(node, sc.ctx, "axes") is None:   # squeeze-all would drop a time axis of one sample: name them
@@ -118,7 +118,7 @@ class Reshape(Rule):
         if not out_shape or any(d is None for d in out_shape):
             raise NotStreamable(f"{where(node)}: its output shape is not inferred; pin the graph first")
         b = self._out_axis(node, ctx.shape(x, node), out_shape, axis)
-        return Timed({node.output[0]: Timing(t.rate, t.delay, b, t.extent)})
+        return Timed({node.output[0]: Timing(t.rate, t.delay, b, t.extent, t.zeros)})
 
     def step(self, node, inputs, sc):
         out = sc.ctx.timing[node.output[0]]
@@ -141,9 +141,9 @@ class Flatten(Rule):
         split = norm_axis(attrs(node).get("axis", 1), rank)
         shape = ctx.shape(x, node)
         if axis < split and int(np.prod(shape[:split])) == shape[axis]:
-            return Timed({node.output[0]: Timing(t.rate, t.delay, 0, t.extent)})
+            return Timed({node.output[0]: Timing(t.rate, t.delay, 0, t.extent, t.zeros)})
         if axis >= split and int(np.prod(shape[split:])) == shape[axis]:
-            return Timed({node.output[0]: Timing(t.rate, t.delay, 1, t.extent)})
+            return Timed({node.output[0]: Timing(t.rate, t.delay, 1, t.extent, t.zeros)})
         raise NotStreamable(f"{where(node)} folds the time axis into another dim")
 
     def zero_outside(self, node, ctx, zero):
@@ -181,13 +181,14 @@ class Slice(Rule):
         spec = slice_spec(node, ctx)
         on_time = [s for s in spec if s[0] == axis]
         if not on_time:
-            return Timed({node.output[0]: Timing(t.rate, t.delay, axis, t.extent)})
+            return Timed({node.output[0]: Timing(t.rate, t.delay, axis, t.extent, t.zeros)})
         _, start, end, step = on_time[0]
         if step != 1:
             raise NotStreamable(f"{where(node)} takes every {step}th time sample; only a crop (step 1) streams")
         length = ctx.length(x)
         crop_start, crop_end = start, length - end
-        return Timed({node.output[0]: Timing(t.rate, t.delay + crop_start, axis, t.extent - crop_start - crop_end)})
+        return Timed({node.output[0]: Timing(t.rate, t.delay + crop_start, axis, t.extent - crop_start - crop_end,
+                                             max(0, t.zeros - crop_start))})
 
     def step(self, node, inputs, sc):
         t = sc.ctx.timing[node.input[0]]
@@ -221,7 +222,7 @@ class Split(Rule):
         x, t, axis = _one_input(node, ctx)
         if norm_axis(attrs(node).get("axis", 0), ctx.rank(x, node)) == axis:
             raise NotStreamable(f"{where(node)} splits the time axis; only a channel split streams")
-        return Timed({o: Timing(t.rate, t.delay, axis, t.extent) for o in node.output if o})
+        return Timed({o: Timing(t.rate, t.delay, axis, t.extent, t.zeros) for o in node.output if o})
 
     def zero_outside(self, node, ctx, zero):
         return node.input[0] in zero
@@ -241,7 +242,7 @@ class Gather(Rule):
             raise NotStreamable(f"{where(node)} gathers along the time axis; only channel gathers stream")
         idx_rank = len(ctx.shapes.get(node.input[1]) or ())
         out_axis = axis if axis < gaxis else axis + idx_rank - 1
-        return Timed({node.output[0]: Timing(t.rate, t.delay, out_axis, t.extent)})
+        return Timed({node.output[0]: Timing(t.rate, t.delay, out_axis, t.extent, t.zeros)})
 
     def zero_outside(self, node, ctx, zero):
         return node.input[0] in zero

@@ -63,11 +63,12 @@ class Pad(Rule):
 
     def timing(self, node, ctx):
         t, axis, _ = _time(node, ctx)
-        mode, spec, _ = pad_spec(node, ctx)
+        mode, spec, value = pad_spec(node, ctx)
         if mode not in ("constant", "edge", "reflect"):
             raise NotStreamable(f"{where(node)}: {mode} padding has no streaming rule (constant, edge and reflect do)")
         before, after = spec.get(axis, (0, 0))
-        return Timed({node.output[0]: Timing(t.rate, t.delay - before, axis, t.extent + before + after)})
+        zeros = before + t.zeros if mode == "constant" and value == 0.0 else 0
+        return Timed({node.output[0]: Timing(t.rate, t.delay - before, axis, t.extent + before + after, zeros)})
 
     def needs_rewrite(self, node, ctx) -> bool:
         _, axis, _ = _time(node, ctx)

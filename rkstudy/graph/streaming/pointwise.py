@@ -53,8 +53,26 @@ class Pointwise(Rule):
                                     f"({size} samples against {length}); it was probably folded at one pinned length. "
                                     "Rewrite it as a per-step constant (time dim 1)")
         delay = max(ctx.timing[t].delay for t in time_ins)
-        reads = [Read(node.name, i, t, delay - ctx.timing[t].delay, 0) for i, t in enumerate(node.input) if t in ctx.timing]
-        return Timed({o: Timing(base.rate, delay, out_rank - k, base.extent) for o in node.output if o}, reads)
+        reads = [Read(node.name, i, t, delay - ctx.timing[t].delay, 0)
+                 for i, t in enumerate(node.input) if t in ctx.timing]
+        zeros = self._zeros(node, ctx)
+        return Timed({o: Timing(base.rate, delay, out_rank - k, base.extent, zeros) for o in node.output if o}, reads)
+
+    def _zeros(self, node, ctx) -> int:
+        """Leading samples the output holds zero wherever its inputs do (the `zero_outside` logic on
+        the inputs' leading zeros)."""
+        z = [ctx.timing[t].zeros if t in ctx.timing else 0 for t in node.input if t]
+        if not any(z):
+            return 0
+        ins = [t for t in node.input if t]
+        op = node.op_type
+        if op == "Mul":
+            return max(z)
+        if op in ("Div",) or (op in ZERO_AT_ZERO and op != "Cast") or op == "Pow":
+            return z[0] if op != "Pow" or self.zero_outside(node, ctx, {ins[0]}) else 0
+        if op in ALL_ZERO:
+            return min(z) if all(t in ctx.timing for t in ins) else 0
+        return 0
 
     def zero_outside(self, node: onnx.NodeProto, ctx: Context, zero: set[str]) -> bool:
         ins = [t for t in node.input if t]
