@@ -15,9 +15,8 @@ import onnx
 import pytest
 
 from rkstudy import gates
-from rkstudy.families.port import producer
+from rkstudy.families.port import architectures, packages, producer
 from rkstudy.families.port.sidecar import PortSidecar, input_names, load_inputs
-from rkstudy.families.port import architectures, packages
 from rkstudy.families.port.study import EXACT_GATE, FP32_GATE, plan_target, step_exactness, window_exactness
 from rkstudy.graph.delays import NotStreamable
 from rkstudy.paths import REPO

@@ -8,12 +8,11 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from rkstudy import gates
-from rkstudy.contract import Digest
+from rkstudy.contract import Digest, step_contract
 from rkstudy.errors import EngineMismatch
-from rkstudy.graph.f64 import F64Runner, run_f64
-from rkstudy.contract import step_contract
 from rkstudy.families.piper_decoder_stateful.producer import stamped
 from rkstudy.graph.delays import NotStreamable, conv_macs, delay_map, name_nodes
+from rkstudy.graph.f64 import F64Runner, run_f64
 from rkstudy.graph.stateful import make_step
 from rkstudy.runtime import OrtRunner
 from rkstudy.walk.stateful import StatefulWalker

@@ -48,7 +48,8 @@ class G:
         return out
 
     def model(self, frames=20, opset=18, outputs=("y",)):
-        g = helper.make_graph(self.nodes, "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, C, frames])],
+        g = helper.make_graph(self.nodes, "tiny",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, C, frames])],
                               [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs], self.inits)
         m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
         m.ir_version = 8
@@ -81,7 +82,8 @@ def streams(model, emits=(1, 4, 7), lengths=(1, 6, 23), edge=3):
 
 
 def conv(g, x, cin, cout, k, pads, **kw):
-    return g.op("Conv", [x, g.w(cout, cin // kw.get("group", 1), k), g.w(cout)], kernel_shape=[k], pads=list(pads), **kw)
+    weight = g.w(cout, cin // kw.get("group", 1), k)
+    return g.op("Conv", [x, weight, g.w(cout)], kernel_shape=[k], pads=list(pads), **kw)
 
 
 def pad(g, x, lo, hi, mode):
@@ -239,3 +241,29 @@ def test_a_pad_ahead_of_the_first_frame_reads_every_input_late():
     model = g.model()
     assert delay_map(name_nodes(model), ["x"]).lead >= 1
     assert streams(model) > 250.0
+
+
+def test_lint_names_the_time_axis_it_tracks_through_a_transpose():
+    """RK301 reads the time axis the streaming rules track (the one concept the step and the contract use):
+    a ReduceSum over the long axis of a transposed [1, T, C] tensor is a reduction over time; the same
+    length on a channel axis is only an axis."""
+    from rkstudy.lint import lint
+
+    t = 9000
+    nodes = [helper.make_node("Transpose", ["x"], ["xt"], perm=[0, 2, 1], name="to_btc"),
+             helper.make_node("ReduceSum", ["xt", "ax"], ["y"], keepdims=1, name="sum_time")]
+    g = helper.make_graph(nodes, "t", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, t])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(np.array([1], np.int64), "ax")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    found = {f.detail.get("reduction", False): f for f in lint(m, time_inputs=["x"]).findings if f.code == "RK301"}
+    assert found[True].message == f"1 reduction(s) over the time axis of {t} (> 8191)"
+    assert found[True].detail["time_axis"] and found[False].detail["time_axis"]
+    wide = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="relu")], "t",
+                             [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, t, 16])],
+                             [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    m = helper.make_model(wide, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    (f,) = [f for f in lint(m, time_inputs=["x"]).findings if f.code == "RK301"]
+    assert f.message.startswith(f"1 node(s) carry an axis of {t}") and not f.detail["time_axis"]

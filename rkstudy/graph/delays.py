@@ -33,7 +33,7 @@ import onnx
 
 from ..errors import InputError
 from .index import Index
-from .streaming import ConvPlan, Context, NotStreamable, Read, Timing, rule_for
+from .streaming import Context, ConvPlan, NotStreamable, Read, Timing, rule_for
 from .streaming.core import norm_axis
 
 __all__ = ["ConvPlan", "DelayMap", "NotStreamable", "Read", "Timing", "conv_macs", "conv_macs_by_node",
@@ -123,19 +123,13 @@ def _walk(model: onnx.ModelProto, time_inputs: Sequence[str], lead: int, strict:
             continue
         try:
             timed = rule_for(node).timing(node, ctx)
+            _check_lengths(node, timed, idx.shapes, frames)
         except NotStreamable as exc:
             if strict:
                 raise
             refused[node.name] = str(exc)
             continue
-        for o, tm in timed.outputs.items():
-            shape = idx.shapes.get(o)
-            if shape and len(shape) > norm_axis(tm.axis, len(shape)) and shape[norm_axis(tm.axis, len(shape))]:
-                got, want = shape[norm_axis(tm.axis, len(shape))], tm.rate * frames + tm.extent
-                if got != want:
-                    raise NotStreamable(f"{node.op_type} {node.name!r}: {o!r} is {got} samples long at {frames} "
-                                        f"frames, its rule says {want}; the rates are off")
-            timing[o] = tm
+        timing.update(timed.outputs)
         covered = {r.index for r in timed.reads}
         # a rule that reads an input as it comes still reads it: through a delay line where it is a graph
         # input read `lead` frames late
@@ -157,6 +151,16 @@ def _walk(model: onnx.ModelProto, time_inputs: Sequence[str], lead: int, strict:
     # inputs are fed at delay 0: a read that assumed `lead` frames of delay reaches that much further back
     reads = [Read(r.node, r.index, r.tensor, r.back + lead, r.extra) if r.tensor in time_inputs else r for r in reads]
     return DelayMap(tuple(time_inputs), timing, reads, convs, outputs, shapes, ctx, lead, refused)
+
+
+def _check_lengths(node: onnx.NodeProto, timed, shapes, frames: int) -> None:
+    for o, tm in timed.outputs.items():
+        shape = shapes.get(o)
+        if shape and len(shape) > norm_axis(tm.axis, len(shape)) and shape[norm_axis(tm.axis, len(shape))]:
+            got, want = shape[norm_axis(tm.axis, len(shape))], tm.rate * frames + tm.extent
+            if got != want:
+                raise NotStreamable(f"{node.op_type} {node.name!r}: {o!r} is {got} samples long at {frames} "
+                                    f"frames, its rule says {want}; the rates are off")
 
 
 def delay_map(model: onnx.ModelProto, time_inputs: Sequence[str]) -> DelayMap:

@@ -199,7 +199,8 @@ def run_f64(model: onnx.ModelProto, feed: Mapping[str, np.ndarray]) -> list[np.n
                 y = a.get("alpha", 1.0) * (x @ w)
                 out = [y + a.get("beta", 1.0) * i[2] if len(i) > 2 and i[2] is not None else y]
             elif op == "Gelu":
-                out = [F.gelu(i[0], approximate="tanh" if a.get("approximate", b"none") in (b"tanh", "tanh") else "none")]
+                tanh = a.get("approximate", b"none") in (b"tanh", "tanh")
+                out = [F.gelu(i[0], approximate="tanh" if tanh else "none")]
             elif op == "Softmax":
                 out = [torch.softmax(i[0], dim=a.get("axis", -1))]
             elif op == "Where":

@@ -270,7 +270,8 @@ def make_step(model: onnx.ModelProto, time_inputs: Sequence[str], emit: int, lay
     step.ir_version = model.ir_version
     step = shape_inference.infer_shapes(step, strict_mode=True)
     if dm.output_delay < 0:
-        raise NotStreamable(f"the graph's outputs run {-dm.output_delay} samples ahead of its inputs; nothing to stream")
+        raise NotStreamable(f"the graph's outputs run {-dm.output_delay} samples ahead of its inputs; "
+                            "nothing to stream")
     for o in out_names:
         if dm.outputs[o].extent:
             raise NotStreamable(f"graph output {o!r} is {dm.outputs[o].extent:+d} samples off {dm.outputs[o].rate} per "

@@ -16,11 +16,9 @@ flat vector splits into the engine's state tensors).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import onnx
 
 from ... import graph
 from ...contract import METADATA_KEY, Contract, Digest, step_contract

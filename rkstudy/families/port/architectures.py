@@ -174,7 +174,8 @@ class MelGANResStack(nn.Module):
 
     def __init__(self, ch: int):
         super().__init__()
-        self.blocks = nn.ModuleList(nn.Sequential(_Leaky(0, 0.2), nn.ReflectionPad1d(d), nn.Conv1d(ch, ch, 3, dilation=d),
+        self.blocks = nn.ModuleList(nn.Sequential(_Leaky(0, 0.2), nn.ReflectionPad1d(d),
+                                                  nn.Conv1d(ch, ch, 3, dilation=d),
                                                   _Leaky(0, 0.2), nn.Conv1d(ch, ch, 1)) for d in (1, 3, 9))
         self.shortcuts = nn.ModuleList(nn.Conv1d(ch, ch, 1) for _ in (1, 3, 9))
 

@@ -28,7 +28,8 @@ def _lint(args) -> int:
     from ...lint import lint
 
     port = _port(args)
-    report = lint(port.path, {k: list(v) for k, v in port.shapes(args.frames).items()}, target=args.target)
+    report = lint(port.path, {k: list(v) for k, v in port.shapes(args.frames).items()}, target=args.target,
+                  time_inputs=port.walked_names)
     print(report.text())
     return report.exit_code
 
@@ -81,7 +82,8 @@ def _all(args) -> int:
     from ...lint import lint
 
     port = _port(args)
-    report = lint(port.path, {k: list(v) for k, v in port.shapes(args.frames).items()}, target=args.target)
+    report = lint(port.path, {k: list(v) for k, v in port.shapes(args.frames).items()}, target=args.target,
+                  time_inputs=port.walked_names)
     print(report.text())
     if report.exit_code:
         return report.exit_code

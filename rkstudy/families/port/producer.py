@@ -222,7 +222,8 @@ def produce_window(port: Port, frames: int, context: int, *, sample_rate: int = 
     outputs = [Tensor(o, _shape(model, o), role="walked", axis=axes[o], rate=r) for o, r in port.outputs]
     for t in outputs:
         if t.shape[t.axis] != t.rate * frames:
-            raise UsageError(f"--output {t.name}:{t.rate}: at {frames} frames the graph makes {t.shape[t.axis]} samples, "
+            raise UsageError(f"--output {t.name}:{t.rate}: at {frames} frames the graph makes {t.shape[t.axis]} "
+                             "samples, "
                              f"not {t.rate * frames}; its rate is {t.shape[t.axis] / frames:g} samples per frame")
     contract = Contract(family=FAMILY, stage="vocoder", inputs=tuple(inputs), outputs=tuple(outputs),
                         source=Digest.of(port.path), producer=producer,

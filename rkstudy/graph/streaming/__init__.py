@@ -16,7 +16,7 @@ signals made from the frame mask).
 """
 
 from . import conv, layout, norm, pad, pointwise, resample  # noqa: F401  (registers the rules)
-from .core import Builder, ConvPlan, Context, NotStreamable, Read, StepContext, Timed, Timing
+from .core import Builder, Context, ConvPlan, NotStreamable, Read, StepContext, Timed, Timing
 from .registry import RULES, Rule, register, rule_for
 
 __all__ = ["RULES", "Builder", "ConvPlan", "Context", "NotStreamable", "Read", "Rule", "StepContext", "Timed",

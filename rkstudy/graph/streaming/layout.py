@@ -106,7 +106,8 @@ class Reshape(Rule):
     def _out_axis(node, in_shape, out_shape, axis) -> int:
         before, after = int(np.prod(in_shape[:axis])), int(np.prod(in_shape[axis + 1:]))
         for b, d in enumerate(out_shape):
-            if d == in_shape[axis] and int(np.prod(out_shape[:b])) == before and int(np.prod(out_shape[b + 1:])) == after:
+            if (d == in_shape[axis] and int(np.prod(out_shape[:b])) == before
+                    and int(np.prod(out_shape[b + 1:])) == after):
                 return b
         raise NotStreamable(f"{where(node)} folds the time axis into another dim ({tuple(in_shape)} -> "
                             f"{tuple(out_shape)}); the time axis must stay a dim of its own")

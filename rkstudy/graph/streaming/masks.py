@@ -109,6 +109,7 @@ class Masks:
         if key not in self._made:
             shape = [1] * rank
             shape[axis] = -1
-            self._made[key] = self.b.node("Reshape", [name, self.b.const(shape, "mask_shape")], f"{name}_as{rank}_{axis}",
+            self._made[key] = self.b.node("Reshape", [name, self.b.const(shape, "mask_shape")],
+                                          f"{name}_as{rank}_{axis}",
                                           out=f"{name}_on_axis{axis}_of{rank}")
         return self._made[key]

@@ -148,12 +148,14 @@ class Pad(Rule):
                 first = pad_node(b, masks.first(t.rate, t.extent), rank, axis, lo, hi, masks.opset, "pad_first_at")
                 for d in range(1, lo + 1):
                     terms.append(b.node("Mul", [masks.shifted(first, -d, f"pad_first_ahead{d}", b),
-                                                masks.shifted(core, -2 * d, f"pad_data_ahead{2 * d}", b)], f"pad_mirror{d}"))
+                                                masks.shifted(core, -2 * d, f"pad_data_ahead{2 * d}", b)],
+                                        f"pad_mirror{d}"))
             if hi:
                 last = pad_node(b, masks.last(t.rate, t.extent), rank, axis, lo, hi, masks.opset, "pad_last_at")
                 for d in range(1, hi + 1):
                     terms.append(b.node("Mul", [masks.shifted(last, d, f"pad_last_behind{d}", b),
-                                                masks.shifted(core, 2 * d, f"pad_data_behind{2 * d}", b)], f"pad_mirror_end{d}"))
+                                                masks.shifted(core, 2 * d, f"pad_data_behind{2 * d}", b)],
+                                        f"pad_mirror_end{d}"))
         total = terms[0]
         for k, term in enumerate(terms[1:], 1):
             total = b.node("Add", [total, term], "pad_sum", out=out if k == len(terms) - 1 else None)
