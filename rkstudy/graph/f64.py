@@ -96,12 +96,20 @@ class F64Runner:
         return run_f64(self.model, feed)
 
 
-def run_f64(model: onnx.ModelProto, feed: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-    """Outputs of `model` evaluated in float64 (torch, CPU), in graph output order."""
+def run_f64(model: onnx.ModelProto, feed: Mapping[str, np.ndarray], store: str = "float64") -> list[np.ndarray]:
+    """Outputs of `model` evaluated in float64 (torch, CPU), in graph output order. With `store="float16"`
+    every weight and every node output is rounded to float16 before it is used (the arithmetic stays
+    float64): what storing activations in fp16, as an fp16 engine does, costs this graph, with no
+    compiler in the way."""
+    rounding = store == "float16"
+
+    def stored(t):
+        return t.to(torch.float16).to(torch.float64) if rounding and t.is_floating_point() else t
+
     env: dict[str, torch.Tensor] = {}
     for init in model.graph.initializer:
         arr = numpy_helper.to_array(init)
-        env[init.name] = torch.from_numpy(arr.astype(np.float64) if arr.dtype.kind == "f" else arr.copy())
+        env[init.name] = stored(torch.from_numpy(arr.astype(np.float64) if arr.dtype.kind == "f" else arr.copy()))
     for k, v in feed.items():
         v = np.asarray(v)
         env[k] = torch.from_numpy(v.astype(np.float64) if v.dtype.kind == "f" else v)
@@ -214,5 +222,5 @@ def run_f64(model: onnx.ModelProto, feed: Mapping[str, np.ndarray]) -> list[np.n
             else:
                 raise NotImplementedError(f"f64 interpreter: no rule for {op} ({n.name})")
             for name, t in zip(n.output, out):
-                env[name] = t
+                env[name] = stored(t)
     return [env[o.name].numpy() for o in model.graph.output]

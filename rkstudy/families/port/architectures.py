@@ -38,6 +38,8 @@ class Vocoder:
     model: onnx.ModelProto
     hop: int                    # output samples per mel frame (1 for a spectrum-frame output)
     outputs: tuple[str, ...]
+    exporter: str = "legacy"    # torch.onnx.export's TorchScript exporter
+    source: str = "rkstudy.families.port.architectures (written here after the published generator)"
 
 
 def _seeded(module: nn.Module, seed: int, scale: float) -> nn.Module:

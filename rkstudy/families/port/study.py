@@ -155,6 +155,71 @@ def window_exactness(port: Port, window, utterance: Mapping[str, np.ndarray], ed
             "gate_db": FP32_GATE.threshold, "where": "fp32"}
 
 
+def ops_handled(model) -> str:
+    """The ops of a folded graph by streaming-rule family (what the surgery had to handle), with the
+    pads' modes and the convs' strides and groups: "conv: Conv x49 (strided 24, grouped 24) | ..."."""
+    from collections import Counter
+
+    from ...graph.streaming import RULES
+    from ...graph.streaming.core import attrs
+
+    by_family: dict[str, Counter] = {}
+    notes: dict[str, Counter] = {}
+    for n in model.graph.node:
+        rule = RULES.get(n.op_type)
+        family = rule.family if rule else "no rule"
+        by_family.setdefault(family, Counter())[n.op_type] += 1
+        a = attrs(n)
+        if n.op_type == "Pad":
+            mode = a.get("mode", b"constant")
+            notes.setdefault("Pad", Counter())[mode.decode() if isinstance(mode, bytes) else mode] += 1
+        elif n.op_type in ("Conv", "ConvTranspose"):
+            if a.get("strides", [1])[0] > 1 and n.op_type == "Conv":
+                notes.setdefault(n.op_type, Counter())["strided"] += 1
+            if a.get("group", 1) > 1:
+                notes.setdefault(n.op_type, Counter())["grouped"] += 1
+            if any(a.get("output_padding", [0])):
+                notes.setdefault(n.op_type, Counter())["output_padding"] += 1
+    parts = []
+    for family in sorted(by_family):
+        ops = []
+        for op, k in sorted(by_family[family].items()):
+            extra = ", ".join(f"{what} {c}" for what, c in sorted(notes.get(op, {}).items()))
+            ops.append(f"{op} x{k}" + (f" ({extra})" if extra else ""))
+        parts.append(f"{family}: " + ", ".join(ops))
+    return " | ".join(parts)
+
+
+def fp16_storage(model, feeds: Mapping[str, np.ndarray]) -> dict:
+    """What fp16 storage alone costs a graph, with no compiler: the float64 run against the same run with
+    every weight and activation rounded to float16 (rkstudy.graph.f64, store="float16"), every output;
+    and the largest |argument| of its Sin and Cos nodes with the float16 spacing there (a sine of an
+    argument stored with that error moves by up to as much)."""
+    from ...graph.f64 import run_f64
+
+    exact = run_f64(model, feeds)
+    half = run_f64(model, feeds, store="float16")
+    worst = min(gates.snr_db(a, b) for a, b in zip(exact, half))
+    trig = [n.input[0] for n in model.graph.node if n.op_type in ("Sin", "Cos")]
+    largest = 0.0
+    if trig:
+        probe = onnx_with_outputs(model, trig)
+        largest = max(float(np.max(np.abs(x))) for x in run_f64(probe, feeds)[-len(trig):])
+    spacing = float(np.spacing(np.float16(largest))) if largest else 0.0
+    return {"fp16_storage_vs_f64_db": worst, "trig_nodes": len(trig), "largest_trig_argument": largest,
+            "fp16_spacing_there": spacing, "where": "host"}
+
+
+def onnx_with_outputs(model, names):
+    """A copy of `model` that also outputs the tensors `names` (after its own outputs)."""
+    import onnx
+
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    m.graph.output.extend(onnx.helper.make_tensor_value_info(t, onnx.TensorProto.FLOAT, None) for t in names)
+    return m
+
+
 def input_probe(utterances: Sequence[Mapping[str, np.ndarray]], limit: int = 8):
     """Stage 2's probe: the engine's own feeds while the fp32 graph walks the user's full-length inputs
     (every window, or every step with the state it carried), at most `limit` of them spread over the
