@@ -157,7 +157,7 @@ def window_exactness(port: Port, window, utterance: Mapping[str, np.ndarray], ed
 
 def ops_handled(model) -> str:
     """The ops of a folded graph by streaming-rule family (what the surgery had to handle), with the
-    pads' modes and the convs' strides and groups: "conv: Conv x49 (strided 24, grouped 24) | ..."."""
+    pads' modes and the convs' strides and groups: "conv: Conv x49 (strided 24, grouped 24); ..."."""
     from collections import Counter
 
     from ...graph.streaming import RULES
@@ -187,7 +187,7 @@ def ops_handled(model) -> str:
             extra = ", ".join(f"{what} {c}" for what, c in sorted(notes.get(op, {}).items()))
             ops.append(f"{op} x{k}" + (f" ({extra})" if extra else ""))
         parts.append(f"{family}: " + ", ".join(ops))
-    return " | ".join(parts)
+    return "; ".join(parts)
 
 
 def fp16_storage(model, feeds: Mapping[str, np.ndarray]) -> dict:
