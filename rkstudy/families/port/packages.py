@@ -24,7 +24,9 @@ import ast
 import importlib
 import importlib.util
 import io
+import os
 import sys
+import tempfile
 import types
 import warnings
 from contextlib import contextmanager
@@ -44,6 +46,29 @@ EXPORTERS = ("legacy", "dynamo")
 
 class PackageMissing(ImportError):
     """A proving-set package is not installed (its fix: `make models`)."""
+
+
+class ExportFailed(RuntimeError):
+    """An exporter refused a module: its first line, which is what it says."""
+
+
+@contextmanager
+def _stderr_captured():
+    """The process's fd 2 sent to a temporary file while the block runs, its text returned after.
+
+    Why: the legacy exporter dumps the whole TorchScript graph to fd 2 when it fails; in a notebook
+    kernel nobody drains that pipe while the cell runs, and the dump blocks the kernel once the pipe is
+    full."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+") as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield tmp
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
 
 
 def _package_dir(name: str) -> Path:
@@ -170,9 +195,14 @@ def _export(module: torch.nn.Module, outputs: tuple[str, ...], exporter: str, fr
         warnings.simplefilter("ignore")
         if exporter == "legacy":
             buf = io.BytesIO()
-            torch.onnx.export(module, (x,), buf, dynamo=False, opset_version=OPSET_LEGACY, input_names=[INPUT],
-                              output_names=list(outputs),
-                              dynamic_axes={INPUT: {2: "frames"}, **{o: {2: "samples"} for o in outputs}})
+            try:
+                with _stderr_captured():
+                    torch.onnx.export(module, (x,), buf, dynamo=False, opset_version=OPSET_LEGACY,
+                                      input_names=[INPUT], output_names=list(outputs),
+                                      dynamic_axes={INPUT: {2: "frames"}, **{o: {2: "samples"} for o in outputs}})
+            except Exception as exc:   # its first line is what it says; the rest is the graph it gave up on
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                raise ExportFailed(f"the legacy exporter refused it: {first[:300]}") from None
             return onnx.load_from_string(buf.getvalue())
         if exporter != "dynamo":
             raise ValueError(f"exporter {exporter!r}: one of {', '.join(EXPORTERS)}")
