@@ -53,22 +53,26 @@ class ExportFailed(RuntimeError):
 
 
 @contextmanager
-def _stderr_captured():
-    """The process's fd 2 sent to a temporary file while the block runs, its text returned after.
+def _output_captured():
+    """The process's fds 1 and 2 sent to a temporary file while the block runs.
 
-    Why: the legacy exporter dumps the whole TorchScript graph to fd 2 when it fails; in a notebook
-    kernel nobody drains that pipe while the cell runs, and the dump blocks the kernel once the pipe is
-    full."""
+    Why: the legacy exporter dumps the whole TorchScript graph (300 kB for the small BigVGAN) to the
+    process's stdout when it fails; in a notebook kernel nobody drains that pipe while the cell runs, and
+    the dump blocks the kernel for good once the pipe is full."""
+    sys.stdout.flush()
     sys.stderr.flush()
-    saved = os.dup(2)
+    saved = {fd: os.dup(fd) for fd in (1, 2)}
     with tempfile.TemporaryFile(mode="w+") as tmp:
-        os.dup2(tmp.fileno(), 2)
+        for fd in saved:
+            os.dup2(tmp.fileno(), fd)
         try:
             yield tmp
         finally:
+            sys.stdout.flush()
             sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
+            for fd, old in saved.items():
+                os.dup2(old, fd)
+                os.close(old)
 
 
 def _package_dir(name: str) -> Path:
@@ -196,7 +200,7 @@ def _export(module: torch.nn.Module, outputs: tuple[str, ...], exporter: str, fr
         if exporter == "legacy":
             buf = io.BytesIO()
             try:
-                with _stderr_captured():
+                with _output_captured():
                     torch.onnx.export(module, (x,), buf, dynamo=False, opset_version=OPSET_LEGACY,
                                       input_names=[INPUT], output_names=list(outputs),
                                       dynamic_axes={INPUT: {2: "frames"}, **{o: {2: "samples"} for o in outputs}})
