@@ -198,6 +198,13 @@ def run_f64(model: onnx.ModelProto, feed: Mapping[str, np.ndarray], store: str =
                 var = ((i[0] - mean) ** 2).mean(dim=dims, keepdim=True)
                 y = (i[0] - mean) / torch.sqrt(var + a.get("epsilon", 1e-5)) * i[1]
                 out = [y + i[2] if len(i) > 2 and i[2] is not None else y]
+            elif op == "InstanceNormalization":
+                dims = list(range(2, i[0].dim()))
+                mean = i[0].mean(dim=dims, keepdim=True)
+                var = ((i[0] - mean) ** 2).mean(dim=dims, keepdim=True)
+                shape = (1, -1) + (1,) * len(dims)
+                out = [(i[0] - mean) / torch.sqrt(var + a.get("epsilon", 1e-5)) * i[1].reshape(shape)
+                       + i[2].reshape(shape)]
             elif op == "MatMul":
                 out = [torch.matmul(i[0], i[1])]
             elif op == "Gemm":
