@@ -513,3 +513,58 @@ def for_engine(engine_path: Path | str, *, family: str | None = None, soc: str |
     if source is not None:
         c.check_source(source)
     return c
+
+
+STATE_TRANSPORT = ("grouped: one state tensor per channel count, buffers along time. The walker keeps one flat "
+                   "fp32 vector (these tensors flattened, in this order); a flat [1, S] state input did not "
+                   "compile with rknn-toolkit2 2.5.0 (killed after 30 min; cut by one Split: killed at 15 min), "
+                   "the grouped form compiles in about a minute")
+
+
+def _io_shape(model, name: str) -> tuple[int, ...]:
+    for vi in list(model.graph.input) + list(model.graph.output):
+        if vi.name == name:
+            return tuple(d.dim_value for d in vi.type.tensor_type.shape.dim)
+    raise KeyError(name)
+
+
+def state_layout(step) -> list[dict]:
+    """How the walker's flat state vector splits: each state tensor's names, shape, offset, floats (`step`
+    is an rkstudy.graph.stateful.StepGraph)."""
+    rows, offset = [], 0
+    for g in step.groups:
+        rows.append({"input": g.input, "output": g.output, "shape": list(g.shape), "offset": offset,
+                     "floats": g.floats, "buffers": g.buffers})
+        offset += g.floats
+    return rows
+
+
+STEP_METHOD = "graph surgery (rkstudy.graph.stateful.make_step) on the folded graph, its boundaries masked"
+
+
+def step_contract(step, *, family: str, masks: Sequence[str], source: Digest, producer: str, params: Mapping,
+                  stage: str = "decoder", method: str = STEP_METHOD) -> Contract:
+    """The stage contract of a stateful step (an rkstudy.graph.stateful.StepGraph): time inputs walked (or
+    masks, the surgery's own included), static inputs constant, state tensors paired input to output,
+    outputs walked at the step's output rate on their own time axis, the step size, lookahead and state
+    layout in `params`. Shared by every family that cuts a step (read attribute by attribute, so this
+    layer imports nothing of the graph code)."""
+    m, masks = step.model, tuple(masks) + tuple(step.masks)
+    dm = step.delays
+    inputs = [Tensor(t, _io_shape(m, t), role="mask" if t in masks else "walked", axis=dm.axis(t))
+              for t in step.time_inputs]
+    inputs += [Tensor(t, _io_shape(m, t), role="constant") for t in step.static_inputs]
+    inputs += [Tensor(g.input, g.shape, role="state") for g in step.groups]
+    outputs = [Tensor(o, _io_shape(m, o), role="walked", axis=dm.axis(o), rate=step.output_rate)
+               for o in step.outputs]
+    outputs += [Tensor(g.output, g.shape, role="state") for g in step.groups]
+    hop = step.output_rate
+    first = -(-(step.delay + 1) // (step.emit * hop)) * step.emit
+    return Contract(family=family, stage=stage, inputs=tuple(inputs), outputs=tuple(outputs), source=source,
+                    producer=producer, state=tuple((g.input, g.output) for g in step.groups),
+                    params={**params, "emit": step.emit, "lookahead_samples": step.delay,
+                            "lookahead_frames": step.lookahead_frames,
+                            # frames the walker is given before it returns its first real sample
+                            "first_audio_frames": first, "state_floats": step.state_floats,
+                            "state_layout": state_layout(step), "state_transport": STATE_TRANSPORT,
+                            "method": method})

@@ -18,14 +18,14 @@ def test_an_fp16_build_for_an_rv110x_part_is_refused_with_the_fix(target):
     with pytest.raises(UsageError, match=rf"builds no fp16 engine for {target} \("
                                          rf"\"Current target_platform\({target}\) not support do_quantization = "
                                          r"False\"\): make a quantized build, quantize=Calibration"):
-        build._check_target(target)
-    build._check_target(target, Calibration([{"x": np.zeros((1, 4), np.float32)}]))
+        build.check_target(target)
+    build.check_target(target, Calibration([{"x": np.zeros((1, 4), np.float32)}]))
 
 
 def test_a_target_the_toolkit_does_not_build_for_is_refused():
     with pytest.raises(UsageError, match="target 'rk3399' is not one this project builds for; use one of rk3588, "
                                          "rk3566, rk3568, rk3576, rk3562, rv1103, rv1106"):
-        build._check_target("rk3399")
+        build.check_target("rk3399")
 
 
 @pytest.mark.simulator

@@ -8,7 +8,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from rkstudy.runtime import OrtRunner
 from rkstudy.walk import planner
-from rkstudy.walk.window import plan_windows
+from rkstudy.walk.window import interior_windows, plan_windows
 
 
 def conv_chain(kernels=(3, 5), channels=4, seed=0) -> OrtRunner:
@@ -162,6 +162,20 @@ def test_interior_snr_scores_the_interior_windows_of_the_walk_only():
     assert kinds == ["start"] + ["interior"] * 8 + ["end"]
     assert planner.worst_interior_snr(decode_with_error(3), [z], hop, emit, context) == np.inf
     assert planner.worst_interior_snr(decode_with_error(50), [z], hop, emit, context) < 100
+
+
+def test_no_interior_window_is_not_measured_and_meets_no_target():
+    """A latent too short for an interior window at a context (the instance-norm graph's plan did this:
+    every window a start or an end one) is no evidence: the sweep says None there, and min_context finds
+    no context for any target instead of the first one swept."""
+    hop, n = 2, 40
+    z = np.zeros((1, n))
+    assert not interior_windows(n, 16, 12)
+    assert planner.worst_interior_snr(lambda z: np.zeros(z.shape[1] * hop), [z], hop, 16, 12) is None
+    sweep = [{"latents": "speech", "context": c, "worst_interior_snr_db": None} for c in (8, 12, 16)]
+    assert planner.min_context(sweep, 60.0) is None
+    sweep[0]["worst_interior_snr_db"] = 80.0   # measured at 8 only: the larger contexts still say nothing
+    assert planner.min_context(sweep, 60.0) is None
 
 
 def test_the_plan_is_emit_from_window_and_context():

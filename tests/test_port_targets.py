@@ -1,4 +1,4 @@
-"""The per-target measurements of notebook 07 (rkstudy.port.targets): an RV110x part's row is the
+"""The per-target measurements of notebook 07 (rkstudy.families.port.targets): an RV110x part's row is the
 toolkit's own refusal of an fp16 build; the register field per target is what the compiler prints
 for the 64-channel k=7 probe (built in the simulator tier); the per-target summary keeps the
 vendor's published figures beside ours, labelled as theirs, and takes the window plan's budget from
@@ -6,7 +6,7 @@ the window's own build on each target."""
 
 import pytest
 
-from rkstudy.port import targets
+from rkstudy.families.port import targets
 
 
 @pytest.mark.parametrize("target", ["rv1103", "rv1106"])
@@ -39,3 +39,12 @@ def test_the_summary_labels_their_figures_and_takes_the_budget_from_the_window_b
     assert rows["rk3562"]["their_value"] == 0.138 and rows["rk3562"]["comparable"] == targets.THEIRS
     assert rows["rv1106"]["fp16_build"].startswith("rknn-toolkit2 builds no fp16 engine for rv1106")
     assert rows["rv1106"]["their_value"] == "" and rows["rv1106"]["budget_lines"] == ""
+
+
+def test_the_field_limits_are_read_from_the_build_log():
+    from rkstudy.toolkit.log import field_limits
+
+    log = ("W RKNN: REGTASK: The bit width of field value exceeds the limit, target: v2, offset: 0x4038, "
+           "shift = 0, limit: 0x3fff, value: 0x4000\n"
+           "W RKNN: REGTASK: ... limit: 0x3fff, value: 0x4001\nI RKNN: done\n")
+    assert field_limits(log) == [0x3FFF] and field_limits("I RKNN: done") == []

@@ -8,11 +8,11 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from rkstudy import gates
-from rkstudy.contract import Digest
+from rkstudy.contract import Digest, step_contract
 from rkstudy.errors import EngineMismatch
-from rkstudy.families.piper_decoder_stateful.f64 import F64Runner, run_f64
-from rkstudy.families.piper_decoder_stateful.producer import stamped, step_contract
+from rkstudy.families.piper_decoder_stateful.producer import stamped
 from rkstudy.graph.delays import NotStreamable, conv_macs, delay_map, name_nodes
+from rkstudy.graph.f64 import F64Runner, run_f64
 from rkstudy.graph.stateful import make_step
 from rkstudy.runtime import OrtRunner
 from rkstudy.walk.stateful import StatefulWalker
@@ -145,15 +145,15 @@ def test_macs_count_only_the_transposed_conv_history_beyond_the_full_decode():
     assert conv_macs(produced.model) / 10 == pytest.approx(mono + extra)
 
 
-def test_time_axis_ops_and_strided_convs_are_refused_naming_the_node():
+def test_time_axis_ops_and_strides_below_a_frame_are_refused_naming_the_node():
     model = tiny_decoder()
     model.graph.node.append(helper.make_node("ReduceMean", ["y"], ["mean"], axes=[2], keepdims=1, name="global"))
     model.graph.output.append(helper.make_tensor_value_info("mean", TensorProto.FLOAT, None))
-    with pytest.raises(NotStreamable, match="ReduceMean 'global' reduces over time"):
+    with pytest.raises(NotStreamable, match="ReduceMean 'global' reduces over the time axis"):
         delay_map(name_nodes(onnx.shape_inference.infer_shapes(model)), ["x", "m"])
-    model = tiny_decoder()
+    model = tiny_decoder()   # a stride-2 conv at one sample per frame would make half a sample per frame
     next(n for n in model.graph.node if n.name == "pre").attribute.append(helper.make_attribute("strides", [2]))
-    with pytest.raises(NotStreamable, match="Conv 'pre' has stride 2"):
+    with pytest.raises(NotStreamable, match="Conv 'pre': stride 2 at 1 samples per frame leaves a fraction"):
         delay_map(model, ["x", "m"])
 
 

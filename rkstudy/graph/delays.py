@@ -1,25 +1,24 @@
-"""The delay map of a convolutional graph: every tensor's rate and delay, every read's history.
+"""The delay map of a streamable graph: every tensor's time axis, rate, length and delay, every read's
+history. The driver of the streaming rules (rkstudy.graph.streaming): it walks the graph in
+topological order and asks each node's rule how the node treats time.
 
-Why: a graph built from 1-D convolutions, transposed convolutions and time-local ops (pointwise
-maths, channel splits and concats) can be run step by step on chunks of its input with no
-recomputed context, if every tensor is produced late enough that the samples it needs from its
-inputs already exist. Walking the graph in topological order gives each tensor T
+Why: a graph of 1-D convolutions, transposed convolutions and time-local ops (pointwise maths,
+layout moves, norms and products over channels, pads) can be run step by step on chunks of its input
+with no recomputed context, if every tensor is produced late enough that the samples it needs from
+its inputs already exist. Walking the graph gives each time-carrying tensor T
 
-* a rate r(T): samples per input frame (1 for the graph's time inputs, x stride after a
-  transposed conv),
-* a delay d(T): how many of its own samples it lags the input, so that a step over input
-  frames [kE, (k+1)E) produces T at positions [kE r - d, (k+1)E r - d).
+* its time axis (tracked: a Transpose moves it, a Reshape may),
+* a rate r(T): samples per input frame (1 for the graph's time inputs, x stride after a transposed
+  conv, / stride after a strided conv),
+* an extent: how much longer than r x frames the full graph makes it (a Pad adds, a crop takes away),
+* a delay d(T): a step over input frames [kE, (k+1)E) produces T's samples [kEr - d, (k+1)Er - d).
 
-A Conv emits with the delay of its input plus its right half-kernel (right pad): the last
-output it can finish needs `pad_right` input samples past it. A ConvTranspose with stride s and
-begin pad p emits at s x d_in + p. A multi-input time-local op emits at the largest delay of
-its inputs; the less delayed inputs are read through a delay line. Every read of a tensor is
-therefore a window over [history, chunk] that reaches `back` samples before the current chunk;
-the history a tensor must keep between steps is the largest `back` of its readers. The delay of
-the graph output is the lookahead of the whole step.
-
-This is the minimal (as-soon-as-possible) schedule: no tensor is delayed more than its inputs
-force, so the output delay equals the reach of the graph's right receptive field.
+Each rule reads its inputs through windows that reach `back` samples before the current chunk; the
+history a tensor keeps between steps is the largest `back` of its readers. The delay of the graph
+output is the lookahead of the whole step. This is the minimal (as-soon-as-possible) schedule: no
+tensor is delayed more than its inputs force, except that where a tensor would run ahead of the
+first frame (a pad before a valid conv) every input is read a few frames late (`lead`), so that
+nothing before a tensor's first step is anything but the zeros a zero state holds.
 """
 
 from __future__ import annotations
@@ -31,90 +30,31 @@ from math import ceil
 
 import numpy as np
 import onnx
-from onnx import helper
 
 from ..errors import InputError
 from .index import Index
+from .streaming import Context, ConvPlan, NotStreamable, Read, Timing, rule_for
+from .streaming.core import norm_axis
 
+__all__ = ["ConvPlan", "DelayMap", "NotStreamable", "Read", "Timing", "conv_macs", "conv_macs_by_node",
+           "delay_map", "delay_table", "name_nodes", "time_axes"]
 
-class NotStreamable(InputError):
-    """The graph has an op that mixes time steps in a way a causal cache cannot reproduce (the
-    message names the node)."""
-
-
-# Ops that compute each time step from the same time step of their inputs (numpy broadcasting).
-POINTWISE = frozenset((
-    "Abs", "Add", "And", "Cast", "Ceil", "Clip", "Cos", "Div", "Elu", "Equal", "Erf", "Exp",
-    "Floor", "Gelu", "Greater", "HardSigmoid", "HardSwish", "Identity", "LeakyRelu", "Less", "Log",
-    "Max", "Mean", "Min", "Mish", "Mul", "Neg", "Not", "Or", "Pow", "PRelu", "Reciprocal", "Relu",
-    "Round", "Selu", "Sigmoid", "Sign", "Sin", "Softplus", "Softsign", "Sqrt", "Sub", "Sum", "Tanh",
-    "Where",
-))
-# Ops that are time-local as long as the axis they act on is not the time axis (the last one).
-AXIS_ATTR_OPS = {"Concat": None, "Split": 0, "Softmax": -1, "LogSoftmax": -1, "Gather": 0}
-REDUCE_OPS = frozenset(("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL2"))
 CONV_OPS = frozenset(("Conv", "ConvTranspose"))
-# Ops that read the whole time axis whatever their attributes, and what they do with it.
-GLOBAL_OVER_TIME = {"InstanceNormalization": "normalises each channel by its mean and variance over all frames",
-                    "GlobalAveragePool": "averages over all frames",
-                    "GlobalMaxPool": "takes the maximum over all frames"}
-
-
-@dataclass(frozen=True)
-class Timing:
-    """A time-carrying tensor: `rate` samples per input frame, `delay` in its own samples."""
-
-    rate: int
-    delay: int
-
-
-@dataclass(frozen=True)
-class Read:
-    """One node input reading a time-carrying tensor.
-
-    The node reads the window that starts `back` samples before the tensor's current chunk and
-    is `extra` samples longer than the chunk: a Conv reads its whole receptive field
-    (back = extra = kernel span - 1), a delay line reads a chunk shifted by `back` (extra 0).
-    """
-
-    node: str
-    index: int
-    tensor: str
-    back: int
-    extra: int
-
-
-@dataclass(frozen=True)
-class ConvPlan:
-    """A Conv or ConvTranspose of the graph, as the stepwise schedule runs it."""
-
-    node: str
-    op: str
-    rate_in: int
-    rate_out: int
-    delay_in: int
-    delay_out: int
-    kernel: int          # taps
-    dilation: int
-    stride: int
-    pad_left: int        # Conv: pads; ConvTranspose: begin pad / end pad of its full output
-    pad_right: int
-    channels_in: int
-    channels_out: int
-    group: int
-    history: int         # input samples this op needs from earlier steps
 
 
 @dataclass
 class DelayMap:
-    """Rates and delays of a graph's time-carrying tensors, and how each node reads them."""
+    """Timings of a graph's time-carrying tensors, and how each node reads them."""
 
     time_inputs: tuple[str, ...]
     timing: dict[str, Timing]
     reads: list[Read]
     convs: list[ConvPlan]
     outputs: dict[str, Timing]
-    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # leading dims / static shapes
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # pinned shapes of the time-carrying tensors
+    context: Context | None = None
+    lead: int = 0                      # frames every time input is read late (see the module)
+    refused: dict[str, str] = field(default_factory=dict)   # node -> why (time_axes only)
 
     def history(self) -> dict[str, int]:
         """Samples each tensor keeps between steps: the furthest any reader reaches back."""
@@ -139,133 +79,10 @@ class DelayMap:
     def lookahead_frames(self) -> float:
         return self.output_delay / self.output_rate
 
+    def axis(self, tensor: str) -> int:
+        """The time axis of a time-carrying tensor (non-negative)."""
+        return norm_axis(self.timing[tensor].axis, len(self.shapes[tensor]))
 
-# --- graph facts ------------------------------------------------------------------------------
-
-def _attrs(node: onnx.NodeProto) -> dict:
-    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
-
-
-def _norm(axis: int, rank: int) -> int:
-    return axis + rank if axis < 0 else axis
-
-
-def _rank(shapes, name: str, node: onnx.NodeProto) -> int:
-    if name not in shapes:
-        raise NotStreamable(f"{node.op_type} {node.name!r}: no shape for {name!r}; pin the graph's input "
-                            "shapes (rkstudy.graph.pin_shapes) before building its delay map")
-    return len(shapes[name])
-
-
-def _check_time_local(node: onnx.NodeProto, shapes, consts, time_ins: list[str]) -> None:
-    """Raise unless `node` treats every time step on its own (the time axis is the last one)."""
-    op, a = node.op_type, _attrs(node)
-    rank = _rank(shapes, time_ins[0], node)
-    where = f"{op} {node.name!r}"
-    if op in POINTWISE:
-        return
-    if op in AXIS_ATTR_OPS:
-        axis = a.get("axis", AXIS_ATTR_OPS[op])
-        if axis is None:
-            raise NotStreamable(f"{where} has no axis")
-        if _norm(axis, rank) == rank - 1:
-            raise NotStreamable(f"{where} acts on the time axis (axis {axis}); only channel-axis "
-                                f"{op} can be streamed")
-        if op == "Gather" and node.input[0] not in time_ins:
-            raise NotStreamable(f"{where} gathers a constant by time-carrying indices")
-        return
-    if op == "Slice":
-        starts = consts.get(node.input[1])
-        axes = consts.get(node.input[3]) if len(node.input) > 3 and node.input[3] else None
-        if starts is None or (len(node.input) > 3 and node.input[3] and axes is None):
-            raise NotStreamable(f"{where} has computed starts/axes; fold the graph first")
-        axes = list(range(len(starts))) if axes is None else axes.tolist()
-        if rank - 1 in {_norm(x, rank) for x in axes}:
-            raise NotStreamable(f"{where} slices the time axis; a stepwise graph cannot crop time")
-        return
-    if op in ("Unsqueeze", "Squeeze"):
-        axes = a.get("axes")
-        if axes is None and len(node.input) > 1:
-            axes = consts.get(node.input[1])
-            if axes is None:
-                raise NotStreamable(f"{where} has computed axes; fold the graph first")
-            axes = axes.tolist()
-        if axes is None:  # Squeeze of every 1-dim: fine unless time has length 1 somewhere, refuse
-            raise NotStreamable(f"{where} squeezes every unit axis; give it explicit axes")
-        out_rank = rank + len(axes) if op == "Unsqueeze" else rank - len(axes)
-        last = out_rank - 1 if op == "Unsqueeze" else rank - 1
-        if last in {_norm(x, out_rank if op == "Unsqueeze" else rank) for x in axes}:
-            raise NotStreamable(f"{where} moves the time axis off the last position")
-        return
-    if op == "Transpose":
-        perm = a.get("perm")
-        if perm is None or perm[-1] != rank - 1:
-            raise NotStreamable(f"{where} moves the time axis; the delay map assumes time is the last axis")
-        return
-    if op in REDUCE_OPS:
-        axes = a.get("axes")
-        if axes is None and len(node.input) > 1 and node.input[1]:
-            axes = consts.get(node.input[1])
-            axes = None if axes is None else axes.tolist()
-        if not axes or rank - 1 in {_norm(x, rank) for x in axes} or not a.get("keepdims", 1):
-            raise NotStreamable(f"{where} reduces over time (a global reduction); it has no stepwise form")
-        return
-    if op in GLOBAL_OVER_TIME:
-        raise NotStreamable(f"{where} {GLOBAL_OVER_TIME[op]} (a global reduction over time); no step can "
-                            "stream it, every output frame waits for the whole utterance")
-    raise NotStreamable(f"{where}: no streaming rule for this op; it is not a conv, a pointwise op or a "
-                        "channel split/concat (add a rule in delays.py if it is time-local)")
-
-
-def _check_static_broadcast(node: onnx.NodeProto, shapes, static_ins: list[str]) -> None:
-    """A constant that meets a time-carrying tensor must not have a time extent of its own: that
-    is what a graph folded at one pinned length leaves behind (a zeros tensor of that length)."""
-    for name in static_ins:
-        shape = shapes.get(name)
-        if shape and shape[-1] not in (1, None):
-            raise NotStreamable(f"{node.op_type} {node.name!r}: constant {name!r} of shape {shape} "
-                                "broadcasts along time; it was probably folded at one pinned length. "
-                                "Rewrite it as a per-step constant (last dim 1)")
-        if shape and shape[-1] is None:
-            raise NotStreamable(f"{node.op_type} {node.name!r}: {name!r} has an unknown last dim")
-
-
-def _conv_plan(node, a, consts, timing_in: Timing) -> ConvPlan:
-    w = consts.get(node.input[1])
-    if w is None:
-        raise NotStreamable(f"{node.op_type} {node.name!r}: weights are computed; fold the graph first")
-    if w.ndim != 3:
-        raise NotStreamable(f"{node.op_type} {node.name!r}: only 1-D convolutions stream (weights {w.shape})")
-    if a.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
-        raise NotStreamable(f"{node.op_type} {node.name!r}: auto_pad; export with explicit pads")
-    k = int(w.shape[2])
-    dil = int(a.get("dilations", [1])[0])
-    stride = int(a.get("strides", [1])[0])
-    pl, pr = (int(p) for p in a.get("pads", [0, 0]))
-    group = int(a.get("group", 1))
-    if node.op_type == "Conv":
-        if stride != 1:
-            raise NotStreamable(f"Conv {node.name!r} has stride {stride}; a strided conv changes rate "
-                                "and has no rule here yet")
-        span = (k - 1) * dil
-        if pl + pr != span:
-            raise NotStreamable(f"Conv {node.name!r}: pads {pl}+{pr} != kernel span {span}, so its output "
-                                "is not as long as its input")
-        return ConvPlan(node.name, "Conv", timing_in.rate, timing_in.rate, timing_in.delay,
-                        timing_in.delay + pr, k, dil, 1, pl, pr, int(w.shape[1]) * group, int(w.shape[0]),
-                        group, span)
-    if dil != 1 or any(a.get("output_padding", [0])) or "output_shape" in a:
-        raise NotStreamable(f"ConvTranspose {node.name!r}: dilation/output_padding/output_shape are not handled")
-    if k - stride != pl + pr:
-        raise NotStreamable(f"ConvTranspose {node.name!r}: kernel {k} - stride {stride} != pads {pl}+{pr}, so "
-                            "its output is not stride x input long")
-    history = ceil((k - stride) / stride)  # input samples whose overlap-add reaches the current chunk
-    return ConvPlan(node.name, "ConvTranspose", timing_in.rate, timing_in.rate * stride, timing_in.delay,
-                    stride * timing_in.delay + pl, k, 1, stride, pl, pr, int(w.shape[0]),
-                    int(w.shape[1]) * group, group, history)
-
-
-# --- the map ----------------------------------------------------------------------------------
 
 def name_nodes(model: onnx.ModelProto) -> onnx.ModelProto:
     """A copy whose nodes all have unique names (reads are keyed by node name)."""
@@ -278,65 +95,93 @@ def name_nodes(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
-def delay_map(model: onnx.ModelProto, time_inputs: Sequence[str]) -> DelayMap:
-    """Rates, delays and reads for `model` (topologically sorted, input shapes pinned).
+def _opset(model: onnx.ModelProto) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
 
-    `time_inputs` are the graph inputs that carry time on their last axis at one sample per
-    frame (z, y_mask); every other input is static (a speaker embedding) and is fed as is.
-    """
+
+def _walk(model: onnx.ModelProto, time_inputs: Sequence[str], lead: int, strict: bool) -> DelayMap:
     g = model.graph
-    node_names = [n.name for n in g.node]
-    if len(set(node_names)) != len(node_names) or not all(node_names):
-        raise NotStreamable("node names are empty or repeated; pass the graph through delays.name_nodes first")
-    names = {i.name for i in g.input}
+    names = {i.name: i for i in g.input}
     missing = [t for t in time_inputs if t not in names]
     if missing:
         raise NotStreamable(f"no graph input named {', '.join(missing)}; inputs are {', '.join(sorted(names))}")
     idx = Index.inferred(model)
-    shapes, consts = idx.shapes, idx.constants
-    timing: dict[str, Timing] = {t: Timing(1, 0) for t in time_inputs}
+    dims = names[time_inputs[0]].type.tensor_type.shape.dim
+    if not dims or not dims[-1].HasField("dim_value"):
+        raise NotStreamable(f"input {time_inputs[0]!r} has no fixed frame count; pin the graph first")
+    frames = dims[-1].dim_value
+    timing: dict[str, Timing] = {}
+    for t in time_inputs:
+        rank = len(names[t].type.tensor_type.shape.dim)
+        timing[t] = Timing(1, lead, rank - 1, 0)
+    ctx = Context(idx.shapes, idx.constants, timing, frames, _opset(model))
     reads: list[Read] = []
     convs: list[ConvPlan] = []
+    refused: dict[str, str] = {}
     for node in g.node:
-        time_ins = [t for t in node.input if t in timing]
-        if not time_ins:
+        if not ctx.time_ins(node):
             continue
-        if node.op_type in CONV_OPS:
-            if node.input[0] not in timing or len(time_ins) != 1:
-                raise NotStreamable(f"{node.op_type} {node.name!r}: only the data input may carry time")
-            plan = _conv_plan(node, _attrs(node), consts, timing[node.input[0]])
-            convs.append(plan)
-            reads.append(Read(node.name, 0, node.input[0], plan.history, plan.history))
-            timing[node.output[0]] = Timing(plan.rate_out, plan.delay_out)
+        try:
+            timed = rule_for(node).timing(node, ctx)
+            _check_lengths(node, timed, idx.shapes, frames)
+        except NotStreamable as exc:
+            if strict:
+                raise
+            refused[node.name] = str(exc)
             continue
-        _check_time_local(node, shapes, consts, time_ins)
-        static_ins = [t for t in node.input if t and t not in timing]
-        if node.op_type in POINTWISE:
-            _check_static_broadcast(node, shapes, static_ins)
-        elif node.op_type == "Concat" and static_ins:
-            raise NotStreamable(f"Concat {node.name!r} joins a constant to a time-carrying tensor")
-        rates = {timing[t].rate for t in time_ins}
-        if len(rates) != 1:
-            raise NotStreamable(f"{node.op_type} {node.name!r} joins tensors at rates {sorted(rates)} "
-                                f"({', '.join(time_ins)}); they must be upsampled to one rate first")
-        rate, delay = rates.pop(), max(timing[t].delay for t in time_ins)
-        for i, t in enumerate(node.input):
-            if t in timing:
-                reads.append(Read(node.name, i, t, delay - timing[t].delay, 0))
-        for o in node.output:
-            if o:
-                timing[o] = Timing(rate, delay)
+        timing.update(timed.outputs)
+        covered = {r.index for r in timed.reads}
+        # a rule that reads an input as it comes still reads it: through a delay line where it is a graph
+        # input read `lead` frames late
+        reads += timed.reads + [Read(node.name, i, t, 0, 0) for i, t in enumerate(node.input)
+                                if t in timing and i not in covered and t not in timed.outputs]
+        if timed.plan is not None:
+            convs.append(timed.plan)
     outs = [o.name for o in g.output]
     untimed = [o for o in outs if o not in timing]
-    if untimed:
+    if untimed and strict:
         raise NotStreamable(f"graph output(s) {', '.join(untimed)} do not depend on the time inputs")
-    top = max(timing[o].delay for o in outs)
+    timed_outs = [o for o in outs if o in timing]
+    top = max((timing[o].delay for o in timed_outs), default=0)
     outputs = {}
-    for o in outs:
+    for o in timed_outs:
         reads.append(Read("<output>", outs.index(o), o, top - timing[o].delay, 0))
-        outputs[o] = Timing(timing[o].rate, top)
-    lead = {t: tuple(shapes[t][:-1]) for t in timing if t in shapes}
-    return DelayMap(tuple(time_inputs), timing, reads, convs, outputs, lead)
+        outputs[o] = Timing(timing[o].rate, top, timing[o].axis, timing[o].extent, timing[o].zeros)
+    shapes = {t: tuple(idx.shapes[t]) for t in timing if t in idx.shapes}
+    # inputs are fed at delay 0: a read that assumed `lead` frames of delay reaches that much further back
+    reads = [Read(r.node, r.index, r.tensor, r.back + lead, r.extra) if r.tensor in time_inputs else r for r in reads]
+    return DelayMap(tuple(time_inputs), timing, reads, convs, outputs, shapes, ctx, lead, refused)
+
+
+def _check_lengths(node: onnx.NodeProto, timed, shapes, frames: int) -> None:
+    for o, tm in timed.outputs.items():
+        shape = shapes.get(o)
+        if shape and len(shape) > norm_axis(tm.axis, len(shape)) and shape[norm_axis(tm.axis, len(shape))]:
+            got, want = shape[norm_axis(tm.axis, len(shape))], tm.rate * frames + tm.extent
+            if got != want:
+                raise NotStreamable(f"{node.op_type} {node.name!r}: {o!r} is {got} samples long at {frames} "
+                                    f"frames, its rule says {want}; the rates are off")
+
+
+def delay_map(model: onnx.ModelProto, time_inputs: Sequence[str]) -> DelayMap:
+    """Timings and reads for `model` (topologically sorted, input shapes pinned), or NotStreamable
+    naming the first node no rule streams.
+
+    `time_inputs` are the graph inputs that carry time on their last axis at one sample per frame (z,
+    y_mask, a mel); every other input is static (a speaker embedding) and is fed as is.
+    """
+    node_names = [n.name for n in model.graph.node]
+    if len(set(node_names)) != len(node_names) or not all(node_names):
+        raise NotStreamable("node names are empty or repeated; pass the graph through delays.name_nodes first")
+    dm = _walk(model, time_inputs, 0, True)
+    ahead = max((ceil(-(t.delay + t.zeros) / t.rate) for t in dm.timing.values() if t.delay + t.zeros < 0), default=0)
+    return _walk(model, time_inputs, ahead, True) if ahead > 0 else dm
+
+
+def time_axes(model: onnx.ModelProto, time_inputs: Sequence[str]) -> DelayMap:
+    """The time axis, rate and length of every tensor time reaches, without refusing: a node no rule
+    streams is recorded in `refused` (its outputs untracked) and the walk goes on. What lint reads."""
+    return _walk(name_nodes(model), time_inputs, 0, False)
 
 
 def delay_table(dm: DelayMap) -> list[dict]:

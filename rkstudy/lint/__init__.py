@@ -171,6 +171,7 @@ class GraphView:
     dynamic: dict[str, tuple] = field(default_factory=dict)
     sample: dict[str, np.ndarray] | None = None
     memo: dict = field(default_factory=dict)  # computations several rules share (the sample's node maxima)
+    time_inputs: tuple[str, ...] | None = None   # the walked inputs (None: the float inputs, time last)
     index: Index = field(init=False)
 
     def __post_init__(self):
@@ -189,6 +190,27 @@ class GraphView:
     @property
     def outputs(self) -> list[str]:
         return [o.name for o in self.model.graph.output]
+
+    def time_axes(self) -> dict[str, int]:
+        """Each tensor's time axis, tracked from the walked inputs by the streaming rules
+        (rkstudy.graph.delays.time_axes: through Transposes, Reshapes, LayerNorms over channels ...; a node
+        no rule streams ends the tracking there). Without named walked inputs, the float inputs whose last
+        axis is as long as the first one's are taken as walked, time last (the walkers' convention). Empty
+        when the graph is not pinned."""
+        if "time_axes" not in self.memo:
+            from ..graph.delays import time_axes
+
+            names = self.time_inputs
+            if names is None:
+                floats = [i for i in self.inputs if self.elem_types.get(i) == onnx.TensorProto.FLOAT
+                          and len(self.shapes.get(i) or ()) >= 2 and (self.shapes[i][-1] or 0) > 1]
+                names = tuple(i for i in floats if self.shapes[i][-1] == self.shapes[floats[0]][-1]) if floats else ()
+            try:
+                dm = time_axes(self.model, list(names)) if names else None
+                self.memo["time_axes"] = {t: dm.axis(t) for t in dm.timing if t in dm.shapes} if dm else {}
+            except (InputError, KeyError, ValueError):   # not pinned, or a graph the walk cannot read
+                self.memo["time_axes"] = {}
+        return self.memo["time_axes"]
 
     @property
     def shapes(self) -> dict[str, tuple]:
@@ -265,7 +287,7 @@ def load_sample(path) -> dict[str, np.ndarray]:
 
 
 def view(model, inputs: Mapping[str, Sequence[int]] | None = None, *, target: str = "rk3588",
-         sample: Mapping[str, np.ndarray] | None = None) -> GraphView:
+         sample: Mapping[str, np.ndarray] | None = None, time_inputs: Sequence[str] | None = None) -> GraphView:
     """The GraphView of `model` with `inputs` (and, for inputs not given, the sample's shapes) pinned.
 
     Unknown input names, a rank that does not match the graph's, and a sample that disagrees with
@@ -304,7 +326,8 @@ def view(model, inputs: Mapping[str, Sequence[int]] | None = None, *, target: st
     except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as exc:
         raise UsageError(f"the graph's shapes do not infer at --input {pins} ({one_line(str(exc), 200)}); "
                          "check the pinned shapes against the graph's inputs") from None
-    v = GraphView(model=pinned, target=target, declared=declared, pinned=pins, sample=sample)
+    v = GraphView(model=pinned, target=target, declared=declared, pinned=pins, sample=sample,
+                  time_inputs=tuple(time_inputs) if time_inputs is not None else None)
     g = pinned.graph
     for vi in g.input:
         if vi.name in inits:
@@ -358,13 +381,14 @@ class Report:
 
 def lint(model, inputs: Mapping[str, Sequence[int]] | None = None, *, target: str = "rk3588",
          sample: Mapping[str, np.ndarray] | str | Path | None = None,
-         select: Iterable[str] | None = None) -> Report:
+         select: Iterable[str] | None = None, time_inputs: Sequence[str] | None = None) -> Report:
     """Lint `model` (a path or a ModelProto) for `target`.
 
     `inputs` pins input shapes ({name: dims}); `sample` (arrays by input name, or an .npz path) also
     pins the inputs it covers and enables the fp16-range rules (an onnxruntime fp32 run recording
-    every node's max |x|); `select` limits the run to some rule codes. Findings come in rule-code
-    order, each rule's in graph order."""
+    every node's max |x|); `select` limits the run to some rule codes; `time_inputs` names the walked
+    inputs the time axis is tracked from (GraphView.time_axes). Findings come in rule-code order, each
+    rule's in graph order."""
     if isinstance(sample, (str, Path)):
         sample = load_sample(sample)
     rules = load_rules()
@@ -372,7 +396,7 @@ def lint(model, inputs: Mapping[str, Sequence[int]] | None = None, *, target: st
     unknown = sorted(set(chosen) - set(rules))
     if unknown:
         raise UsageError(f"no lint rule {', '.join(unknown)}; rules are {', '.join(rules)}")
-    v = view(model, inputs, target=target, sample=sample)
+    v = view(model, inputs, target=target, sample=sample, time_inputs=time_inputs)
     findings = []
     for code in chosen:
         r = rules[code]

@@ -370,7 +370,7 @@ class BuildReport:
         return self
 
 
-def _check_target(target: str, quantize: Calibration | None = None) -> None:
+def check_target(target: str, quantize: Calibration | None = None) -> None:
     """A target the toolkit builds for, in the dtype it builds there, said before a child starts."""
     if target not in TARGETS:
         raise UsageError(f"target {target!r} is not one this project builds for; use one of "
@@ -395,7 +395,7 @@ class EngineProcess:
                  log=None, verbose: bool = False, timeout: float = BUILD_TIMEOUT_S,
                  analysis: Mapping | None = None, quantize: Calibration | None = None,
                  toolkit: str | None = None, shape_sets: Sequence[Mapping[str, Sequence[int]]] | None = None):
-        _check_target(target, quantize)
+        check_target(target, quantize)
         self.toolkit = toolkit_env(toolkit)
         if toolkit is None:
             require_toolkit()
@@ -719,7 +719,7 @@ def build_engine(onnx_path, target: str, shapes: Mapping[str, Sequence[int]] | N
     more {input: shape} mappings) makes one engine that runs at each of them (config's
     dynamic_input; see shape_sets_for); `shapes` is then ignored.
     """
-    _check_target(target, quantize)
+    check_target(target, quantize)
     onnx_path = Path(onnx_path)
     graph.load(onnx_path)  # an unreadable graph is an input error, said before a child starts
     sets = shape_sets_for(shape_sets, graph_input_names(onnx_path)) if shape_sets else []

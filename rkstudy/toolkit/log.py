@@ -21,6 +21,7 @@ from pathlib import Path
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 REGTASK_VALUE = re.compile(r"value: 0x([0-9a-fA-F]+)")
+REGTASK_LIMIT = re.compile(r"limit: 0x([0-9a-fA-F]+)")
 IO_OPS = ("InputOperator", "OutputOperator")  # the table's I/O rows: CPU by definition, never a layer's work
 _ROW = re.compile(r"^[DI] RKNN: \[[^\]]+\]\s+(?P<id>\d+)\s+(?P<op>\S+)\s+(?P<dtype>\S+)\s+(?P<target>CPU|NPU|GPU)\s"
                   r"(?P<rest>.*)\s(?P<full>\S+)\s*$")
@@ -68,6 +69,12 @@ class Layer:
     def node(self) -> str:
         """The ONNX node (or tensor) the layer is named after: the compiler appends `#k` to split layers."""
         return self.name.split("#", 1)[0]
+
+
+def field_limits(log_text: str) -> list[int]:
+    """The register-field limits the REGTASK lines of a build log name (`limit: 0x1fff`), distinct,
+    ascending: the field width the compiler enforces on this target."""
+    return sorted({int(h, 16) for h in REGTASK_LIMIT.findall(log_text)})
 
 
 def layer_table(log_text: str) -> list[Layer]:

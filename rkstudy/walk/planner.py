@@ -116,14 +116,15 @@ def receptive_field(decode: Callable[[Any], np.ndarray], z, hop: int, *,
 
 def worst_interior_snr(decode: Callable[[Any], np.ndarray], latents: Sequence[Any], hop: int,
                        emit: int, context: int, *, walk: Callable | None = None,
-                       n_frames: Callable | None = None, references: Sequence[np.ndarray] | None = None) -> float:
+                       n_frames: Callable | None = None, references: Sequence[np.ndarray] | None = None
+                       ) -> float | None:
     """Worst per-window SNR of the interior windows (rkstudy.walk.window.Window.kind) of a walk (fp32, the
-    dynamic graph at the window's length) against full-length decodes; inf when no latent has an
-    interior window. `references` are the full-length decodes when the caller has them (one per
-    latent, shared by every context). A single latent array decodes only its interior windows, each
-    alone: the walk's other windows are never scored, and an interior window holds real frames only,
-    so its decode is the walk's own."""
-    worst = float("inf")
+    dynamic graph at the window's length) against full-length decodes; None (not measured) when no latent
+    has an interior window: no window scored is no evidence, never a pass. `references` are the
+    full-length decodes when the caller has them (one per latent, shared by every context). A single
+    latent array decodes only its interior windows, each alone: the walk's other windows are never
+    scored, and an interior window holds real frames only, so its decode is the walk's own."""
+    worst = None
     for i, z in enumerate(latents):
         n = (n_frames or _frames)(z)
         windows = interior_windows(n, emit, context)
@@ -138,7 +139,8 @@ def worst_interior_snr(decode: Callable[[Any], np.ndarray], latents: Sequence[An
                 out = decode(z[:, w.start:w.start + w.real])[span[0]:span[1]]
             else:
                 out = walked[a:b]
-            worst = min(worst, gates.snr_db(full[a:b], out))
+            db = gates.snr_db(full[a:b], out)
+            worst = db if worst is None else min(worst, db)
     return worst
 
 
@@ -156,9 +158,10 @@ def context_sweep(decode, latents, hop: int, contexts: Sequence[int], emit: int,
 
 
 def min_context(rows: Sequence[dict], snr_db: float, kind: str = "speech") -> int | None:
-    """The smallest context whose worst interior window reaches `snr_db` (and every larger one does too)."""
+    """The smallest context whose worst interior window reaches `snr_db` (and every larger one does too);
+    a context with no interior window measured (worst None) reaches nothing."""
     sel = sorted((r for r in rows if r["latents"] == kind), key=lambda r: r["context"])
-    ok = [r["worst_interior_snr_db"] >= snr_db for r in sel]
+    ok = [r["worst_interior_snr_db"] is not None and r["worst_interior_snr_db"] >= snr_db for r in sel]
     for i, r in enumerate(sel):
         if all(ok[i:]):
             return r["context"]

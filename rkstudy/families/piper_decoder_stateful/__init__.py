@@ -3,11 +3,11 @@ needs in a cache that travels through graph I/O, so a step continues where the l
 recomputes no context (the window walk recomputes 48 of every 93 frames).
 
 producer.py (host: graph surgery on the produced --dec-mask slice, the stage contract, the state-aware
-probe) · f64.py (host: the float64 reference behind the exactness gate) · sidecar.py (board side, over
-rkstudy.walk.stateful.StatefulWalker) · study.py (host measurements, notebook 01b) · lint_graphs.py (lint
-study graphs) · levers.py (lever and compiler-check graphs) · cli.py (handlers of `rkstudy piper decoder
---stateful --emit E` and of stage 2 for a stateful contract; the flags live in piper_decoder's command) ·
-board.py (`rkstudy board run piper_decoder_stateful`)."""
+probe; the float64 reference behind its exactness gate is rkstudy.graph.f64) · sidecar.py (board side,
+over rkstudy.walk.stateful.StatefulWalker) · study.py (host measurements, notebook 01b) · lint_graphs.py
+(lint study graphs) · levers.py (lever and compiler-check graphs) · cli.py (handlers of `rkstudy piper
+decoder --stateful --emit E` and of stage 2 for a stateful contract; the flags live in piper_decoder's
+command) · board.py (`rkstudy board run piper_decoder_stateful`)."""
 
 from .. import Family, register
 

@@ -16,16 +16,14 @@ flat vector splits into the engine's state tensors).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import onnx
 
 from ... import graph
-from ...contract import METADATA_KEY, Contract, Digest, Tensor
+from ...contract import METADATA_KEY, Contract, Digest, step_contract
 from ...graph.decmask import mask_decoder
-from ...graph.stateful import Step, make_step
+from ...graph.stateful import StepGraph, make_step
 from ...produced import Produced
 from ..piper.voice import DecoderModel
 from ..piper_decoder.producer import DecoderSlice, produce_for_voice
@@ -33,10 +31,7 @@ from ..piper_decoder.producer import DecoderSlice, produce_for_voice
 FAMILY = "piper_decoder_stateful"
 DEFAULT_EMIT = 45
 PRODUCER = "rkstudy piper decoder --stateful --emit 45 --skip-rknn --output decoder_step.onnx"
-STATE_TRANSPORT = ("grouped: one state tensor per channel count, buffers along time. The walker keeps one flat "
-                   "fp32 vector (these tensors flattened, in this order); a flat [1, S] state input did not "
-                   "compile with rknn-toolkit2 2.5.0 (killed after 30 min; cut by one Split: killed at 15 min), "
-                   "the grouped form compiles in about a minute")
+METHOD = "graph surgery (rkstudy.graph.stateful.make_step) on the folded, decoder-masked slice"
 
 
 @dataclass(kw_only=True)
@@ -44,56 +39,14 @@ class StatefulStep(Produced):
     """A stateful step, held in memory (contract in its metadata), with the surgery's record (delay
     map, state groups and buffers) and the slice it was cut from."""
 
-    step: Step
+    step: StepGraph
     slice: DecoderSlice | None = None
 
     def cache_name(self) -> str:
         return f"{self.contract.family}_e{self.contract.params['emit']}"
 
 
-def _shape(model: onnx.ModelProto, name: str) -> tuple[int, ...]:
-    for vi in list(model.graph.input) + list(model.graph.output):
-        if vi.name == name:
-            return tuple(d.dim_value for d in vi.type.tensor_type.shape.dim)
-    raise KeyError(name)
-
-
-def state_layout(step: Step) -> list[dict]:
-    """How the walker's flat state vector splits: each state tensor's names, shape, offset, floats."""
-    rows, offset = [], 0
-    for g in step.groups:
-        rows.append({"input": g.input, "output": g.output, "shape": list(g.shape), "offset": offset,
-                     "floats": g.floats, "buffers": g.buffers})
-        offset += g.floats
-    return rows
-
-
-def step_contract(step: Step, *, family: str, masks: Sequence[str], source: Digest, producer: str,
-                  params: Mapping) -> Contract:
-    """The stage contract of a stateful step: time inputs walked (or masks), static inputs constant,
-    state tensors paired input to output, outputs walked at the step's output rate."""
-    m, masks = step.model, tuple(masks) + step.masks   # the surgery's own frame masks are the walker's too
-    inputs = [Tensor(t, _shape(m, t), role="mask" if t in masks else "walked", axis=len(_shape(m, t)) - 1)
-              for t in step.time_inputs]
-    inputs += [Tensor(t, _shape(m, t), role="constant") for t in step.static_inputs]
-    inputs += [Tensor(g.input, g.shape, role="state") for g in step.groups]
-    outputs = [Tensor(o, _shape(m, o), role="walked", axis=len(_shape(m, o)) - 1, rate=step.output_rate)
-               for o in step.outputs]
-    outputs += [Tensor(g.output, g.shape, role="state") for g in step.groups]
-    hop = step.output_rate
-    first = -(-(step.delay + 1) // (step.emit * hop)) * step.emit
-    return Contract(family=family, stage="decoder", inputs=tuple(inputs), outputs=tuple(outputs), source=source,
-                    producer=producer, state=tuple((g.input, g.output) for g in step.groups),
-                    params={**params, "emit": step.emit, "lookahead_samples": step.delay,
-                            "lookahead_frames": step.lookahead_frames,
-                            # frames the walker is given before it returns its first real sample
-                            "first_audio_frames": first, "state_floats": step.state_floats,
-                            "state_layout": state_layout(step), "state_transport": STATE_TRANSPORT,
-                            "method": "graph surgery (rkstudy.graph.stateful.make_step) on the folded, "
-                                      "decoder-masked slice"})
-
-
-def stamped(step: Step, contract: Contract, sliced: DecoderSlice | None = None) -> StatefulStep:
+def stamped(step: StepGraph, contract: Contract, sliced: DecoderSlice | None = None) -> StatefulStep:
     return StatefulStep(model=graph.with_metadata(step.model, **{METADATA_KEY: contract.to_json()}), contract=contract,
                         step=step, slice=sliced)
 
@@ -110,7 +63,7 @@ def produce_step_for_voice(voice: DecoderModel, emit: int = DEFAULT_EMIT, *, pro
     producer = producer or (f"rkstudy piper decoder --voice-onnx {voice.onnx_path.name} --stateful --emit {emit} "
                             f"--skip-rknn --output decoder_step.onnx")
     contract = step_contract(step, family=FAMILY, masks=("y_mask",), source=sliced.contract.source,
-                             producer=producer, params={k: p[k] for k in keep})
+                             producer=producer, params={k: p[k] for k in keep}, method=METHOD)
     return stamped(step, contract, sliced)
 
 
@@ -129,7 +82,7 @@ def produce_inflect_step(decode, emit: int, frames: int = 97) -> StatefulStep:
                              producer="rkstudy.families.piper_decoder_stateful.producer.produce_inflect_step "
                                       "(notebook 01b; no command)",
                              params={"hop": decode.hop, "channels": c, "sample_rate": decode.sample_rate,
-                                     "dec_mask": True, "upsampler": "convtranspose"})
+                                     "dec_mask": True, "upsampler": "convtranspose"}, method=METHOD)
     return stamped(step, contract)
 
 

@@ -5,7 +5,7 @@ SimulatorRunner: simulator, a BuildReport: host, rkstudy.tables.results.HOST for
 float64 reference), so a notebook never types them.
 
 The exactness gate is float64 against float64: the step and the full-length decode, both run by
-the float64 interpreter (f64.py), must agree to >= 120 dB on every sample. The fp32 comparison is
+the float64 interpreter (rkstudy.graph.f64), must agree to >= 120 dB on every sample. The fp32 comparison is
 recorded beside it and gated lower (STEP_GATE): onnxruntime sums a conv whose output is at most 64
 samples long in another order, so a step at E < 65 cannot be bit-identical to a full-length fp32
 decode, which is itself only 102-111 dB from the exact result.
@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 
 from ... import gates, graph
 from ...graph.delays import conv_macs, delay_table
+from ...graph.f64 import F64Runner, run_f64
 from ...process import shows_progress
 from ...runtime import OrtRunner, Recording
 from ...tables.results import HOST
@@ -32,7 +33,6 @@ from ...walk.stateful import StatefulWalker
 from ..piper.voice import DecoderModel, ids_feed, seed_random_nodes
 from ..piper_decoder import study as pd
 from ..piper_decoder.producer import DEFAULT_CONTEXT, DEFAULT_EMIT, decoder_graph, produce_for_voice
-from .f64 import F64Runner, run_f64
 from .producer import StatefulStep, produce_inflect_step, produce_step_for_voice
 from .sidecar import StatefulDecoderSidecar
 
@@ -346,8 +346,9 @@ def nomask_rows(voice: DecoderModel, z: np.ndarray, emit: int = DEFAULT_EMIT) ->
     for the zeros before frame 0, but the first step computes every tensor's pre-start positions
     itself (conv biases), and only the decoder mask zeroes them; the same at the end. fp32, against
     the full-length decode, by SNR and what a listener would judge."""
+    from ...contract import step_contract
     from ...graph.stateful import make_step
-    from .producer import stamped, step_contract
+    from .producer import stamped
 
     ref = pd.FullDecoder(voice.model, voice.seam).decode(z)
     hop, rows = voice.hop, []

@@ -4,12 +4,15 @@ family code. What the graph cannot tell by itself comes as flags (rkstudy.famili
 documents the convention): the walked inputs with their frame axis and rate, the static inputs,
 the walked outputs with their samples per frame, and the compiled length.
 
-producer.py (host: the flags, the window graph and its contract, the stateful step) · sidecar.py
-(board side: the window walk or the stateful step, whichever the contract says) · study.py (host:
-the window plan as a rkstudy.walk.planner.PlanTarget, the float64 exactness check, the test
-architectures of rkstudy.port.architectures) · cli.py (`rkstudy port lint | fold | plan | step |
-build | all`) · board.py (`rkstudy board run port`). No lint graphs of its own: its graphs are the user's
-own, linted by `rkstudy port lint`.
+packages.py (host: the proving set's real modules, `vocos` and `bigvgan` from their PyPI packages,
+exported) · architectures.py (host: the project's own generators, HiFi-GAN V1/V3, MelGAN, odd strides,
+instance norm) · producer.py (host: the flags, the window graph and its contract, the stateful step) ·
+sidecar.py (board side: the window walk or the stateful step, whichever the contract says) · study.py
+(host: the window plan as a rkstudy.walk.planner.PlanTarget, exactness of the step and the window walk in
+float64 and fp32, what fp16 storage costs a graph) · targets.py (host: every target the toolkit builds,
+measured the same way) · cli.py (`rkstudy port lint | fold | plan | step | build | all`) · board.py
+(`rkstudy board run port`). No lint graphs of its own: its graphs are the user's own, linted by
+`rkstudy port lint`.
 """
 
 from .. import Family, register

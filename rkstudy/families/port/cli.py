@@ -28,7 +28,8 @@ def _lint(args) -> int:
     from ...lint import lint
 
     port = _port(args)
-    report = lint(port.path, {k: list(v) for k, v in port.shapes(args.frames).items()}, target=args.target)
+    report = lint(port.path, {k: list(v) for k, v in port.shapes(args.frames).items()}, target=args.target,
+                  time_inputs=port.walked_names)
     print(report.text())
     return report.exit_code
 
@@ -42,7 +43,8 @@ def _write_window(port, args, save: Path | None) -> Path:
     path = produced.save(save or Path(f"{port.path.stem}_w{w.frames}.onnx"))
     mask = c.role("mask")
     print(f"{port.path.name}: window {w.frames} = {w.emit} + 2x{w.context}, {port.hop} samples per frame; "
-          + (f"{len(produced.masked)} conv inputs masked by the frame mask {mask[0].name!r}" if mask
+          + (f"{len(produced.masked)} node inputs masked and {len(produced.rewritten)} pads rewritten from the frame "
+             f"mask {mask[0].name!r}" if mask
              else "no frame mask (the graph zeroes its own conv inputs, or it does not stream)"))
     print(f"wrote {path} (its contract in the metadata)")
     return path
@@ -52,11 +54,12 @@ def _write_step(port, args, emit: int, save: Path | None) -> Path:
     from .producer import produce_step
 
     produced = produce_step(port, emit, args.frames, sample_rate=args.sample_rate, producer=command_line())
-    p = produced.contract.params
+    p, masks = produced.contract.params, produced.step.masks
     path = produced.save(save or Path(f"{port.path.stem}_step_e{p['emit']}.onnx"))
     print(f"{port.path.name}: stateful step of {p['emit']} frames, lookahead {p['lookahead_samples']} samples "
           f"({p['lookahead_frames']:.2f} frames), state {p['state_floats']} floats in {len(p['state_layout'])} "
-          f"tensors{', frame mask ' + repr(produced.masked[0]) if produced.masked else ''}")
+          f"tensors" + (f", frame mask {masks[0]!r} ({len(produced.masked)} node inputs masked, "
+                        f"{len(produced.rewritten)} pads rewritten)" if masks else ""))
     print(f"wrote {path}")
     return path
 
@@ -81,7 +84,8 @@ def _all(args) -> int:
 
     port = _port(args)
     for target in args.target:
-        report = lint(port.path, {k: list(v) for k, v in port.shapes(args.frames).items()}, target=target)
+        report = lint(port.path, {k: list(v) for k, v in port.shapes(args.frames).items()}, target=target,
+                      time_inputs=port.walked_names)
         print(report.text())
         if report.exit_code:
             return report.exit_code

@@ -12,27 +12,30 @@ The flag convention, one rate per tensor, counted per latent frame:
   cut from).
 
 Every graph input is named once, walked or static; the graph's dims other than the frame axis
-must be fixed (a dynamic batch dim is pinned to 1). The window graph gets the validity mask of
-rkstudy.graph.validity where the graph streams, so a window padded past the end of a short input
-reads the full decode's zero padding; the step is rkstudy.graph.stateful.make_step, exact at both
-ends (a graph that cannot stream is refused with the node that breaks it: delays.NotStreamable).
+must be fixed (a dynamic batch dim is pinned to 1). Inside the graph time may sit on any axis (a
+Vocos backbone transposes to [B, T, C] around its LayerNorms): the streaming rules track it tensor by
+tensor, and each walked output's frame axis in the contract is the one they find. The window graph
+gets the boundary pass of rkstudy.graph.validity where the graph streams (length masks, and edge or
+reflect pads rewritten from the frame mask), so a window padded past the end of a short input reads
+the full decode's own boundary; the step is rkstudy.graph.stateful.make_step, exact at both ends (a
+graph that cannot stream is refused with the node that breaks it: delays.NotStreamable).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
 
-from ... import atomic, cache, graph
-from ...contract import METADATA_KEY, Contract, Digest, Tensor, WindowShape, from_metadata
+from ... import graph
+from ...contract import METADATA_KEY, Contract, Digest, Tensor, WindowShape, from_metadata, step_contract
 from ...errors import UsageError
-from ...graph.delays import NotStreamable
-from ...graph.stateful import make_step
-from ...graph.validity import mask_conv_inputs
+from ...graph.delays import NotStreamable, time_axes
+from ...graph.stateful import StepGraph, make_step
+from ...graph.validity import mask_boundaries
+from ...produced import Produced
 
 FAMILY = "port"
 PRODUCER = "rkstudy port fold <model.onnx> --walk NAME:AXIS:RATE --output NAME:RATE --frames N --save X"
@@ -155,21 +158,20 @@ def folded(port: Port, frames: int) -> onnx.ModelProto:
     return graph.fold(graph.pin_shapes(model, port.shapes(frames)), port.shapes(frames))
 
 
-@dataclass
-class Produced:
-    """A produced graph (window or step), its contract (also in its metadata), and what masks it got."""
+@dataclass(kw_only=True)
+class PortGraph(Produced):
+    """A produced port graph (window or step) with its contract (also in its metadata), what the
+    boundary pass did to it (the nodes whose inputs it masked, the pads it rewrote) and, for a step,
+    the surgery's record."""
 
-    model: onnx.ModelProto
-    contract: Contract
     masked: tuple[str, ...] = ()
+    rewritten: tuple[str, ...] = ()
+    step: StepGraph | None = None
 
-    def save(self, path=None) -> Path:
-        data = self.model.SerializeToString()
-        if path is None:
-            c = self.contract
-            tag = f"w{c.window.frames}_e{c.window.emit}" if c.window else f"step_e{c.params['emit']}"
-            return cache.cached_bytes("slices", f"port_{Path(c.source.file).stem}_{tag}", data, ".onnx")
-        return atomic.write_bytes(path, data)
+    def cache_name(self) -> str:
+        c = self.contract
+        tag = f"w{c.window.frames}_e{c.window.emit}" if c.window else f"step_e{c.params['emit']}"
+        return f"port_{Path(c.source.file).stem}_{tag}"
 
 
 def _shape(model: onnx.ModelProto, name: str) -> tuple[int, ...]:
@@ -184,46 +186,59 @@ def _params(port: Port, sample_rate: int) -> dict:
             "static": list(port.static), "outputs": dict(port.outputs)}
 
 
+def output_axes(port: Port, model: onnx.ModelProto) -> dict[str, int]:
+    """Each walked output's frame axis, as the streaming rules track it from the walked inputs (the last
+    axis where time does not reach the output through rules they know, or the inputs are not at one
+    element per frame)."""
+    axes = {o: len(_shape(model, o)) - 1 for o, _ in port.outputs}
+    if all(w.rate == 1 for w in port.walked):
+        dm = time_axes(model, port.walked_names)
+        axes.update({o: dm.axis(o) for o in axes if o in dm.timing})
+    return axes
+
+
 def produce_window(port: Port, frames: int, context: int, *, sample_rate: int = 22050,
-                   producer: str = PRODUCER) -> Produced:
+                   producer: str = PRODUCER) -> PortGraph:
     """The window graph of `frames` = emit + 2 x context latent frames and its contract. Where the
-    graph streams (every walked input at one element per frame), every conv input the graph does
-    not zero outside the real frames is multiplied by a frame mask the walker makes; a graph that
-    cannot stream is windowed as it is (its tail windows then read conv biases past the end)."""
+    graph streams (every walked input at one element per frame), the boundary pass makes every read
+    past a tensor's ends see the full decode's boundary (length masks, edge and reflect pads rewritten)
+    from a frame mask the walker makes; a graph that cannot stream is windowed as it is (its tail
+    windows then read conv biases past the end)."""
     if not 0 <= 2 * context < frames:
         raise UsageError(f"--context {context} leaves no frame to emit in a {frames}-frame window; "
                          f"take a context below {(frames + 1) // 2}")
-    model, mask, masked = folded(port, frames), None, ()
+    model, mask, masked, rewritten = folded(port, frames), None, (), ()
     if all(w.rate == 1 for w in port.walked):
         try:
-            valid = mask_conv_inputs(model, port.walked_names)
-            model, mask, masked = valid.model, valid.mask, valid.masked
+            valid = mask_boundaries(model, port.walked_names)
+            model, mask, masked, rewritten = valid.model, valid.mask, valid.masked, valid.rewritten
         except NotStreamable:
             pass
+    axes = output_axes(port, model)
     inputs = [Tensor(w.name, _shape(model, w.name), role="walked", axis=w.axis, rate=w.rate) for w in port.walked]
     if mask:
         inputs.append(Tensor(mask, _shape(model, mask), role="mask", axis=2))
     inputs += [Tensor(s, _shape(model, s), role="constant") for s in port.static]
-    outputs = [Tensor(o, _shape(model, o), role="walked", axis=len(_shape(model, o)) - 1, rate=r)
-               for o, r in port.outputs]
+    outputs = [Tensor(o, _shape(model, o), role="walked", axis=axes[o], rate=r) for o, r in port.outputs]
     for t in outputs:
-        if t.shape[-1] != t.rate * frames:
-            raise UsageError(f"--output {t.name}:{t.rate}: at {frames} frames the graph makes {t.shape[-1]} samples, "
-                             f"not {t.rate * frames}; its rate is {t.shape[-1] / frames:g} samples per frame")
+        if t.shape[t.axis] != t.rate * frames:
+            raise UsageError(f"--output {t.name}:{t.rate}: at {frames} frames the graph makes {t.shape[t.axis]} "
+                             "samples, "
+                             f"not {t.rate * frames}; its rate is {t.shape[t.axis] / frames:g} samples per frame")
     contract = Contract(family=FAMILY, stage="vocoder", inputs=tuple(inputs), outputs=tuple(outputs),
                         source=Digest.of(port.path), producer=producer,
-                        params={**_params(port, sample_rate), "masked_convs": len(masked)},
+                        params={**_params(port, sample_rate), "masked_convs": len(masked),
+                                "rewritten_pads": len(rewritten)},
                         window=WindowShape(frames=frames, emit=frames - 2 * context, context=context,
                                       hop=frames - 2 * context))
-    return Produced(graph.with_metadata(model, **{METADATA_KEY: contract.to_json()}), contract, masked)
+    return PortGraph(model=graph.with_metadata(model, **{METADATA_KEY: contract.to_json()}), contract=contract,
+                     masked=masked, rewritten=rewritten)
 
 
 def produce_step(port: Port, emit: int, frames: int, *, sample_rate: int = 22050,
-                 producer: str = PRODUCER) -> Produced:
+                 producer: str = PRODUCER) -> PortGraph:
     """The stateful step of `emit` frames, cut from the graph pinned at `frames` (any length: the
     surgery re-pins it), with its contract. NotStreamable (exit 2) names the node where it cannot."""
-    from ..piper_decoder_stateful.producer import step_contract
-
     bad = [f"{w.name} ({w.rate} per frame)" for w in port.walked if w.rate != 1]
     if bad:
         raise NotStreamable(f"a stateful step walks inputs at one element per frame; {', '.join(bad)} is not")
@@ -231,10 +246,10 @@ def produce_step(port: Port, emit: int, frames: int, *, sample_rate: int = 22050
     if step.output_rate != port.hop:
         raise UsageError(f"--output {port.outputs[0][0]}:{port.hop}: the graph makes {step.output_rate} samples "
                          "per input frame; give that rate")
-    contract = dataclasses.replace(step_contract(step, family=FAMILY, masks=(), source=Digest.of(port.path),
-                                                 producer=producer, params=_params(port, sample_rate)),
-                                   stage="vocoder")
-    return Produced(graph.with_metadata(step.model, **{METADATA_KEY: contract.to_json()}), contract, step.masks)
+    contract = step_contract(step, family=FAMILY, masks=(), source=Digest.of(port.path), producer=producer,
+                             params=_params(port, sample_rate), stage="vocoder")
+    return PortGraph(model=graph.with_metadata(step.model, **{METADATA_KEY: contract.to_json()}), contract=contract,
+                     masked=step.masked, rewritten=step.rewritten, step=step)
 
 
 def read_contract(model) -> Contract:

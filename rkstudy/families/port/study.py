@@ -22,6 +22,9 @@ from .producer import Port, produce_window
 
 # The float64 gate: the step's walk against the full-length decode, both in float64, every sample.
 EXACT_GATE = gates.Gate("port_step_vs_full_decode_float64", 250.0)
+# The fp32 gate: the same walk and decode in onnxruntime fp32 (the step's short convs round differently,
+# nothing else), and the window walk's tail window against the full fp32 decode.
+FP32_GATE = gates.Gate("port_step_vs_full_decode_fp32", 90.0)
 
 
 def _frame_major(out: np.ndarray) -> np.ndarray:
@@ -88,13 +91,19 @@ def plan_target(port: Port, utterances: Sequence[Mapping[str, np.ndarray]], fram
                       noise_like=noise_like, n_frames=lambda u: n_frames(port, u))
 
 
-def exactness_f64(port: Port, step, utterance: Mapping[str, np.ndarray], edge_frames: int = 8) -> dict:
-    """The step walked over `utterance` against the full-length decode, both in float64 (the method's
-    own error, without fp32 rounding): SNR over every sample, over the first and the last
-    `edge_frames` frames; with the fp32 full decode against the float64 one beside it."""
+def _edges(n: int, hop: int, edge_frames: int) -> tuple[slice, slice]:
+    e = min(edge_frames, n) * hop
+    return slice(0, e), slice(n * hop - e, n * hop)
+
+
+def step_exactness(port: Port, step, utterance: Mapping[str, np.ndarray], edge_frames: int = 20) -> dict:
+    """The step walked over `utterance` against the full-length decode of the same graph: in float64 (the
+    method's own error, without fp32 rounding: every sample, the first and the last `edge_frames` frames)
+    and in fp32 (the step on onnxruntime against the full decode on onnxruntime, the same three spans),
+    with the fp32 full decode against the float64 one beside them (the size of fp32 rounding)."""
+    from ...graph.f64 import F64Runner, run_f64
     from ...runtime import OrtRunner
     from ...walk.stateful import StatefulWalker
-    from ..piper_decoder_stateful.f64 import F64Runner, run_f64
     from .producer import folded
 
     n = n_frames(port, utterance)
@@ -103,15 +112,112 @@ def exactness_f64(port: Port, step, utterance: Mapping[str, np.ndarray], edge_fr
     full64 = run_f64(full_graph, utterance)[out_index][0]
     full32 = OrtRunner(full_graph).run(dict(utterance))[out_index][0]
     c = step.contract
-    walker = StatefulWalker(F64Runner(step.model), c, {s: utterance[s] for s in port.static}, dtype=np.float64)
-    got = walker.decode({w.name: np.asarray(utterance[w.name], np.float64)[0] for w in port.walked})
-    step64 = got[[t.name for t in c.role("walked", outputs=True)].index(port.outputs[0][0])]
-    e = edge_frames * port.hop
+    constants = {s: utterance[s] for s in port.static}
+    frames = {w.name: np.asarray(utterance[w.name])[0] for w in port.walked}
+    k = [t.name for t in c.role("walked", outputs=True)].index(port.outputs[0][0])
+    step64 = StatefulWalker(F64Runner(step.model), c, constants, dtype=np.float64).decode(
+        {name: x.astype(np.float64) for name, x in frames.items()})[k]
+    step32 = StatefulWalker(OrtRunner(step.model), c, constants).decode(
+        {name: x.astype(np.float32) for name, x in frames.items()})[k]
+    first, last = _edges(n, port.hop, edge_frames)
     return {"frames": n, "emit": c.params["emit"], "step_vs_full_f64_db": gates.snr_db(full64, step64),
-            "first_frames_db": gates.snr_db(full64[..., :e], step64[..., :e]),
-            "last_frames_db": gates.snr_db(full64[..., -e:], step64[..., -e:]), "edge_frames": edge_frames,
+            "first_frames_db": gates.snr_db(full64[..., first], step64[..., first]),
+            "last_frames_db": gates.snr_db(full64[..., last], step64[..., last]), "edge_frames": edge_frames,
+            "step_vs_full_fp32_db": gates.snr_db(full32, step32),
+            "first_frames_fp32_db": gates.snr_db(full32[..., first], step32[..., first]),
+            "last_frames_fp32_db": gates.snr_db(full32[..., last], step32[..., last]),
             "fp32_full_vs_f64_db": gates.snr_db(full64, full32), "gate_db": EXACT_GATE.threshold,
-            "precision": "float64", "where": "host"}
+            "fp32_gate_db": FP32_GATE.threshold, "precision": "float64 and fp32", "where": "host"}
+
+
+def window_exactness(port: Port, window, utterance: Mapping[str, np.ndarray], edge_frames: int = 20) -> dict:
+    """The window graph walked over `utterance` (fp32, onnxruntime: the window sidecar with the frame mask
+    it makes) against the full-length fp32 decode: every sample, the last window's frames (the tail the
+    walk pads when the utterance is shorter than the window) and the first and last `edge_frames`."""
+    from ...runtime import OrtRunner
+    from .producer import folded
+    from .sidecar import PortSidecar
+
+    n = n_frames(port, utterance)
+    full_graph = folded(port, n)
+    out_index = [o.name for o in full_graph.graph.output].index(port.outputs[0][0])
+    full32 = OrtRunner(full_graph).run(dict(utterance))[out_index][0]
+    c = window.contract
+    k = [t.name for t in c.role("walked", outputs=True)].index(port.outputs[0][0])
+    walked = PortSidecar(OrtRunner(window.model), c).decode(utterance)[k]
+    first, last = _edges(n, port.hop, edge_frames)
+    tail = slice(max(0, n - c.window.emit) * port.hop, n * port.hop)
+    return {"frames": n, "window": c.window.frames, "context": c.window.context, "padded": n < c.window.frames,
+            "frame_mask": bool(c.role("mask")), "walk_vs_full_fp32_db": gates.snr_db(full32, walked),
+            "tail_window_db": gates.snr_db(full32[..., tail], walked[..., tail]),
+            "first_frames_db": gates.snr_db(full32[..., first], walked[..., first]),
+            "last_frames_db": gates.snr_db(full32[..., last], walked[..., last]),
+            "gate_db": FP32_GATE.threshold, "where": "fp32"}
+
+
+def ops_handled(model) -> str:
+    """The ops of a folded graph by streaming-rule family (what the surgery had to handle), with the
+    pads' modes and the convs' strides and groups: "conv: Conv x49 (strided 24, grouped 24); ..."."""
+    from collections import Counter
+
+    from ...graph.streaming import RULES
+    from ...graph.streaming.core import attrs
+
+    by_family: dict[str, Counter] = {}
+    notes: dict[str, Counter] = {}
+    for n in model.graph.node:
+        rule = RULES.get(n.op_type)
+        family = rule.family if rule else "no rule"
+        by_family.setdefault(family, Counter())[n.op_type] += 1
+        a = attrs(n)
+        if n.op_type == "Pad":
+            mode = a.get("mode", b"constant")
+            notes.setdefault("Pad", Counter())[mode.decode() if isinstance(mode, bytes) else mode] += 1
+        elif n.op_type in ("Conv", "ConvTranspose"):
+            if a.get("strides", [1])[0] > 1 and n.op_type == "Conv":
+                notes.setdefault(n.op_type, Counter())["strided"] += 1
+            if a.get("group", 1) > 1:
+                notes.setdefault(n.op_type, Counter())["grouped"] += 1
+            if any(a.get("output_padding", [0])):
+                notes.setdefault(n.op_type, Counter())["output_padding"] += 1
+    parts = []
+    for family in sorted(by_family):
+        ops = []
+        for op, k in sorted(by_family[family].items()):
+            extra = ", ".join(f"{what} {c}" for what, c in sorted(notes.get(op, {}).items()))
+            ops.append(f"{op} x{k}" + (f" ({extra})" if extra else ""))
+        parts.append(f"{family}: " + ", ".join(ops))
+    return "; ".join(parts)
+
+
+def fp16_storage(model, feeds: Mapping[str, np.ndarray]) -> dict:
+    """What fp16 storage alone costs a graph, with no compiler: the float64 run against the same run with
+    every weight and activation rounded to float16 (rkstudy.graph.f64, store="float16"), every output;
+    and the largest |argument| of its Sin and Cos nodes with the float16 spacing there (a sine of an
+    argument stored with that error moves by up to as much)."""
+    from ...graph.f64 import run_f64
+
+    exact = run_f64(model, feeds)
+    half = run_f64(model, feeds, store="float16")
+    worst = min(gates.snr_db(a, b) for a, b in zip(exact, half))
+    trig = [n.input[0] for n in model.graph.node if n.op_type in ("Sin", "Cos")]
+    largest = 0.0
+    if trig:
+        probe = onnx_with_outputs(model, trig)
+        largest = max(float(np.max(np.abs(x))) for x in run_f64(probe, feeds)[-len(trig):])
+    spacing = float(np.spacing(np.float16(largest))) if largest else 0.0
+    return {"fp16_storage_vs_f64_db": worst, "trig_nodes": len(trig), "largest_trig_argument": largest,
+            "fp16_spacing_there": spacing, "where": "host"}
+
+
+def onnx_with_outputs(model, names):
+    """A copy of `model` that also outputs the tensors `names` (after its own outputs)."""
+    import onnx
+
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    m.graph.output.extend(onnx.helper.make_tensor_value_info(t, onnx.TensorProto.FLOAT, None) for t in names)
+    return m
 
 
 def input_probe(utterances: Sequence[Mapping[str, np.ndarray]], limit: int = 8):

@@ -1,15 +1,14 @@
-"""Small vocoders of shapes the project was never tuned on, built from torch modules with seeded weights.
+"""Small vocoders written here after published generators, built from torch modules with seeded weights.
 
-Why: the stateful-step surgery and its validity masks (rkstudy.graph.validity) claim to be exact
-for any graph of 1-D convolutions, transposed convolutions and time-local ops. That claim is only
-worth what it was tested on, so these builders make the common vocoder families at a size that
-runs in seconds: a HiFi-GAN V1/V3-like generator (transposed-conv upsamplers, multi-receptive-field
-resblocks, LeakyReLU, tanh), a MelGAN-like one (weight norm, dilated residual stacks with 1x1
-shortcuts), a BigVGAN-like generator (the same skeleton with Snake activations,
-x + sin^2(a x) / a, and a clamp), and a Vocos-like ConvNeXt backbone (depthwise conv, a LayerNorm
-over channels, a pointwise MLP) whose iSTFT is left to the caller: the graph ends at the complex
-spectrum (its real and imaginary parts). None of them masks anything: their boundary behaviour is
-the convs' own zero padding, as an exported vocoder's is.
+Why: the stateful-step surgery and its boundary pass (rkstudy.graph.validity) claim to be exact for any
+graph the streaming rules accept. The proving set's main witnesses are the real `vocos` and `bigvgan`
+modules from their own packages (rkstudy.families.port.packages); these builders add the shapes those do
+not cover, at a size that runs in seconds: a HiFi-GAN V1/V3 generator (transposed-conv upsamplers,
+multi-receptive-field resblocks, LeakyReLU, tanh), a MelGAN generator (weight norm, reflection pads
+before its convs as MelGAN writes them, dilated residual stacks with 1x1 shortcuts), a Snake generator
+with odd strides (x5, x4, x3 upsamplers with output_padding, as codec decoders write them), and an
+instance-norm one that cannot stream. None of them masks anything: their boundary behaviour is the
+convs' own zero padding and the reflection pads, as an exported vocoder's is.
 
 Every builder returns an exported ONNX model (torch.onnx.export, TorchScript exporter, opset 17)
 with input `mel` [1, mels, frames] whose frame axis is dynamic; pin and fold it (rkstudy.graph.fold)
@@ -39,6 +38,8 @@ class Vocoder:
     model: onnx.ModelProto
     hop: int                    # output samples per mel frame (1 for a spectrum-frame output)
     outputs: tuple[str, ...]
+    exporter: str = "legacy"    # torch.onnx.export's TorchScript exporter
+    source: str = "rkstudy.families.port.architectures (written here after the published generator)"
 
 
 def _seeded(module: nn.Module, seed: int, scale: float) -> nn.Module:
@@ -169,21 +170,14 @@ def hifigan(version: int = 1, seed: int = 0, channels: int = 64, frames: int = 6
     return Vocoder(f"hifigan_v{version}", _export(gen, frames, ("audio",), speaker_dims), 16, ("audio",))
 
 
-def bigvgan(seed: int = 0, channels: int = 64, frames: int = 64) -> Vocoder:
-    """BigVGAN-like (without its anti-aliased resampling): Snake everywhere, upsamplers x4 (kernel 8)
-    and x2 (kernel 4), ResBlock1 kernels 3/7 with dilations 1/3/5, clamp: hop 8."""
-    gen = _seeded(Generator(channels, (4, 2), (8, 4), ResBlock1, (3, 7), ((1, 3, 5),) * 2, Snake, "clamp"),
-                  seed, 1.0)
-    return Vocoder("bigvgan", _export(gen, frames, ("audio",)), 8, ("audio",))
-
-
 class MelGANResStack(nn.Module):
-    """MelGAN's residual stack: per dilation 1/3/9, LeakyReLU -> dilated conv k3 -> LeakyReLU -> conv k1,
-    plus a 1x1-conv shortcut of the input."""
+    """MelGAN's residual stack: per dilation 1/3/9, LeakyReLU -> reflection pad d -> dilated conv k3 ->
+    LeakyReLU -> conv k1, plus a 1x1-conv shortcut of the input."""
 
     def __init__(self, ch: int):
         super().__init__()
-        self.blocks = nn.ModuleList(nn.Sequential(_Leaky(0, 0.2), nn.Conv1d(ch, ch, 3, dilation=d, padding=d),
+        self.blocks = nn.ModuleList(nn.Sequential(_Leaky(0, 0.2), nn.ReflectionPad1d(d),
+                                                  nn.Conv1d(ch, ch, 3, dilation=d),
                                                   _Leaky(0, 0.2), nn.Conv1d(ch, ch, 1)) for d in (1, 3, 9))
         self.shortcuts = nn.ModuleList(nn.Conv1d(ch, ch, 1) for _ in (1, 3, 9))
 
@@ -194,18 +188,18 @@ class MelGANResStack(nn.Module):
 
 
 class MelGAN(nn.Module):
-    """conv k7 -> per stage (LeakyReLU, ConvTranspose with kernel 2 x stride, residual stack) ->
-    LeakyReLU -> conv k7 -> tanh; weight-normed as MelGAN is, with zero padding for its reflection pads."""
+    """reflection pad 3 -> conv k7 -> per stage (LeakyReLU, ConvTranspose with kernel 2 x stride, residual
+    stack) -> LeakyReLU -> reflection pad 3 -> conv k7 -> tanh; weight-normed, as MelGAN is."""
 
     def __init__(self, ch: int, rates):
         super().__init__()
         wn = nn.utils.parametrizations.weight_norm
-        layers = [wn(nn.Conv1d(MELS, ch, 7, padding=3))]
+        layers = [nn.ReflectionPad1d(3), wn(nn.Conv1d(MELS, ch, 7))]
         for k, u in enumerate(rates):
             c_in, c_out = ch // 2 ** k, ch // 2 ** (k + 1)
             layers += [_Leaky(0, 0.2), wn(nn.ConvTranspose1d(c_in, c_out, 2 * u, u, padding=u // 2)),
                        MelGANResStack(c_out)]
-        layers += [_Leaky(0, 0.2), wn(nn.Conv1d(ch // 2 ** len(rates), 1, 7, padding=3)), nn.Tanh()]
+        layers += [_Leaky(0, 0.2), nn.ReflectionPad1d(3), wn(nn.Conv1d(ch // 2 ** len(rates), 1, 7)), nn.Tanh()]
         self.net = nn.Sequential(*layers)
 
     def forward(self, mel):
@@ -213,69 +207,42 @@ class MelGAN(nn.Module):
 
 
 def melgan(seed: int = 0, channels: int = 64, frames: int = 64) -> Vocoder:
-    """MelGAN-like: upsamplers x4 and x4 (kernels 8), dilated residual stacks with 1x1 shortcuts, weight
-    norm (constant-folded by the export), tanh: hop 16."""
+    """MelGAN: upsamplers x4 and x4 (kernels 8), reflection pads, dilated residual stacks with 1x1
+    shortcuts, weight norm (constant-folded by the export), tanh: hop 16."""
     net = _seeded(MelGAN(channels, (4, 4)), seed, 1.0)
     return Vocoder("melgan", _export(net, frames, ("audio",)), 16, ("audio",))
 
 
-class ChannelLayerNorm(nn.Module):
-    """LayerNorm over the channel axis of [B, C, T], written channel-first so time stays the last axis
-    (a Transpose around nn.LayerNorm moves the frame axis, which the delay map refuses)."""
+class OddStrideSnake(nn.Module):
+    """conv k7 -> per stage (Snake, ConvTranspose kernel 2s, stride s, padding ceil(s / 2), output_padding
+    s mod 2, a Snake resblock) -> Snake -> conv k7 -> tanh: the upsampler a codec decoder writes for odd
+    strides (its output is exactly s x its input long only with the output_padding)."""
 
-    def __init__(self, channels: int, eps: float = 1e-6):
+    def __init__(self, ch: int, rates):
         super().__init__()
-        self.weight, self.bias, self.eps = nn.Parameter(torch.ones(1, channels, 1)), \
-            nn.Parameter(torch.zeros(1, channels, 1)), eps
-
-    def forward(self, x):
-        mean = x.mean(1, keepdim=True)
-        var = ((x - mean) ** 2).mean(1, keepdim=True)
-        return (x - mean) / torch.sqrt(var + self.eps) * self.weight + self.bias
-
-
-class ConvNeXtBlock(nn.Module):
-    """Vocos's block: depthwise conv k7 -> LayerNorm -> pointwise MLP (1x1 convs, GELU) -> layer scale,
-    plus the input."""
-
-    def __init__(self, dim: int, hidden: int):
-        super().__init__()
-        self.dwconv = nn.Conv1d(dim, dim, 7, padding=3, groups=dim)
-        self.norm = ChannelLayerNorm(dim)
-        self.pw1, self.pw2 = nn.Conv1d(dim, hidden, 1), nn.Conv1d(hidden, dim, 1)
-        self.gamma = nn.Parameter(torch.ones(1, dim, 1))
-
-    def forward(self, x):
-        return x + self.gamma * self.pw2(nn.functional.gelu(self.pw1(self.norm(self.dwconv(x)))))
-
-
-class VocosBackbone(nn.Module):
-    """embed conv k7 -> LayerNorm -> ConvNeXt blocks -> LayerNorm -> linear head (1x1 conv) to
-    log-magnitude and phase -> the complex STFT frame as (real, imag); the iSTFT is the caller's."""
-
-    def __init__(self, dim: int, hidden: int, layers: int, n_fft: int):
-        super().__init__()
-        self.embed = nn.Conv1d(MELS, dim, 7, padding=3)
-        self.norm = ChannelLayerNorm(dim)
-        self.blocks = nn.ModuleList(ConvNeXtBlock(dim, hidden) for _ in range(layers))
-        self.final_norm = ChannelLayerNorm(dim)
-        self.head = nn.Conv1d(dim, n_fft + 2, 1)
-        self.bins = n_fft // 2 + 1
+        self.pre = nn.Conv1d(MELS, ch, 7, padding=3)
+        self.stages = nn.ModuleList()
+        for k, s in enumerate(rates):
+            c_in, c_out = ch // 2 ** k, ch // 2 ** (k + 1)
+            self.stages.append(nn.Sequential(
+                Snake(c_in), nn.ConvTranspose1d(c_in, c_out, 2 * s, s, padding=(s + 1) // 2, output_padding=s % 2),
+                ResBlock2(c_out, 3, (1, 3), Snake)))
+        self.post = nn.Sequential(Snake(ch // 2 ** len(rates)), nn.Conv1d(ch // 2 ** len(rates), 1, 7, padding=3))
 
     def forward(self, mel):
-        x = self.norm(self.embed(mel))
-        for block in self.blocks:
-            x = block(x)
-        mag, phase = self.head(self.final_norm(x)).split(self.bins, dim=1)
-        mag = torch.clamp(torch.exp(mag), max=1e2)
-        return mag * torch.cos(phase), mag * torch.sin(phase)
+        x = self.pre(mel)
+        for stage in self.stages:
+            x = stage(x)
+        return torch.tanh(self.post(x))
 
 
-def vocos(seed: int = 0, dim: int = 48, layers: int = 4, n_fft: int = 64, frames: int = 64) -> Vocoder:
-    """Vocos-like: 4 ConvNeXt blocks of 48 channels (MLP 144), head to a 64-point STFT (33 bins) at one
-    spectrum frame per mel frame; outputs `real`, `imag` [1, 33, frames]."""
-    net = _seeded(VocosBackbone(dim, 3 * dim, layers, n_fft), seed, 1.0)
-    return Vocoder("vocos", _export(net, frames, ("real", "imag")), 1, ("real", "imag"))
+def odd_strides(seed: int = 0, channels: int = 48, frames: int = 64, rates=(5, 4, 3)) -> Vocoder:
+    """Snake generator with upsamplers x5 (output_padding 1), x4 and x3 (output_padding 1): hop 60."""
+    net = _seeded(OddStrideSnake(channels, rates), seed, 1.0)
+    hop = 1
+    for r in rates:
+        hop *= r
+    return Vocoder("odd_strides", _export(net, frames, ("audio",)), hop, ("audio",))
 
 
 class InstanceNormVocoder(nn.Module):
@@ -297,4 +264,4 @@ def instance_norm(seed: int = 0, channels: int = 32, frames: int = 64) -> Vocode
 
 
 BUILDERS = {"hifigan_v1": lambda seed=0: hifigan(1, seed), "hifigan_v3": lambda seed=0: hifigan(3, seed),
-            "bigvgan": bigvgan, "melgan": melgan, "vocos": vocos}
+            "melgan": melgan, "odd_strides": odd_strides}

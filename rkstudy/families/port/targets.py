@@ -14,21 +14,20 @@ never compared.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from .. import gates
-from ..contract import QUANTIZED_ONLY, REGISTER_FIELD_BITS, TARGETS
-from ..errors import UsageError
-from ..tables.results import HOST
-from ..toolkit.build import _check_target, build_engine
-from ..toolkit.simulator import SimulatorRunner
+from ... import gates
+from ...contract import QUANTIZED_ONLY, REGISTER_FIELD_BITS, TARGETS
+from ...errors import UsageError
+from ...tables.results import HOST
+from ...toolkit.build import build_engine, check_target
+from ...toolkit.log import field_limits
+from ...toolkit.simulator import SimulatorRunner
 
 FP16_TARGETS = tuple(t for t in TARGETS if t not in QUANTIZED_ONLY)
 PROBE_CHANNELS = 64
 PROBE_LENGTHS = (16384, 131072)  # one past rk3576's 14-bit field, and eight times that
-_LIMIT = re.compile(r"limit: 0x([0-9a-fA-F]+)")
 
 # The vendor's VITS demo (rknn_model_zoo examples/mms_tts, MMS-TTS English encoder + decoder, 200
 # tokens): its published board RTF per SoC. Theirs, on their boards; never a number measured here.
@@ -42,7 +41,7 @@ THEIRS = "differs: their board RTF of a whole VITS model; nothing here is a boar
 def refusal(target: str) -> str:
     """Why the toolkit builds no fp16 engine for `target` ("" where it does)."""
     try:
-        _check_target(target)
+        check_target(target)
     except UsageError as exc:
         return str(exc)
     return ""
@@ -52,7 +51,7 @@ def field_probe_rows(targets: Sequence[str] = TARGETS, lengths: Sequence[int] = 
     """The register field per target: a 64-channel k=7 Conv1d at each length built (cached), its
     REGTASK lines, their largest value and the `limit:` the compiler prints; a target the toolkit
     builds no fp16 engine for gets one row carrying the refusal."""
-    from ..toolkit.probes import long_axis_probe, save_probe
+    from ...toolkit.probes import long_axis_probe, save_probe
 
     rows = []
     for target in targets:
@@ -66,7 +65,7 @@ def field_probe_rows(targets: Sequence[str] = TARGETS, lengths: Sequence[int] = 
             path = save_probe(long_axis_probe(frames, channels=PROBE_CHANNELS),
                               f"register_field_probe_{PROBE_CHANNELS}x{frames}")
             report = build_engine(path, target).raise_for_status()
-            limits = sorted({int(h, 16) for h in _LIMIT.findall(Path(report.log).read_text(errors="replace"))})
+            limits = field_limits(Path(report.log).read_text(errors="replace"))
             rows.append({"target": target, "frames": frames, "channels": PROBE_CHANNELS, "status": report.status,
                          "regtask": report.regtask, "regtask_max_value": report.regtask_max,
                          "limit": ", ".join(f"0x{v:x}" for v in limits),
@@ -98,7 +97,7 @@ def simulated_stage(stage: str, onnx_path: Path, target: str, out: Path, items: 
                     run: Callable) -> dict:
     """A stage on a target no family builds: one build in a simulator child, the walk of each item
     through it against the same walk in onnxruntime fp32 (the fp16 cost alone), worst item."""
-    from ..toolkit.convert import simulator_vs_fp32
+    from ...toolkit.convert import simulator_vs_fp32
 
     sim = simulator_vs_fp32(onnx_path, target, items, run=run, out=out,
                             compare=lambda ref, test, item: {"snr_db": gates.snr_db(ref[0], test[0])})
