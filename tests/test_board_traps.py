@@ -30,7 +30,7 @@ import pytest
 from rkstudy.contract import ALL_TARGETS, Contract, Digest, Tensor
 from rkstudy.families.port import producer
 from rkstudy.paths import REPO
-from rkstudy.port import architectures
+from rkstudy.families.port import architectures
 from rkstudy.tables import results
 
 BOARDS = REPO / "tests" / "fixtures" / "boards"
