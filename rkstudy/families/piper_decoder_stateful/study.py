@@ -76,8 +76,8 @@ def delay_rows(produced: StatefulStep) -> list[dict]:
 def buffer_rows(produced: StatefulStep) -> list[dict]:
     """Every history the step keeps: tensor, rate, leading dims, samples, floats, state tensor."""
     s = produced.step
-    return [{"tensor": b.tensor, "rate": b.rate, "lead": "x".join(map(str, b.lead)), "history": b.history,
-             "floats": b.floats, "state_tensor": s.groups[b.group].input, **HOST_ROW} for b in s.buffers]
+    lead = lambda b: "x".join(str(d) for i, d in enumerate(b.shape) if i != b.axis)  # noqa: E731
+    return [{"tensor": b.tensor, "rate": b.rate, "lead": lead(b), "history": b.history, "floats": b.floats, "state_tensor": s.groups[b.group].input, **HOST_ROW} for b in s.buffers]
 
 
 def state_rows(steps: dict[int, StatefulStep], sample_rate: int) -> list[dict]:
