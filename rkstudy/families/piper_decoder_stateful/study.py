@@ -77,7 +77,8 @@ def buffer_rows(produced: StatefulStep) -> list[dict]:
     """Every history the step keeps: tensor, rate, leading dims, samples, floats, state tensor."""
     s = produced.step
     lead = lambda b: "x".join(str(d) for i, d in enumerate(b.shape) if i != b.axis)  # noqa: E731
-    return [{"tensor": b.tensor, "rate": b.rate, "lead": lead(b), "history": b.history, "floats": b.floats, "state_tensor": s.groups[b.group].input, **HOST_ROW} for b in s.buffers]
+    return [{"tensor": b.tensor, "rate": b.rate, "lead": lead(b), "history": b.history, "floats": b.floats,
+             "state_tensor": s.groups[b.group].input, **HOST_ROW} for b in s.buffers]
 
 
 def state_rows(steps: dict[int, StatefulStep], sample_rate: int) -> list[dict]:
