@@ -28,9 +28,8 @@ import psutil
 import pytest
 
 from rkstudy.contract import ALL_TARGETS, Contract, Digest, Tensor
-from rkstudy.families.port import producer
+from rkstudy.families.port import architectures, producer
 from rkstudy.paths import REPO
-from rkstudy.families.port import architectures
 from rkstudy.tables import results
 
 BOARDS = REPO / "tests" / "fixtures" / "boards"
