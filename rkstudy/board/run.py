@@ -286,6 +286,22 @@ def child_failure(exc: BaseException) -> tuple[str, int]:
             "and please report it)"), 1
 
 
+def report_child_failure(exc: BaseException, spec_path: str, command: str) -> int:
+    """A measured child's error handed to its parent: one line (child_failure) in the error file the spec
+    names, or on stderr when it names none; the traceback only with RKSTUDY_DEBUG=1. Its exit code."""
+    if os.environ.get("RKSTUDY_DEBUG") == "1":
+        import traceback
+
+        traceback.print_exc()
+    message, code = child_failure(exc)
+    error = json.loads(Path(spec_path).read_text()).get("error")
+    if error:
+        Path(error).write_text(json.dumps({"message": message, "exit": code}))
+    else:
+        print(f"{command}: error: {message}", file=sys.stderr)
+    return code
+
+
 def _child(spec_path: str) -> int:
     """The child: run the job, write its audio and its result, with its own peak RSS."""
     import importlib
@@ -332,17 +348,7 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:  # a Ctrl-C sent to the child itself: the parent says what happened
         return 130
     except Exception as exc:  # noqa: BLE001 - every child error reaches the parent as one line
-        if os.environ.get("RKSTUDY_DEBUG") == "1":
-            import traceback
-
-            traceback.print_exc()
-        message, code = child_failure(exc)
-        error = json.loads(Path(argv[0]).read_text()).get("error")
-        if error:
-            Path(error).write_text(json.dumps({"message": message, "exit": code}))
-        else:
-            print(f"rkstudy board run: error: {message}", file=sys.stderr)
-        return code
+        return report_child_failure(exc, argv[0], "rkstudy board run")
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import InputError, RkstudyError, UsageError
+from ..errors import InputError, UsageError
 from ..process import peak_rss_kb
 from ..tables import results
 from . import audio as audio_files
@@ -278,21 +278,9 @@ def main(argv=None) -> int:
     try:
         return _child(argv[0])
     except Exception as exc:  # noqa: BLE001 - every child error reaches the parent as one line
-        if os.environ.get("RKSTUDY_DEBUG") == "1":
-            import traceback
+        from ..board.run import report_child_failure
 
-            traceback.print_exc()
-        from ..board.run import child_failure
-
-        message, code = child_failure(exc)
-        if isinstance(exc, RkstudyError):
-            code = exc.exit_code
-        error = json.loads(Path(argv[0]).read_text()).get("error")
-        if error:
-            Path(error).write_text(json.dumps({"message": message, "exit": code}))
-        else:
-            print(f"rkstudy speak: error: {message}", file=sys.stderr)
-        return code
+        return report_child_failure(exc, argv[0], "rkstudy speak")
 
 
 if __name__ == "__main__":
