@@ -580,7 +580,7 @@ def quantization_stage(voice: piper.Voice | None = None, width: int = 64,
     evaluation chunks come from `evaluation_texts` (no text in both). Each chunk is scored on its
     real tokens, stats and cond each a window of its own (the durations come from cond, the
     decoder's latent from stats); the utterance column is every chunk's outputs back to back."""
-    from ...levers.quantization import Stage, held_apart, span_scores
+    from ...levers.quantization import Stage, first_levels, held_apart, span_scores
 
     held_apart(calibration_texts, evaluation_texts)
     voice = voice or piper.Voice()
@@ -598,11 +598,13 @@ def quantization_stage(voice: piper.Voice | None = None, width: int = 64,
         sizes[len(ids)] = stats.size
         return np.concatenate([stats.ravel(), cond.ravel()])
 
-    def score(refs, tests):
+    def score(items, refs, tests):
         return span_scores(refs, tests, [[(0, sizes[len(ids)]), (sizes[len(ids)], a.size)]
-                                         for ids, a in zip(evaluation, refs)])
+                                         for ids, a in zip(items, refs)])
 
+    # stats and cond are no audio: scored by SNR, and searched on it; the groups are the encoder's layers
     return Stage(name=f"Piper encoder width {width}", onnx=product.path,
                  calibration=[pad_ids(ids, width) for ids in evenly(chunks(calibration_texts), calibration_chunks)],
-                 evaluation=evaluation, walk=walk, score=score,
+                 evaluation=evaluation, search=evaluation[:2], walk=walk, score=score,
+                 groups=lambda module: first_levels(module, 3),
                  texts={"calibration": ", ".join(calibration_texts), "evaluation": ", ".join(evaluation_texts)})
