@@ -345,7 +345,7 @@ class Bench:
         """One engine built on its own (fp16 when `quantize` is None; auto-hybrid and the int16 overflow
         mode need their own build) and walked over the `which` items; a build the toolkit refuses or dies
         in is a row with its status and error, never an exception."""
-        from ..toolkit.build import BuildFailed, default_engine_path
+        from ..toolkit.build import BuildFailed, default_engine_path, record_report
         from ..toolkit.simulator import SimulatorRunner
 
         key = self._key(quantize, which)
@@ -369,11 +369,20 @@ class Bench:
         row = self._row(setting, quantize, runner.report, tests, which, "all" if quantize is None else "")
         if not runner.report.ok:
             row["status"] = _outcome(runner.report)
+        else:  # so `report` finds this build's log (its layer table) on a rerun too
+            record_report(out, build, runner.report, verbose=True)
         if tests is not None:
             self.stage.outputs[setting] = tests
         if runner.report.status != "timeout":
             self._record(key, row, tests or [])
         return row
+
+    def report(self, quantize: Calibration | None = None) -> BuildReport | None:
+        """The recorded report of a build this bench (or an earlier run) made on its own, log included."""
+        from ..toolkit.build import cached_report, default_engine_path
+
+        build, _ = engine_key(self.stage.onnx, self.target, quantize=quantize)
+        return cached_report(default_engine_path(self.stage.onnx, self.target, build), build, verbose=True)
 
     def session(self, calibration: Calibration) -> Session:
         """A quantization session of `calibration` on this bench (its child starts only when a variant
@@ -704,6 +713,8 @@ def refiner(stage: Stage, names: Sequence[str]) -> Callable[[str], dict[str, lis
 FP16_LIKE_PESQ = 0.1  # within this of fp16's PESQ-WB: perceived as fp16 (the goal's bar)
 GOOD_PESQ = 3.5       # the second bar: good speech, if not fp16's
 GOAL_LOW_BIT_SHARE = 0.8  # the goal: most of the conv MACs on weights of 8 bits or fewer
+FP16_LIKE = "fp16-like (PESQ-WB within 0.1 of fp16)"
+GOOD = f"PESQ-WB >= {GOOD_PESQ:g}"
 
 
 def cheapest(rows: Sequence[Mapping], fp16: Mapping) -> list[dict]:
@@ -715,8 +726,8 @@ def cheapest(rows: Sequence[Mapping], fp16: Mapping) -> list[dict]:
     fp16_pesq = fp16.get("pesq_wb")
     scored = [r for r in rows if r.get("evaluation") == "full" and r.get("dtype") != "fp16"
               and isinstance(r.get("pesq_wb"), (int, float))]
-    for criterion, bar in (("fp16-like (PESQ-WB within 0.1 of fp16)", fp16_pesq - FP16_LIKE_PESQ if
-                            isinstance(fp16_pesq, (int, float)) else None), (f"PESQ-WB >= {GOOD_PESQ:g}", GOOD_PESQ)):
+    for criterion, bar in ((FP16_LIKE, fp16_pesq - FP16_LIKE_PESQ if isinstance(fp16_pesq, (int, float)) else None),
+                           (GOOD, GOOD_PESQ)):
         base = {"stage": fp16["stage"], "soc": fp16["target"], "criterion": criterion,
                 "pesq_wb_bar": round(bar, 3) if bar is not None else "", "fp16_pesq_wb": fp16_pesq,
                 "fp16_engine_bytes": fp16.get("engine_bytes")}
@@ -737,6 +748,36 @@ def cheapest(rows: Sequence[Mapping], fp16: Mapping) -> list[dict]:
                     "low_bit_weight_share": best.get("low_bit_weight_share"), "engine_bytes": best.get("engine_bytes"),
                     "goal_share_met": (best.get("low_bit_mac_share") or 0.0) >= GOAL_LOW_BIT_SHARE,
                     "speed": "board-only", "why_none": "", "where": "simulator", "target": fp16["target"]})
+    return out
+
+
+def goal_rows(cheapest_rows: Sequence[Mapping], stage: str) -> list[dict]:
+    """The goal's verdict for `stage`, from its cheapest rows at fp16-like perception on every SoC: met when
+    one of them has at least GOAL_LOW_BIT_SHARE of its conv MACs on weights of 8 bits or fewer; the largest
+    share found, with its SoC and setting, either way (0 and 'none' when no SoC has a setting at the bar)."""
+    mine = [r for r in cheapest_rows if r["stage"] == stage and r["criterion"] == FP16_LIKE]
+    best = max((r for r in mine if r.get("found")), key=lambda r: r.get("low_bit_mac_share") or 0.0, default=None)
+    share = (best or {}).get("low_bit_mac_share") or 0.0
+    return [{"stage": stage, "socs": " ".join(r["soc"] for r in mine),
+             "verdict": "met" if share >= GOAL_LOW_BIT_SHARE else "not met",
+             "best_low_bit_mac_share": share, "best_soc": best["soc"] if best else "none",
+             "best_setting": best["setting"] if best else "none", "where": "simulator",
+             "target": best["soc"] if best else "none"}]
+
+
+def dtype_summary(probe_rows: Sequence[Mapping]) -> list[dict]:
+    """Per SoC of the probe: the dtypes it builds and simulates, refuses, and crashes on, in one phrase."""
+    out = []
+    for soc in dict.fromkeys(r["target_soc"] for r in probe_rows):
+        mine = [r for r in probe_rows if r["target_soc"] == soc]
+        built = [r["dtype"] for r in mine if r["simulates"]]
+        refused = [r["dtype"] for r in mine if r["status"].startswith("refused")]
+        crashed = [r["dtype"] for r in mine if r["status"].startswith("crashed")]
+        parts = [f"builds {', '.join(built)}" if built else "builds none"]
+        parts += [f"refuses {', '.join(refused)}"] if refused else []
+        parts += [f"crashes on {', '.join(crashed)}"] if crashed else []
+        out.append({"target_soc": soc, "builds": " ".join(built), "refuses": " ".join(refused),
+                    "crashes": " ".join(crashed), "summary": "; ".join(parts), "where": "host", "target": soc})
     return out
 
 
@@ -801,3 +842,169 @@ def isolation(session: Session, ranked: Sequence[str]) -> list[dict]:
     if exp:
         one([n for n in names if n not in exp], "every tensor in float16 but the Exp", "- Exp")
     return rows
+
+
+# --- the accuracy_analysis ranking as a hybrid, on the search's footing ----------------------------------
+def ranked_keep(stage: Stage, ranking: Sequence[Mapping], names: Sequence[str], n: int,
+                fixed: Sequence[str]) -> list[str]:
+    """The config tensors a hybrid of the `n` worst layers of `ranking` keeps in float16, on the search's
+    footing: those layers, every config tensor of the same graph nodes (the compiler-made tiles and
+    splits the report does not name), and `fixed` (the groups without conv MACs, which the search keeps
+    in float16 too)."""
+    index = Index(graph.load(stage.onnx, load_external_data=False))
+
+    def node(name: str) -> str:
+        kind, found = macs.locate(name, index)
+        producer = index.producer.get(found) if kind == "tensor" else None
+        return producer.name if producer is not None else found
+
+    worst = {node(r["layer"]) for r in ranking[:n]} | {r["layer"] for r in ranking[:n]}
+    return [t for t in names if t in worst or node(t) in worst or t in set(fixed)]
+
+
+# --- one stage through the whole lever: what notebook 08 runs per plan -----------------------------------
+DEFAULT_SAMPLES = 16  # calibration samples of the default setting (evenly spread over the stage's set)
+
+
+@dataclass
+class StageRun:
+    """What one stage's measurements produced: every full-evaluation row (`rows`: fp16, each dtype and
+    calibration, auto-hybrid, the search's points re-scored on the full evaluation, their transfer to the
+    other targets), the search rows (on the search items), the ranking and its curve, the isolation, the
+    MAC accounting of its fp16 build, the cheapest settings per target, and the minutes it took."""
+
+    stage: Stage
+    rows: list[dict] = field(default_factory=list)
+    search: list[dict] = field(default_factory=list)
+    ranking: list[dict] = field(default_factory=list)
+    isolation: list[dict] = field(default_factory=list)
+    accounting: list[dict] = field(default_factory=list)
+    cheapest: list[dict] = field(default_factory=list)
+    minutes: float = 0.0
+
+
+def _calibration(stage: Stage, dtype: str = "w8a8", algorithm: str = "normal", method: str = "channel",
+                 samples: int | None = DEFAULT_SAMPLES) -> Calibration:
+    return Calibration(evenly(stage.calibration, samples), dtype=dtype, algorithm=algorithm, method=method)
+
+
+def _chosen(search_rows: Sequence[Mapping], floors: Sequence[float], metric: str) -> list[Mapping]:
+    """The search points worth scoring on the full evaluation: the greedy path from the top down to the
+    first point under the lowest floor, and the cheapest point at or above each floor (refined included)."""
+    picked = []
+    for r in path(search_rows):
+        picked.append(r)
+        if floors and isinstance(r.get(metric), (int, float)) and r[metric] < min(floors):
+            break
+    for floor in floors:
+        above = [r for r in search_rows if isinstance(r.get(metric), (int, float)) and r[metric] >= floor]
+        if above:
+            picked.append(max(above, key=lambda r: r.get("low_bit_mac_share") or 0.0))
+    out, seen = [], set()
+    for r in picked:
+        if r["fp16_groups"] not in seen:
+            seen.add(r["fp16_groups"])
+            out.append(r)
+    return out
+
+
+def _keep_for(groups: Mapping[str, Sequence[str]], refine: Callable, labels: str) -> list[str] | None:
+    """The config tensors of a row's `fp16_groups` (' + '-joined labels, a refined one 'group / module'),
+    in another session's groups; None when a label has no counterpart there."""
+    keep = []
+    for label in filter(None, labels.split(" + ")):
+        if label in groups:
+            keep += groups[label]
+            continue
+        parent, _, sub = label.partition(" / ")
+        finer = refine(parent) if parent in groups else {}
+        if sub not in finer:
+            return None
+        keep += finer[sub]
+    return keep
+
+
+def run_stage(make: Callable[[], Stage], settings: Mapping, probe_rows: Sequence[Mapping],
+              progress: Callable[[str], None] | None = None) -> StageRun:
+    """One stage through the lever, as its family's plan says (`settings`):
+
+    * `targets` (first: the primary) and, per target, every dtype the probe says it builds: fp16 and each
+      dtype's default calibration (DEFAULT_SAMPLES samples, normal, per channel);
+    * on the primary, `grid`: the default w8a8 calibration varied one setting at a time (algorithm,
+      method, samples), and `auto_hybrid` thresholds;
+    * on the primary, `isolation` and `ranking` ({"samples", "counts"}: accuracy_analysis on that many
+      calibration samples, its N worst layers kept in float16 on the search's footing), and `search`
+      ({"budget"}: rkstudy.levers.quantization.search, backward, refined at the two PESQ bars), its chosen
+      points re-scored on the full evaluation and carried to every other target's w8a8 session;
+    * the cheapest settings per target (`cheapest`) and the MAC accounting of the primary's fp16 build."""
+    import time
+
+    say = progress or (lambda _: None)
+    started = time.monotonic()
+    stage = make()
+    run = StageRun(stage)
+    targets = list(settings.get("targets", ("rk3588",)))
+    primary = targets[0]
+    metric = fidelity_of(stage)
+    chosen: list[Mapping] = []
+    for target in targets:
+        bench = Bench(stage, target, progress=say)
+        fp16 = bench.build("fp16")
+        rows = [fp16]
+        if target == primary and fp16.get("status") == "ok" and (report := bench.report()) is not None:
+            run.accounting.append(mac_accounting(stage, report))
+        floors = ([fp16[metric] - FP16_LIKE_PESQ, GOOD_PESQ] if metric == FIDELITY and
+                  isinstance(fp16.get(metric), (int, float)) else [])
+        for dtype in builds(probe_rows, target):
+            calibration = _calibration(stage, dtype)
+            with bench.session(calibration) as session:
+                rows.append(session.measure([], calibration.label))
+                if dtype != "w8a8" or session.failed is not None:
+                    continue
+                names = session.quantized()
+                groups = config_groups(stage, names)
+                refine = refiner(stage, names)
+                if target == primary:
+                    fixed = [t for g, w in group_macs(stage, groups).items() if not w for t in groups[g]]
+                    if settings.get("ranking"):
+                        spec = settings["ranking"]
+                        run.ranking = rank_layers(stage, target, calibration, samples=spec.get("samples", 2))
+                        for n in spec.get("counts", ()):
+                            n = min(n, len(run.ranking))
+                            keep = ranked_keep(stage, run.ranking, names, n, fixed)
+                            rows.append({**session.measure(keep, f"accuracy_analysis ranking: {n} worst in float16"),
+                                         "ranked_layers": n})
+                    if settings.get("isolation") and run.ranking:
+                        run.isolation = isolation(session, [r["layer"] for r in run.ranking])
+                    if settings.get("search"):
+                        run.search = search(session, groups, refine=refine, floors=floors,
+                                            budget=settings["search"].get("budget", 40))
+                        chosen = _chosen(run.search, floors, metric)
+                for r in chosen:
+                    keep = _keep_for(groups, refine, r["fp16_groups"])
+                    if keep is not None:
+                        rows.append({**session.measure(keep, f"search: {r['search_move']}", groups=r["fp16_groups"]),
+                                     "search_step": r["search_step"], "from_search_on": primary})
+        if target == primary:
+            for change in settings.get("grid", ()):
+                calibration = _calibration(stage, **change)
+                with bench.session(calibration) as session:
+                    rows.append({**session.measure([], f"{calibration.label}, {len(calibration.feeds)} samples"),
+                                 "grid": ", ".join(f"{k}={v}" for k, v in change.items())})
+            for threshold in settings.get("auto_hybrid", ()):
+                quantize = _calibration(stage)
+                quantize = Calibration(quantize.feeds, auto_hybrid_cos=threshold)
+                rows.append(bench.build(f"auto-hybrid cos {threshold:g}", quantize))
+        run.rows += rows
+        if fp16.get("status") == "ok" and stage.listens:
+            run.cheapest += cheapest(rows, fp16)
+        elif fp16.get("status") == "ok":  # an encoder's statistics: no listener's bar to hold
+            best = max((r for r in rows if r.get("dtype") != "fp16" and isinstance(r.get(metric), (int, float))),
+                       key=lambda r: r[metric], default=None)
+            run.cheapest.append({"stage": stage.name, "soc": target, "criterion": "PESQ-WB", "found": False,
+                                 "why_none": "its outputs are no audio, so no listener's score applies; the best "
+                                 f"quantized {metric} is {best[metric]:.1f} dB ({best['setting']})" if best else
+                                 "its outputs are no audio, and no quantized setting was scored",
+                                 "where": "simulator", "target": target})
+    run.minutes = round((time.monotonic() - started) / 60, 1)
+    return run
