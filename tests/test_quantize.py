@@ -224,7 +224,7 @@ def test_one_calibration_serves_every_hybrid_and_a_search_re_measures_each_choic
     on_path = quantize.path(rows)
     shares = [r["low_bit_mac_share"] for r in on_path]
     assert shares == sorted(shares) and shares[0] == 0.0 and shares[-1] == 1.0
-    assert all(r["evaluation"] == "search" and r["search"] == "search" for r in rows)
+    assert all(r["scored_on"] == "search" and r["search"] == "search" for r in rows)
     again = quantize.Bench(stage, "rk3588", listen=False)
     with again.session(Calibration(stage.calibration)) as session:
         assert session.measure(names, "every tensor in float16")["utterance_snr_db"] == every["utterance_snr_db"]
@@ -302,14 +302,14 @@ def test_span_scores_take_every_window_and_the_whole_utterance():
 
 def test_the_cheapest_settings_are_read_from_full_evaluation_rows():
     fp16 = {"stage": "s", "setting": "fp16", "pesq_wb": 4.6, "engine_bytes": 20, "target": "rk3588",
-            "evaluation": "full"}
+            "scored_on": "full"}
     rows = [fp16,
             {"stage": "s", "setting": "a", "pesq_wb": 4.55, "low_bit_mac_share": 0.4, "engine_bytes": 15},
             {"stage": "s", "setting": "b", "pesq_wb": 4.52, "low_bit_mac_share": 0.7, "engine_bytes": 13},
             {"stage": "s", "setting": "c", "pesq_wb": 3.6, "low_bit_mac_share": 0.85, "engine_bytes": 12},
             {"stage": "s", "setting": "d", "pesq_wb": 4.6, "low_bit_mac_share": 0.99, "engine_bytes": 11,
-             "evaluation": "search"}]  # a search-only score never concludes
-    rows = [{"evaluation": "full", "dtype": "fp16" if r is fp16 else "int8 w8a8", **r} for r in rows]
+             "scored_on": "search"}]  # a search-only score never concludes
+    rows = [{"scored_on": "full", "dtype": "fp16" if r is fp16 else "int8 w8a8", **r} for r in rows]
     like, good = quantize.cheapest(rows, fp16)
     assert (like["setting"], like["pesq_wb_bar"], like["goal_share_met"]) == ("b", 4.5, False)
     assert (good["setting"], good["low_bit_mac_share"], good["goal_share_met"]) == ("c", 0.85, True)
@@ -378,3 +378,46 @@ def test_a_step_window_is_a_whole_step_never_the_tail_past_the_last_one():
     assert whole["window_snr_db_min"] == pytest.approx(whole["utterance_snr_db"])
     with pytest.raises(ValueError, match="both must be positive"):
         step_spans(0, step)
+
+
+@pytest.mark.simulator
+def test_a_quantized_engine_converts_with_its_contract_and_a_board_run_takes_it(voice, tmp_path):
+    """Stage 2 with a Calibration: the engine's contract records what it computes in, and `rkstudy board
+    run` (on a recorded RK3588 tree, through the replay double) takes it through that contract like any
+    engine and stamps its row with the engine's dtype."""
+    import os
+    import subprocess
+    import sys
+
+    from rkstudy import contract as contracts
+    from rkstudy.families.piper.voice import read_text
+    from rkstudy.families.piper_decoder.producer import produce_for_voice
+    from rkstudy.families.piper_decoder.study import walked_windows
+    from rkstudy.paths import REPO
+    from rkstudy.tables import results
+    from rkstudy.toolkit.convert import convert
+
+    produced = produce_for_voice(voice, emit=16, context=8)
+    path = produced.save(tmp_path / "decoder_z.onnx")
+    feeds = walked_windows(voice, voice.latents(read_text("paragraph"))[:1], produced.contract)
+    calibration = Calibration(quantize.evenly(feeds, 4), algorithm="kl_divergence")
+    done = convert(path, "rk3588", tmp_path / "decoder_q.rknn", quantize=calibration,
+                   gate=gates.Gate("alive", -100.0))  # the fidelity is notebook 08's to measure, not this test's
+    assert done.contract.quantization == calibration.record() and done.contract.dtype == "int8 w8a8 kl_divergence"
+    back = contracts.for_engine(tmp_path / "decoder_q.rknn", family="piper_decoder", soc="rk3588")
+    assert back.quantization["calibration_samples"] == 4
+    env = {**os.environ, "RKSTUDY_SYSROOT": str(REPO / "tests" / "fixtures" / "boards" / "rk3588"),
+           "PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "doubles"), str(REPO)])}
+
+    def rkstudy(*argv):
+        proc = subprocess.run([sys.executable, "-m", "rkstudy", *map(str, argv)], capture_output=True, text=True,
+                              env=env, cwd=REPO, timeout=900)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return proc
+
+    rkstudy("piper", "latents", "--text", "Call me at 555 0142.", "-o", tmp_path / "latents.npz")
+    proc = rkstudy("board", "run", "piper_decoder", "--engine", tmp_path / "decoder_q.rknn", "--latents",
+                   tmp_path / "latents.npz", "--results", tmp_path / "results")
+    assert "piper_decoder on replay (rk3588" in proc.stdout
+    (row,) = results.read_table(tmp_path / "results" / "board" / "piper_decoder.csv")
+    assert (row["where"], row["dtype"]) == ("replay", "int8 w8a8 kl_divergence")

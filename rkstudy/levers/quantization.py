@@ -35,7 +35,7 @@ CONVERT_OPS = ("exDataConvert",)  # the dtype casts a hybrid engine inserts betw
 # outputs (an output's cast carries the output's name)
 ANALYSIS_IO_OPS = ("Input",) + CONVERT_OPS
 IO_GROUP = "graph inputs and outputs"  # the casts and reshapes of the graph's own inputs and outputs
-SCORES = 2  # bumped when what a recorded measurement holds changes, so older records are not read back
+SCORES = 3  # bumped when what a recorded measurement holds changes, so older records are not read back
 
 
 # --- stages ------------------------------------------------------------------------------------------
@@ -301,7 +301,7 @@ class Bench:
 
     def _key(self, quantize: Calibration | None, which: str) -> str:
         build, _ = engine_key(self.stage.onnx, self.target, quantize=quantize)
-        return cache.digest(SCORES, build, _digest_arrays(self.refs_for(which)), self.listen)
+        return cache.digest(SCORES, build, which, _digest_arrays(self.refs_for(which)), self.listen)
 
     def _recall(self, key: str) -> tuple[dict, list[np.ndarray]] | None:
         path = cache.entry("quantized", self.stage.onnx.stem, key, ".npz")
@@ -323,13 +323,13 @@ class Bench:
         row = {"stage": stage.name, "setting": setting, "dtype": report.dtype, "quantization": _fp16_share(quantize),
                "calibration_samples": len(quantize.feeds) if quantize else 0,
                "fp16_groups": groups, "kept_fp16": len(quantize.keep_fp16) if quantize else 0,
-               "evaluation": which, "status": report.status if tests is not None else "simulator refused",
+               "scored_on": which, "status": report.status if tests is not None else "simulator refused",
                "error": (report.error or "")[:300]}
         if tests is not None:
             items = stage.items(which)
             row.update(stage.score(items, refs, tests))
-            if self.listen:
-                row.update(listening(stage, refs, tests))
+            if self.listen:  # DNSMOS (no reference) on the full evaluation only: a search needs the pair scores
+                row.update(listening(stage, refs, tests, absolute=which == "full"))
             shares = engine_shares(stage.onnx, Path(report.log).read_text(encoding="utf-8", errors="replace"),
                                    quantize)
             row.update({k: v for k, v in shares.items() if k != "fp16_convs"})
@@ -452,7 +452,7 @@ class Session:
             b.stage.outputs[setting] = hit[1]
             return {**hit[0], "setting": setting, "fp16_groups": groups}
         if not self._start():
-            return {**self.failed, "setting": setting, "fp16_groups": groups, "evaluation": which}
+            return {**self.failed, "setting": setting, "fp16_groups": groups, "scored_on": which}
         b.say(f"{b.stage.name}, {b.target}: {setting} ({which} evaluation)")
         build, _ = engine_key(b.stage.onnx, b.target, quantize=quantize)
         from ..toolkit.build import default_engine_path
@@ -643,7 +643,7 @@ def search(session: Session, groups: Mapping[str, Sequence[str]], *, direction: 
         if direction == "backward" else {}
     if direction == "backward":
         state, current = list(every), top
-        stale = {g: (value(top) - value(alone[g])) / (share(alone[g]) - share(top)) for g in movable}
+        stale = {g: (value(top) - value(alone[g])) / max(share(alone[g]) - share(top), 1e-6) for g in movable}
     else:
         state = list(fixed)
         current = measure(state, "only the groups without conv MACs in float16", 0)
@@ -672,7 +672,8 @@ def search(session: Session, groups: Mapping[str, Sequence[str]], *, direction: 
                 finer = {f"{pick} / {sub}": list(names) for sub, names in refine(pick).items()}
                 every.update(finer)
                 held = [g for g in state if g != pick] + list(finer)
-                for sub in finer:
+                weight.update(group_macs(bench.stage, finer))
+                for sub in [f for f in finer if weight[f] > 0]:  # a block without conv MACs stays in float16
                     if spent[0] >= budget:
                         break
                     trial_row = measure([g for g in held if g != sub], f"{sub} to low bits", step,
@@ -690,16 +691,14 @@ def path(rows: Sequence[Mapping]) -> list[dict]:
     return sorted([r for r in rows if r.get("on_path")], key=lambda r: r["search_step"])
 
 
-def refiner(stage: Stage, names: Sequence[str]) -> Callable[[str], dict[str, list[str]]]:
-    """refine(group) for search: a group's tensors split by their module one level deeper than the
-    group's own (the first depth at which they fall into more than one module); a group that does not
-    split has no finer groups."""
-    modules = tensor_modules(stage.onnx, names)
-    grouped = config_groups(stage, names)
+def refiner(stage: Stage, groups: Mapping[str, Sequence[str]]) -> Callable[[str], dict[str, list[str]]]:
+    """refine(group) for search: one of `groups`' tensors split by their module path at the first depth at
+    which they fall into more than one module; a group that does not split has no finer groups."""
+    modules = tensor_modules(stage.onnx, [t for names in groups.values() for t in names])
 
     def refine(group: str) -> dict[str, list[str]]:
-        members = grouped.get(group) or grouped.get(group.split(" / ")[-1], [])
-        for depth in range(2, 8):
+        members = groups.get(group, [])
+        for depth in range(1, 8):
             split: dict[str, list[str]] = {}
             for name in members:
                 split.setdefault(first_levels(modules[name], depth), []).append(name)
@@ -724,7 +723,7 @@ def cheapest(rows: Sequence[Mapping], fp16: Mapping) -> list[dict]:
     reaches a bar, the row says so and names the best PESQ-WB measured. Speed is the board's to settle."""
     out = []
     fp16_pesq = fp16.get("pesq_wb")
-    scored = [r for r in rows if r.get("evaluation") == "full" and r.get("dtype") != "fp16"
+    scored = [r for r in rows if r.get("scored_on") == "full" and r.get("dtype") != "fp16"
               and isinstance(r.get("pesq_wb"), (int, float))]
     for criterion, bar in ((FP16_LIKE, fp16_pesq - FP16_LIKE_PESQ if isinstance(fp16_pesq, (int, float)) else None),
                            (GOOD, GOOD_PESQ)):
@@ -736,9 +735,10 @@ def cheapest(rows: Sequence[Mapping], fp16: Mapping) -> list[dict]:
                    default=None)
         if best is None:
             top = max(scored, key=lambda r: r["pesq_wb"], default=None)
-            out.append({**base, "found": False, "setting": "", "why_none": (
-                f"no measured setting reaches it: the best quantized PESQ-WB is {top['pesq_wb']:.2f} ({top['setting']})"
-                if top else "no setting was scored"), "where": "simulator", "target": fp16["target"]})
+            why = (f"no measured setting reaches it: the best quantized PESQ-WB is {top['pesq_wb']:.2f} "
+                   f"({top['setting']})" if top else "no setting was scored")
+            out.append({**base, "found": False, "setting": "", "why_none": why, "summary": f"none ({why})",
+                        "where": "simulator", "target": fp16["target"]})
             continue
         out.append({**base, "found": True, "setting": best["setting"], "dtype": best["dtype"],
                     "pesq_wb": best["pesq_wb"], "stoi": best.get("stoi"), "dnsmos_ovrl": best.get("dnsmos_ovrl"),
@@ -747,8 +747,20 @@ def cheapest(rows: Sequence[Mapping], fp16: Mapping) -> list[dict]:
                     "low_bit_mac_share": best.get("low_bit_mac_share"),
                     "low_bit_weight_share": best.get("low_bit_weight_share"), "engine_bytes": best.get("engine_bytes"),
                     "goal_share_met": (best.get("low_bit_mac_share") or 0.0) >= GOAL_LOW_BIT_SHARE,
-                    "speed": "board-only", "why_none": "", "where": "simulator", "target": fp16["target"]})
+                    "speed": "board-only", "why_none": "",
+                    "summary": f"{best['setting']} ({best['dtype']}: PESQ-WB {best['pesq_wb']:.2f}, "
+                               f"{best.get('low_bit_mac_share') or 0.0:.0%} of the conv MACs on weights of 8 bits or "
+                               f"fewer, {best.get('engine_bytes')} bytes)",
+                    "where": "simulator", "target": fp16["target"]})
     return out
+
+
+def uniform(rows: Iterable[Mapping]) -> list[dict]:
+    """Rows with one set of columns (every column any row has, in first-seen order; '' where a row has
+    none): a table mixes plain settings, search points and ranked hybrids, each with columns of its own."""
+    rows = list(rows)
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    return [{k: r.get(k, "") for k in columns} for r in rows]
 
 
 def goal_rows(cheapest_rows: Sequence[Mapping], stage: str) -> list[dict]:
@@ -928,13 +940,14 @@ def run_stage(make: Callable[[], Stage], settings: Mapping, probe_rows: Sequence
               progress: Callable[[str], None] | None = None) -> StageRun:
     """One stage through the lever, as its family's plan says (`settings`):
 
-    * `targets` (first: the primary) and, per target, every dtype the probe says it builds: fp16 and each
-      dtype's default calibration (DEFAULT_SAMPLES samples, normal, per channel);
+    * `targets` (first: the primary) and, per target, every dtype the probe says it builds (of `dtypes`,
+      when given): fp16 and each dtype's default calibration (DEFAULT_SAMPLES samples, normal, per channel);
     * on the primary, `grid`: the default w8a8 calibration varied one setting at a time (algorithm,
       method, samples), and `auto_hybrid` thresholds;
     * on the primary, `isolation` and `ranking` ({"samples", "counts"}: accuracy_analysis on that many
       calibration samples, its N worst layers kept in float16 on the search's footing), and `search`
-      ({"budget"}: rkstudy.levers.quantization.search, backward, refined at the two PESQ bars), its chosen
+      ({"budget", "depth"}: rkstudy.levers.quantization.search, backward, refined at the two PESQ bars; `depth`
+      moves blocks of that many module levels instead of the stage's groups), its chosen
       points re-scored on the full evaluation and carried to every other target's w8a8 session;
     * the cheapest settings per target (`cheapest`) and the MAC accounting of the primary's fp16 build."""
     import time
@@ -955,15 +968,16 @@ def run_stage(make: Callable[[], Stage], settings: Mapping, probe_rows: Sequence
             run.accounting.append(mac_accounting(stage, report))
         floors = ([fp16[metric] - FP16_LIKE_PESQ, GOOD_PESQ] if metric == FIDELITY and
                   isinstance(fp16.get(metric), (int, float)) else [])
-        for dtype in builds(probe_rows, target):
+        for dtype in [d for d in builds(probe_rows, target) if d in settings.get("dtypes", QUANTIZED_DTYPES)]:
             calibration = _calibration(stage, dtype)
             with bench.session(calibration) as session:
                 rows.append(session.measure([], calibration.label))
                 if dtype != "w8a8" or session.failed is not None:
                     continue
                 names = session.quantized()
-                groups = config_groups(stage, names)
-                refine = refiner(stage, names)
+                depth = (settings.get("search") or {}).get("depth")  # coarser blocks than the stage's own
+                groups = config_groups(stage, names, depth=depth)
+                refine = refiner(stage, groups)
                 if target == primary:
                     fixed = [t for g, w in group_macs(stage, groups).items() if not w for t in groups[g]]
                     if settings.get("ranking"):

@@ -33,10 +33,10 @@ def window_engine(targets: Sequence[str] = ("rk3588", "rk3566"), text: str = "sh
 
 
 def lever_graphs(quick: bool) -> LeverGraphs:
-    """Quick: the window quantized on one text and scored on one window of another, on rk3588: fp16, each
-    dtype the probe says rk3588 builds, the isolation of what a hybrid of every ranked layer loses, and a
-    search of a few variants. Full: the window engine for both toolkit versions; quantized on every target
-    the probe covers, the default calibration varied one setting at a time on rk3588 (algorithm, method,
+    """Quick: the window quantized on one text and scored on one window of another, on rk3588: fp16, w8a8,
+    the isolation of what a hybrid of every ranked layer loses, and a search of a few variants over the
+    flow and the decoder as two blocks. Full: the window engine for both toolkit versions; quantized on
+    every target the probe covers, the default calibration varied one setting at a time on rk3588 (algorithm, method,
     calibration samples), the ranking on two calibration samples, the isolation, the search, and its chosen
     points carried to every other target."""
     from ..piper.voice import Voice
@@ -45,8 +45,8 @@ def lever_graphs(quick: bool) -> LeverGraphs:
     if quick:
         return LeverGraphs(quantization=[QuantizationPlan(lambda: quantization_stage(
             Voice(), calibration_texts=("short",), evaluation_texts=("phone",), evaluation_frames=93),
-            {"targets": ("rk3588",), "ranking": {"samples": 1, "counts": ()}, "isolation": True,
-             "search": {"budget": 6}})])
+            {"targets": ("rk3588",), "dtypes": ("w8a8",), "ranking": {"samples": 1, "counts": ()},
+             "isolation": True, "search": {"budget": 8, "depth": 1}})])
     grid = ({"algorithm": "kl_divergence"}, {"algorithm": "mmse", "samples": 4}, {"method": "layer"},
             {"samples": 4}, {"samples": None})
     return LeverGraphs(versions=[window_engine()], quantization=[QuantizationPlan(
