@@ -383,7 +383,7 @@ def test_a_step_window_is_a_whole_step_never_the_tail_past_the_last_one():
 @pytest.mark.simulator
 def test_a_quantized_engine_converts_with_its_contract_and_a_board_run_takes_it(voice, tmp_path):
     """Stage 2 with a Calibration: the engine's contract records what it computes in, and `rkstudy board
-    run` (on a recorded RK3588 tree, through the replay double) takes it through that contract like any
+    run` (on a recorded RK3588 tree with librknnrt 2.5.0, through the replay double) takes it through that contract like any
     engine and stamps its row with the engine's dtype."""
     import os
     import subprocess
@@ -406,7 +406,8 @@ def test_a_quantized_engine_converts_with_its_contract_and_a_board_run_takes_it(
     assert done.contract.quantization == calibration.record() and done.contract.dtype == "int8 w8a8 kl_divergence"
     back = contracts.for_engine(tmp_path / "decoder_q.rknn", family="piper_decoder", soc="rk3588")
     assert back.quantization["calibration_samples"] == 4
-    env = {**os.environ, "RKSTUDY_SYSROOT": str(REPO / "tests" / "fixtures" / "boards" / "rk3588"),
+    # the recorded RK3588 whose librknnrt (2.5.0) runs the toolkit's engines
+    env = {**os.environ, "RKSTUDY_SYSROOT": str(REPO / "tests" / "fixtures" / "boards" / "rk3588-librknnrt-2.5.0"),
            "PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "doubles"), str(REPO)])}
 
     def rkstudy(*argv):

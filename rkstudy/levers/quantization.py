@@ -17,6 +17,7 @@ scored on them all).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -180,17 +181,35 @@ def tensor_modules(onnx, names: Iterable[str]) -> dict[str, str]:
     return out
 
 
-# A constant the toolkit adds to the config beside the layers (a Div by a constant turned into a Mul by
-# its stored reciprocal, '/dec/Div_2mul_i1'): no layer's output, and step 2 refuses it by name.
-STORED_CONSTANT_SUFFIX = "mul_i1"
+# Constants the toolkit lists in the config beside the layers, which step 2 refuses by name ('Invalid operands
+# name ... in custom_quantize_layers'): an operand it stores for an op it rewrote (a Div by a constant turned
+# into a Mul by its reciprocal, '/dec/Div_2mul_i1'; an einsum's '..._2einsum_i1'), an exporter's Constant
+# output (kept under its name after folding, '/enc_p/Constant_output_0', '..._dup1').
+STORED_OPERAND = re.compile(r"_i\d+$")
+EXPORTED_CONSTANT = re.compile(r"(^|/)Constant(_\d+)?_output_\d+(_dup\d+)?$")
+REFUSED_NAME = re.compile(r"Invalid operands name '([^']+)' in custom_quantize_layers")
 
 
-def quantized_tensors(tensors: Sequence[Mapping]) -> list[str]:
+def quantized_tensors(tensors: Sequence[Mapping], onnx=None) -> list[str]:
     """The config tensors a hybrid can keep in float16: every one the build quantizes (int8 under w8a8,
     int16 under w16a16i_dfp; under w4a16 the activations are float16 already and 'float16' there keeps
-    the layer's weights in float16 too), less the stored constants. The graph's float inputs and outputs
-    are float32 in the config and stay so."""
-    return [t["name"] for t in tensors if t["dtype"] != "float32" and not t["name"].endswith(STORED_CONSTANT_SUFFIX)]
+    the layer's weights in float16 too), less the constants the config lists beside the layers (stored
+    operands and exporters' Constant outputs; with `onnx`, the graph's initializers and any tensor a
+    Constant node makes): step 2 refuses those by name. The graph's float inputs and outputs are float32
+    in the config and stay so."""
+    names = [t["name"] for t in tensors if t["dtype"] != "float32" and not STORED_OPERAND.search(t["name"])
+             and not EXPORTED_CONSTANT.search(t["name"])]
+    if onnx is None:
+        return names
+    index = Index(graph.load(onnx, load_external_data=False))
+
+    def constant(name: str) -> bool:
+        if name in index.initializers:
+            return True
+        kind, found = macs.locate(name, index)
+        producer = index.producer.get(found) if kind == "tensor" else None
+        return producer is not None and producer.op_type == "Constant"
+    return [n for n in names if not constant(n)]
 
 
 def group_macs(stage: Stage, groups: Mapping[str, Sequence[str]]) -> dict[str, int]:
@@ -402,6 +421,9 @@ class Session:
         self._child = None
         self._tensors: list[dict] | None = None
         self.failed: dict | None = None  # the calibration's own failure (a refusal or a crash), as a row
+        self.refused: set[str] = set()  # config tensors step 2 refused by name: never asked for again
+        if self._refused_path().exists():
+            self.refused = set(json.loads(self._refused_path().read_text()))
 
     def _tensors_path(self) -> Path:
         stage = self.bench.stage
@@ -427,6 +449,9 @@ class Session:
         atomic.write_text(self._tensors_path(), json.dumps(self._tensors))
         return True
 
+    def _refused_path(self) -> Path:
+        return self._tensors_path().with_suffix(".refused.json")
+
     @property
     def tensors(self) -> list[dict]:
         """The toolkit's quantization config: each tensor's name and dtype."""
@@ -439,7 +464,8 @@ class Session:
         return self._tensors or []
 
     def quantized(self) -> list[str]:
-        return quantized_tensors(self.tensors)
+        """The config tensors a variant can keep in float16 (quantized_tensors), less any step 2 refused."""
+        return [n for n in quantized_tensors(self.tensors, self.bench.stage.onnx) if n not in self.refused]
 
     def measure(self, keep: Sequence[str], setting: str, which: str = "full", groups: str = "") -> dict:
         """The variant with `keep` in float16 walked over the `which` items and scored (recorded by content)."""
@@ -465,6 +491,11 @@ class Session:
         except (RuntimeError, BuildFailed) as exc:
             variant.report.error = str(exc)
         b.built += 1
+        refused = REFUSED_NAME.search(variant.report.error or "")
+        if refused and refused.group(1) in keep:  # a constant the config lists: drop it, for good, and build again
+            self.refused.add(refused.group(1))
+            atomic.write_text(self._refused_path(), json.dumps(sorted(self.refused)))
+            return self.measure([k for k in keep if k != refused.group(1)], setting, which, groups)
         row = b._row(setting, quantize, variant.report, tests, which, groups)
         if not variant.report.ok:
             row["status"] = _outcome(variant.report)
@@ -578,6 +609,7 @@ def rank_layers(stage: Stage, target: str, calibration: Calibration, samples: in
 
 # --- the search: fidelity measured after every choice ---------------------------------------------------
 FIDELITY = "pesq_wb"  # what the search steers by (a listener's score), and the goal is stated in
+FIDELITY_CAP = 1000.0  # a fidelity past this (an identical render's infinite SNR) counts as this
 SNR_FIDELITY = "utterance_snr_db"  # for a stage whose output is not audio
 
 
@@ -630,19 +662,26 @@ def search(session: Session, groups: Mapping[str, Sequence[str]], *, direction: 
         return row
 
     def value(row: Mapping) -> float:
+        """The row's fidelity, finite (an identical render's SNR is infinite: capped, so gains compare)."""
         v = row.get(metric)
-        return float(v) if isinstance(v, (int, float)) and np.isfinite(v) else -np.inf
+        return float(np.clip(v, -FIDELITY_CAP, FIDELITY_CAP)) if isinstance(v, (int, float)) and not np.isnan(v) \
+            else -FIDELITY_CAP
 
     def share(row: Mapping) -> float:
         return float(row.get("low_bit_mac_share") or 0.0)
 
+    def trial_of(pick: str) -> list[str]:
+        return [g for g in state if g != pick] if direction == "backward" else state + [pick]
+
+    def best(stale: Mapping[str, float]) -> str:
+        return min(stale, key=stale.get) if direction == "backward" else max(stale, key=stale.get)
+
     top = measure(list(every), "every group in float16", 0)
     movable = [g for g in every if weight[g] > 0]
     fixed = [g for g in every if g not in movable]
-    alone = {g: measure([h for h in every if h != g], f"{g} alone at low bits", 0) for g in movable} \
-        if direction == "backward" else {}
     if direction == "backward":
         state, current = list(every), top
+        alone = {g: measure(trial_of(g), f"{g} alone at low bits", 0) for g in movable}
         stale = {g: (value(top) - value(alone[g])) / max(share(alone[g]) - share(top), 1e-6) for g in movable}
     else:
         state = list(fixed)
@@ -650,23 +689,21 @@ def search(session: Session, groups: Mapping[str, Sequence[str]], *, direction: 
         stale = {g: np.inf for g in movable}  # every candidate is measured once before one is taken
     current["on_path"] = True
     step = 0
-    while stale and spent[0] < budget:
+    while stale:
         step += 1
+        fresh: dict[str, dict] = {}  # candidates measured against the current set in this step
         while True:
-            if direction == "backward":
-                pick = min(stale, key=stale.get)
-                trial = [g for g in state if g != pick]
-            else:
-                pick = max(stale, key=stale.get)
-                trial = state + [pick]
-            row = measure(trial, f"{pick} {'to low bits' if direction == 'backward' else 'kept in float16'}", step)
+            pick = best(stale)
+            if pick in fresh or spent[0] >= budget:
+                break
+            row = measure(trial_of(pick), f"{pick} {'to low bits' if direction == 'backward' else 'kept in float16'}",
+                          step)
             moved = abs(share(row) - share(current)) or 1e-6
             gain = value(current) - value(row) if direction == "backward" else value(row) - value(current)
-            stale[pick] = gain / moved
-            others = [v for g, v in stale.items() if g != pick]
-            if not others or spent[0] >= budget or (
-                    stale[pick] <= min(others) if direction == "backward" else stale[pick] >= max(others)):
-                break
+            stale[pick], fresh[pick] = gain / moved, row
+        if pick not in fresh:  # out of budget before this step's choice was measured
+            break
+        trial, row = trial_of(pick), fresh[pick]
         for floor in floors:
             if direction == "backward" and refine is not None and value(current) >= floor > value(row):
                 finer = {f"{pick} / {sub}": list(names) for sub, names in refine(pick).items()}
@@ -900,23 +937,34 @@ def _calibration(stage: Stage, dtype: str = "w8a8", algorithm: str = "normal", m
     return Calibration(evenly(stage.calibration, samples), dtype=dtype, algorithm=algorithm, method=method)
 
 
-def _chosen(search_rows: Sequence[Mapping], floors: Sequence[float], metric: str) -> list[Mapping]:
+def _chosen(search_rows: Sequence[Mapping], floors: Sequence[float], metric: str, spread: int = 6) -> list[Mapping]:
     """The search points worth scoring on the full evaluation: the greedy path from the top down to the
-    first point under the lowest floor, and the cheapest point at or above each floor (refined included)."""
+    first point under the lowest floor, and the cheapest point at or above each floor (refined included);
+    with no floors (a stage scored by SNR), `spread` points of the path evenly spread."""
+    if not floors:
+        return evenly(path(search_rows), spread)
     picked = []
     for r in path(search_rows):
         picked.append(r)
         if floors and isinstance(r.get(metric), (int, float)) and r[metric] < min(floors):
             break
-    for floor in floors:
-        above = [r for r in search_rows if isinstance(r.get(metric), (int, float)) and r[metric] >= floor]
-        if above:
-            picked.append(max(above, key=lambda r: r.get("low_bit_mac_share") or 0.0))
+    picked += _at_floors(search_rows, floors, metric)
     out, seen = [], set()
     for r in picked:
         if r["fp16_groups"] not in seen:
             seen.add(r["fp16_groups"])
             out.append(r)
+    return out
+
+
+def _at_floors(search_rows: Sequence[Mapping], floors: Sequence[float], metric: str) -> list[Mapping]:
+    """The search's cheapest point (most MACs on low bits) at or above each floor, once each."""
+    out = []
+    for floor in floors:
+        above = [r for r in search_rows if isinstance(r.get(metric), (int, float)) and r[metric] >= floor]
+        best = max(above, key=lambda r: r.get("low_bit_mac_share") or 0.0, default=None)
+        if best is not None and all(best["fp16_groups"] != r["fp16_groups"] for r in out):
+            out.append(best)
     return out
 
 
@@ -948,7 +996,8 @@ def run_stage(make: Callable[[], Stage], settings: Mapping, probe_rows: Sequence
       calibration samples, its N worst layers kept in float16 on the search's footing), and `search`
       ({"budget", "depth"}: rkstudy.levers.quantization.search, backward, refined at the two PESQ bars; `depth`
       moves blocks of that many module levels instead of the stage's groups), its chosen
-      points re-scored on the full evaluation and carried to every other target's w8a8 session;
+      points re-scored on the full evaluation, the cheapest at each bar carried to every other target's
+      w8a8 session;
     * the cheapest settings per target (`cheapest`) and the MAC accounting of the primary's fp16 build."""
     import time
 
@@ -960,6 +1009,7 @@ def run_stage(make: Callable[[], Stage], settings: Mapping, probe_rows: Sequence
     primary = targets[0]
     metric = fidelity_of(stage)
     chosen: list[Mapping] = []
+    carried: list[Mapping] = []
     for target in targets:
         bench = Bench(stage, target, progress=say)
         fp16 = bench.build("fp16")
@@ -994,7 +1044,9 @@ def run_stage(make: Callable[[], Stage], settings: Mapping, probe_rows: Sequence
                         run.search = search(session, groups, refine=refine, floors=floors,
                                             budget=settings["search"].get("budget", 40))
                         chosen = _chosen(run.search, floors, metric)
-                for r in chosen:
+                        carried = _at_floors(run.search, floors, metric)
+                # the primary scores every chosen point; another target, the cheapest at each bar
+                for r in chosen if target == primary else carried:
                     keep = _keep_for(groups, refine, r["fp16_groups"])
                     if keep is not None:
                         rows.append({**session.measure(keep, f"search: {r['search_move']}", groups=r["fp16_groups"]),

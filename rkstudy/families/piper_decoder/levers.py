@@ -48,7 +48,7 @@ def lever_graphs(quick: bool) -> LeverGraphs:
             {"targets": ("rk3588",), "dtypes": ("w8a8",), "ranking": {"samples": 1, "counts": ()},
              "isolation": True, "search": {"budget": 8, "depth": 1}})])
     grid = ({"algorithm": "kl_divergence"}, {"algorithm": "mmse", "samples": 4}, {"method": "layer"},
-            {"samples": 4}, {"samples": None})
+            {"samples": 4}, {"samples": 48})
     return LeverGraphs(versions=[window_engine()], quantization=[QuantizationPlan(
         lambda: quantization_stage(Voice()),
         {"targets": ("rk3588", "rk3576", "rk3566", "rk3562"), "grid": grid,

@@ -566,6 +566,18 @@ def run_ladder(voice: piper.Voice, widths: Sequence[int], chunks: Sequence[tuple
 
 
 # --- quantization: one width, calibrated on the ids of real text ----------------------------------
+def encoder_groups(module: str) -> str:
+    """How a search moves the encoder's layers (rkstudy.levers.quantization.Stage.groups): each transformer
+    layer k (its attention, feed-forward and norms) as one block, the duration predictor as another, the
+    rest at its first two levels."""
+    from ...levers.quantization import first_levels
+
+    parts = [p for p in module.split("/") if p]
+    if parts[:2] == ["enc_p", "encoder"] and len(parts) > 2 and "." in parts[2]:
+        return f"/enc_p/encoder layer {parts[2].rsplit('.', 1)[1]}"
+    return first_levels(module, 1 if parts[:1] == ["dp"] else 2)
+
+
 QUANT_CALIBRATION_TEXTS = ("paragraph",)
 QUANT_EVALUATION_TEXTS = ("short", "phone")
 
@@ -580,7 +592,7 @@ def quantization_stage(voice: piper.Voice | None = None, width: int = 64,
     evaluation chunks come from `evaluation_texts` (no text in both). Each chunk is scored on its
     real tokens, stats and cond each a window of its own (the durations come from cond, the
     decoder's latent from stats); the utterance column is every chunk's outputs back to back."""
-    from ...levers.quantization import Stage, first_levels, held_apart, span_scores
+    from ...levers.quantization import Stage, held_apart, span_scores
 
     held_apart(calibration_texts, evaluation_texts)
     voice = voice or piper.Voice()
@@ -606,5 +618,5 @@ def quantization_stage(voice: piper.Voice | None = None, width: int = 64,
     return Stage(name=f"Piper encoder width {width}", onnx=product.path,
                  calibration=[pad_ids(ids, width) for ids in evenly(chunks(calibration_texts), calibration_chunks)],
                  evaluation=evaluation, search=evaluation[:2], walk=walk, score=score,
-                 groups=lambda module: first_levels(module, 3),
+                 groups=encoder_groups,
                  texts={"calibration": ", ".join(calibration_texts), "evaluation": ", ".join(evaluation_texts)})
