@@ -4,6 +4,7 @@ toolkit documents, the groups a search moves, the search itself, and the stages'
 from their evaluation."""
 
 import gzip
+import json
 from pathlib import Path
 
 import numpy as np
@@ -422,3 +423,30 @@ def test_a_quantized_engine_converts_with_its_contract_and_a_board_run_takes_it(
     assert "piper_decoder on replay (rk3588" in proc.stdout
     (row,) = results.read_table(tmp_path / "results" / "board" / "piper_decoder.csv")
     assert (row["where"], row["dtype"]) == ("replay", "int8 w8a8 kl_divergence")
+
+
+def test_a_real_quantization_config_falls_into_the_decoders_blocks(voice, slice_once):
+    """The Piper window's quantization config as rknn-toolkit2 2.5.0's step 1 wrote it for rk3588 w8a8
+    (tests/fixtures/quantization): the casts and reshapes of the graph's inputs and output are one block
+    that holds no conv MACs; a tiled conv's compiler-made tiles and the splits and pads feeding them fall
+    into their conv's block (the tensors accuracy_analysis never names); the exporter's anonymous gated
+    activations into their flow coupling; the stored reciprocals of the decoder's Divs are no layer."""
+    from rkstudy.families.piper_decoder.study import quantization_stage
+
+    tensors = json.loads((Path(__file__).parent / "fixtures" / "quantization" /
+                          "piper_w93_w8a8_rk3588_tensors.json").read_text())
+    stage = quantization_stage(voice, calibration_texts=("phone",), evaluation_texts=("short",))
+    names = quantize.quantized_tensors(tensors, stage.onnx)
+    assert len(names) == 276 and not any(n.endswith("mul_i1") for n in names)
+    groups = quantize.config_groups(stage, names)
+    assert sorted(groups[quantize.IO_GROUP]) == ["audio_int8", "y_mask_int8", "y_mask_rs", "z_int8", "z_rs"]
+    assert "/dec/ups.0/ConvTranspose_output_0-rs_tile1_convtranspose" in groups["/dec stage 0"]
+    assert "/dec/resblocks.5/convs.1/Conv_output_0-rs_tile0_conv" in groups["/dec stage 1"]
+    assert "/dec/resblocks.8/LeakyRelu_output_0-rs_pad" in groups["/dec stage 2"]
+    assert "onnx::Tanh_6911-rs" in groups["/flow/flows.6"]
+    weight = quantize.group_macs(stage, groups)
+    assert weight[quantize.IO_GROUP] == 0 and weight["/dec"] == 0  # activations only
+    assert sum(weight.values()) == sum(macs.graph_convs(stage.onnx)[n]["macs"] for n in macs.graph_convs(stage.onnx))
+    assert weight["/dec stage 1"] == weight["/dec stage 2"] == 2 * weight["/dec stage 0"]
+    refine = quantize.refiner(stage, groups)
+    assert sorted(refine("/dec stage 1")) == ["/dec/resblocks.3", "/dec/resblocks.4", "/dec/resblocks.5", "/dec/ups.1"]

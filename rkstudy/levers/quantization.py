@@ -213,20 +213,38 @@ def quantized_tensors(tensors: Sequence[Mapping], onnx=None) -> list[str]:
 
 
 def group_macs(stage: Stage, groups: Mapping[str, Sequence[str]]) -> dict[str, int]:
-    """{group: the graph conv MACs whose output tensors it holds}: what returning it to low bits can move
-    (0 for the graph's inputs and outputs and for blocks of activations only)."""
+    """{group: the graph conv MACs it holds}: what returning it to low bits can move (0 for blocks of
+    activations only). A conv belongs to the group whose tensors' modules match its own most closely (the
+    same module, or one inside the other: tensor_modules; the compiler names a fused conv's tensors after
+    the op it feeds, so a conv's own output may not be in the config at all); a conv that writes a graph
+    output, to the graph's inputs and outputs when that is a group, since its output cast decides its
+    dtype. Each conv counts once."""
     model = graph.load(stage.onnx, load_external_data=False)
-    index = Index(model)
     convs = macs.graph_convs(model)
-    out = {}
-    for group, names in groups.items():
-        nodes = set()
-        for name in names:
-            kind, found = macs.locate(name, index)
-            producer = index.producer.get(found) if kind == "tensor" else None
-            if producer is not None and producer.name in convs:
-                nodes.add(producer.name)
-        out[group] = sum(convs[n]["macs"] for n in nodes)
+    names = [t for members in groups.values() for t in members]
+    modules = tensor_modules(stage.onnx, names)
+    outputs = {o.name for o in model.graph.output}
+    writes_output = {n.name for n in model.graph.node if n.name in convs and set(n.output) & outputs}
+    module_groups = {g: {modules[t] for t in members} for g, members in groups.items()}
+    def related(where: str, module: str) -> int:
+        """How closely a tensor's module matches a conv's: the length of the shared path when one contains
+        the other (or they are equal), else -1."""
+        if module == IO_GROUP:
+            return -1
+        if where == module or where.startswith(module.rstrip("/") + "/") or module.startswith(where.rstrip("/") + "/"):
+            return min(len(where), len(module))
+        return -1
+
+    out = dict.fromkeys(groups, 0)
+    for conv, info in convs.items():
+        where = module_of(conv) or "/"
+        if conv in writes_output and IO_GROUP in groups:
+            home = IO_GROUP
+        else:
+            closeness = {g: max((related(where, m) for m in mods), default=-1) for g, mods in module_groups.items()}
+            home = max(closeness, key=closeness.get) if closeness and max(closeness.values()) >= 0 else None
+        if home is not None:
+            out[home] += info["macs"]
     return out
 
 
