@@ -384,8 +384,8 @@ def test_a_step_window_is_a_whole_step_never_the_tail_past_the_last_one():
 @pytest.mark.simulator
 def test_a_quantized_engine_converts_with_its_contract_and_a_board_run_takes_it(voice, tmp_path):
     """Stage 2 with a Calibration: the engine's contract records what it computes in, and `rkstudy board
-    run` (on a recorded RK3588 tree with librknnrt 2.5.0, through the replay double) takes it through that contract like any
-    engine and stamps its row with the engine's dtype."""
+    run` (on a recorded RK3588 tree with librknnrt 2.5.0, through the replay double) takes it through that
+    contract like any engine and stamps its row with the engine's dtype."""
     import os
     import subprocess
     import sys

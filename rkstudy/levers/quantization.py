@@ -306,7 +306,7 @@ def _digest_arrays(arrays: Sequence[np.ndarray]) -> str:
                                                                             for a in arrays])
 
 
-def _fp16_share(quantize: Calibration | None) -> str:
+def _settings(quantize: Calibration | None) -> str:
     return quantize.settings if quantize else "fp16"
 
 
@@ -357,7 +357,7 @@ class Bench:
     def _row(self, setting: str, quantize: Calibration | None, report: BuildReport, tests: list | None,
              which: str, groups: str) -> dict:
         stage, refs = self.stage, self.refs_for(which)
-        row = {"stage": stage.name, "setting": setting, "dtype": report.dtype, "quantization": _fp16_share(quantize),
+        row = {"stage": stage.name, "setting": setting, "dtype": report.dtype, "quantization": _settings(quantize),
                "calibration_samples": len(quantize.feeds) if quantize else 0,
                "fp16_groups": groups, "kept_fp16": len(quantize.keep_fp16) if quantize else 0,
                "scored_on": which, "status": report.status if tests is not None else "simulator refused",
@@ -370,7 +370,7 @@ class Bench:
             shares = engine_shares(stage.onnx, Path(report.log).read_text(encoding="utf-8", errors="replace"),
                                    quantize)
             row.update({k: v for k, v in shares.items() if k != "fp16_convs"})
-            row["fp16_convs"] = len(shares["fp16_convs"]) if quantize else 0  # an fp16 build: every conv
+            row["fp16_convs"] = len(shares["fp16_convs"])  # graph convs with a float16 layer
         row.update({"engine_bytes": report.engine_bytes, **stage.texts, "regtask": report.regtask,
                     "build_s": round(report.seconds, 1), "where": "simulator", "target": self.target})
         return row
@@ -517,6 +517,8 @@ class Session:
         row = b._row(setting, quantize, variant.report, tests, which, groups)
         if not variant.report.ok:
             row["status"] = _outcome(variant.report)
+        if not self._child.alive:  # the toolkit died under this variant: the session's later asks say so
+            self.failed = {**row, "error": f"the session ended at an earlier variant: {row['error']}"[:300]}
         if tests is not None:
             b.stage.outputs[setting] = tests
         if variant.report.status != "timeout":
@@ -1012,8 +1014,9 @@ def run_stage(make: Callable[[], Stage], settings: Mapping, probe_rows: Sequence
       method, samples), and `auto_hybrid` thresholds;
     * on the primary, `isolation` and `ranking` ({"samples", "counts"}: accuracy_analysis on that many
       calibration samples, its N worst layers kept in float16 on the search's footing), and `search`
-      ({"budget", "depth"}: rkstudy.levers.quantization.search, backward, refined at the two PESQ bars; `depth`
-      moves blocks of that many module levels instead of the stage's groups), its chosen
+      ({"budget", "depth", "forward"}: rkstudy.levers.quantization.search, backward, refined at the two PESQ
+      bars; `depth` moves blocks of that many module levels instead of the stage's groups; `forward` also runs
+      the forward greedy with that budget, from the plain build up), its chosen
       points re-scored on the full evaluation, the cheapest at each bar carried to every other target's
       w8a8 session;
     * the cheapest settings per target (`cheapest`) and the MAC accounting of the primary's fp16 build."""
@@ -1061,8 +1064,12 @@ def run_stage(make: Callable[[], Stage], settings: Mapping, probe_rows: Sequence
                     if settings.get("search"):
                         run.search = search(session, groups, refine=refine, floors=floors,
                                             budget=settings["search"].get("budget", 40))
-                        chosen = _chosen(run.search, floors, metric)
-                        carried = _at_floors(run.search, floors, metric)
+                        if settings["search"].get("forward"):  # the same greedy from the plain build up
+                            run.search += search(session, groups, direction="forward", label="forward search",
+                                                 budget=settings["search"]["forward"])
+                        backward = [r for r in run.search if r["search"] == "search"]
+                        chosen = _chosen(backward, floors, metric)
+                        carried = _at_floors(backward, floors, metric)
                 # the primary scores every chosen point; another target, the cheapest at each bar
                 for r in chosen if target == primary else carried:
                     keep = _keep_for(groups, refine, r["fp16_groups"])

@@ -52,7 +52,8 @@ def lever_graphs(quick: bool) -> LeverGraphs:
     return LeverGraphs(versions=[window_engine()], quantization=[QuantizationPlan(
         lambda: quantization_stage(Voice()),
         {"targets": ("rk3588", "rk3576", "rk3566", "rk3562"), "grid": grid,
-         "ranking": {"samples": 2, "counts": (64, 128, 192)}, "isolation": True, "search": {"budget": 40},
+         "ranking": {"samples": 2, "counts": (64, 128, 192)}, "isolation": True,
+         "search": {"budget": 40, "forward": 12},
          "auto_hybrid": (0.99,)})])
 
 
