@@ -515,6 +515,7 @@ class Session:
             atomic.write_text(self._refused_path(), json.dumps(sorted(self.refused)))
             return self.measure([k for k in keep if k != refused.group(1)], setting, which, groups)
         row = b._row(setting, quantize, variant.report, tests, which, groups)
+        row["calibration_s"] = round(self._child.report.seconds, 1)  # the session's one pass, for the cost
         if not variant.report.ok:
             row["status"] = _outcome(variant.report)
         if not self._child.alive:  # the toolkit died under this variant: the session's later asks say so
