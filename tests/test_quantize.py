@@ -62,6 +62,24 @@ def test_the_low_bit_share_counts_the_macs_of_the_convs_compiled_int8():
     assert missing.reconciliation()["convs_without_a_layer_macs"] == 131_072
 
 
+@pytest.mark.parametrize("dtype, stored, low", [("w4a16", "INT4", 1.0), ("w16a16i_dfp", "INT16", 0.0)])
+def test_the_low_bit_share_reads_what_the_weights_are_stored_in(dtype, stored, low):
+    """Recorded from rknn-toolkit2 2.5.0 builds of the dtype probe for rk3576: under w4a16 every layer
+    computes in FLOAT16 (the layer table's dtype) on 4-bit weights (the constant table's), so the share
+    of conv MACs on weights of 8 bits or fewer is 1.0, not the 0.0 the layer dtypes would say; under
+    w16a16i_dfp the weights are 16-bit and the share is 0."""
+    from rkstudy.toolkit.log import weight_dtypes
+
+    text = gzip.decompress((FIXTURES / f"dtype_probe_{dtype}_rk3576.log.gz").read_bytes()).decode()
+    convs = [layer for layer in layer_table(text) if layer.op.startswith("Conv")]
+    assert len(convs) == 2 and {weight_dtypes(text)[layer.id] for layer in convs} == {stored}
+    if dtype == "w4a16":
+        assert {layer.dtype for layer in convs} == {"FLOAT16"}
+    shares = quantize.engine_shares(toolchain.dtype_probe(), text, Calibration([{"x": np.zeros(1)}], dtype=dtype))
+    assert shares["low_bit_mac_share"] == low == shares["low_bit_weight_share"] and shares["mac_coverage"] == 1.0
+    assert shares["fp16_convs"] == []
+
+
 # Recorded verbatim from verbose rknn-toolkit2 2.5.0 fp16 builds (rk3588) of these exact graphs: the
 # table's conv layers as printed, against the graph's convs, every difference by cause.
 RECORDED = {
@@ -234,9 +252,11 @@ def test_one_calibration_serves_every_hybrid_and_a_search_re_measures_each_choic
 
 
 @pytest.mark.simulator
-def test_the_dtype_probe_records_refusals_and_crashes_as_rows():
+def test_the_dtype_probe_records_refusals_and_crashes_as_rows(tmp_path, monkeypatch):
     """rk3588 builds w8a8 and w16a16i_dfp and refuses w8a16 at config, quoted; on rk3562 the toolkit
-    process dies on w8a16 (SIGSEGV), a row like any other."""
+    process dies on w8a16 (SIGSEGV), a row like any other. A cold cache, so every build really runs in a
+    child forked from the fork server and the crash is that child's exit status."""
+    monkeypatch.setenv("RKSTUDY_CACHE", str(tmp_path / "cache"))
     rows = {(r["target_soc"], r["dtype"]): r for r in quantize.probe_dtypes(("rk3588", "rk3562"), ("w8a8", "w8a16",
                                                                                                      "w16a16i_dfp"))}
     assert rows["rk3588", "w8a8"]["status"] == "ok" and 25 < rows["rk3588", "w8a8"]["snr_vs_fp32_db"] < 45

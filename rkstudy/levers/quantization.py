@@ -29,14 +29,14 @@ from ..graph.index import Index
 from ..runtime import OrtRunner, Recording
 from ..toolkit import macs
 from ..toolkit.build import QUANTIZED_DTYPES, BuildReport, Calibration, engine_key
-from ..toolkit.log import IO_OPS, Layer, layer_table
+from ..toolkit.log import IO_OPS, WEIGHT_BITS, Layer, layer_table, weight_dtypes
 
 CONVERT_OPS = ("exDataConvert",)  # the dtype casts a hybrid engine inserts between int8 and fp16 layers
 # what accuracy_analysis reports beside the layers: the graph's inputs and the casts at its inputs and
 # outputs (an output's cast carries the output's name)
 ANALYSIS_IO_OPS = ("Input",) + CONVERT_OPS
 IO_GROUP = "graph inputs and outputs"  # the casts and reshapes of the graph's own inputs and outputs
-SCORES = 3  # bumped when what a recorded measurement holds changes, so older records are not read back
+SCORES = 4  # bumped when what a recorded measurement holds changes, so older records are not read back
 
 
 # --- stages ------------------------------------------------------------------------------------------
@@ -214,18 +214,27 @@ def quantized_tensors(tensors: Sequence[Mapping], onnx=None) -> list[str]:
 
 def group_macs(stage: Stage, groups: Mapping[str, Sequence[str]]) -> dict[str, int]:
     """{group: the graph conv MACs it holds}: what returning it to low bits can move (0 for blocks of
-    activations only). A conv belongs to the group whose tensors' modules match its own most closely (the
-    same module, or one inside the other: tensor_modules; the compiler names a fused conv's tensors after
-    the op it feeds, so a conv's own output may not be in the config at all); a conv that writes a graph
-    output, to the graph's inputs and outputs when that is a group, since its output cast decides its
-    dtype. Each conv counts once."""
+    activations only). A conv belongs to the group holding a tensor named after it or its output
+    (rkstudy.toolkit.macs.resolve); else, since the compiler names a fused conv's tensors after the op it
+    feeds (so a conv's own output may not be in the config at all), to the group whose tensors' modules
+    match its own most closely (the same module, or one inside the other: tensor_modules); a conv that
+    writes a graph output, to the graph's inputs and outputs when that is a group, since its output cast
+    decides its dtype. Each conv counts once."""
     model = graph.load(stage.onnx, load_external_data=False)
     convs = macs.graph_convs(model)
+    index = Index(model)
     names = [t for members in groups.values() for t in members]
     modules = tensor_modules(stage.onnx, names)
     outputs = {o.name for o in model.graph.output}
     writes_output = {n.name for n in model.graph.node if n.name in convs and set(n.output) & outputs}
     module_groups = {g: {modules[t] for t in members} for g, members in groups.items()}
+    named: dict[str, str] = {}  # conv -> the first group holding a tensor named after it or its output
+    for g, members in groups.items():
+        for t in members:
+            node, origin = macs.resolve(t, index, convs)
+            if node is not None and origin in ("node", "output"):
+                named.setdefault(node, g)
+
     def related(where: str, module: str) -> int:
         """How closely a tensor's module matches a conv's: the length of the shared path when one contains
         the other (or they are equal), else -1."""
@@ -240,6 +249,8 @@ def group_macs(stage: Stage, groups: Mapping[str, Sequence[str]]) -> dict[str, i
         where = module_of(conv) or "/"
         if conv in writes_output and IO_GROUP in groups:
             home = IO_GROUP
+        elif conv in named:
+            home = named[conv]
         else:
             closeness = {g: max((related(where, m) for m in mods), default=-1) for g, mods in module_groups.items()}
             home = max(closeness, key=closeness.get) if closeness and max(closeness.values()) >= 0 else None
@@ -266,26 +277,33 @@ def config_groups(stage: Stage, names: Sequence[str], depth: int | None = None) 
 
 
 # --- what a compiled engine runs on low-bit weights --------------------------------------------------
-def weight_bits(layer: Layer, quantize: Calibration | None) -> int:
-    """The bits of the weights a compiled layer computes with: 16 for a float16 layer (and for every layer
-    of an fp16 build), else the build's quantized dtype's."""
+def weight_bits(layer: Layer, quantize: Calibration | None, stored: Mapping[int, str] | None = None) -> int:
+    """The bits of the weights a compiled layer computes with: what the build log's constant table says
+    its weight is stored in (`stored`: rkstudy.toolkit.log.weight_dtypes; under w4a16 a layer computes in
+    float16 on 4-bit weights, so its own dtype does not say), else 16 for a float16 layer (and every layer
+    of an fp16 build) and the build's quantized dtype's weight bits for the rest."""
+    if stored and layer.id in stored and stored[layer.id] in WEIGHT_BITS:
+        return WEIGHT_BITS[stored[layer.id]]
     if quantize is None or layer.dtype.upper().startswith("FLOAT"):
         return 16
     return quantize.weight_bits
 
 
 def engine_shares(onnx, log_text: str, quantize: Calibration | None) -> dict:
-    """From a verbose build's layer table: the share of the graph's conv MACs (and of its conv weights)
-    computed on weights of 8 bits or fewer, how much of the graph's conv MACs the table accounts for
-    (rkstudy.toolkit.macs: 1.0 when every conv has a compiled layer), and the convs left in float16."""
+    """From a verbose build's layer table and constant table: the share of the graph's conv MACs (and of
+    its conv weights) computed on weights of 8 bits or fewer, how much of the graph's conv MACs the table
+    accounts for (rkstudy.toolkit.macs: 1.0 when every conv has a compiled layer), and the convs left
+    in float16 (a layer on float16 weights)."""
     layers = layer_table(log_text)
+    stored = weight_dtypes(log_text)
     accounting = macs.account(onnx, layers)
-    low = lambda layer: weight_bits(layer, quantize) <= 8  # noqa: E731
+    low = lambda layer: weight_bits(layer, quantize, stored) <= 8  # noqa: E731
     return {"low_bit_mac_share": round(accounting.share(low), 4),
             "low_bit_weight_share": round(accounting.share(low, weights=True), 4),
             "conv_macs": accounting.conv_macs, "mac_coverage": round(accounting.coverage, 6),
             "fp16_layers": len(float16_layers(layers)),
-            "fp16_convs": accounting.chosen_nodes(lambda layer: layer.dtype.upper().startswith("FLOAT"))}
+            "fp16_convs": accounting.chosen_nodes(lambda layer: weight_bits(layer, quantize, stored) == 16
+                                                  and layer.dtype.upper().startswith("FLOAT"))}
 
 
 def float16_layers(layers: Sequence[Layer]) -> list[str]:
@@ -855,11 +873,12 @@ def dtype_summary(probe_rows: Sequence[Mapping]) -> list[dict]:
 def isolation(session: Session, ranked: Sequence[str]) -> list[dict]:
     """Where the loss of a hybrid that keeps every layer accuracy_analysis names in float16 comes from, one
     change at a time, scored on the full evaluation (per window and per utterance): the plain quantized
-    build; the layers that report names in float16 (`ranked`: what such a hybrid keeps); then each kind of
-    config tensor added in turn (the compiler-made tiles, splits and pads, the graph's input casts and
-    reshapes, its output cast), which ends at every quantized tensor in float16; and from there each kind
-    alone returned to low bits (the input casts, the output cast, the last conv, the flow's Exp where the
-    graph has one). A kind the graph does not have, or the report already names, adds no row."""
+    build; the layers that report names in float16 (`ranked`: what such a hybrid keeps, the casts it names
+    included); then each kind of config tensor it does not name added in turn (the compiler-made tiles,
+    splits and pads, the graph's input casts and reshapes, its output cast), which ends at every quantized
+    tensor in float16; and from there each kind alone returned to low bits (the input casts, the output
+    cast, the last conv, the flow's Exp where the graph has one). A kind the graph does not have, or the
+    report already names, adds no row. Each row names how many tensors its change moved and the first few."""
     stage = session.bench.stage
     names = session.quantized()
     model = graph.load(stage.onnx, load_external_data=False)
@@ -888,29 +907,32 @@ def isolation(session: Session, ranked: Sequence[str]) -> list[dict]:
     exps = {n.name for n in model.graph.node if n.op_type == "Exp"}
     rows = []
 
-    def one(keep: Sequence[str], setting: str, change: str) -> None:
+    def one(keep: Sequence[str], setting: str, change: str, changed: Sequence[str]) -> None:
         rows.append({**session.measure(keep, setting, which="full"), "change": change,
+                     "tensors_changed": len(changed), "changed": " ".join(changed[:4]) + (" ..." if len(changed) > 4
+                                                                                            else ""),
                      "exp_nodes": len(exps)})
 
-    one([], f"{session.calibration.label}: plain", "nothing in float16")
+    one([], f"{session.calibration.label}: plain", "nothing in float16", [])
+    # what a hybrid of every ranked layer keeps: every name the report gives, the casts it names included
     kept = [n for n in names if n in ranked_set]
-    one(kept, "the layers accuracy_analysis names in float16", "the ranked layers")
+    one(kept, "the layers accuracy_analysis names in float16", "the ranked layers", kept)
     for k in ("compiler-made", "input casts", "output cast"):
         added = [n for n in by[k] if n not in kept]
         if added:
             kept = kept + added
-            one(kept, f"... + {k} in float16", f"+ {k}")
+            one(kept, f"... + {k} in float16", f"+ {k}", added)
     for k in ("input casts", "output cast"):
         if by[k]:
-            one([n for n in names if n not in by[k]], f"every tensor in float16 but the {k}", f"- {k}")
+            one([n for n in names if n not in by[k]], f"every tensor in float16 but the {k}", f"- {k}", by[k])
     if convs:
         last = [n for n in names if node_of(n) == convs[-1]]
         if last:
             one([n for n in names if n not in last], f"every tensor in float16 but the last conv ({convs[-1]})",
-                "- last conv")
+                "- last conv", last)
     exp = [n for n in names if node_of(n) in exps]
     if exp:
-        one([n for n in names if n not in exp], "every tensor in float16 but the Exp", "- Exp")
+        one([n for n in names if n not in exp], "every tensor in float16 but the Exp", "- Exp", exp)
     return rows
 
 
