@@ -68,9 +68,14 @@ REGISTER_FIELD_BITS = {"rk3588": None, "rk3566": None, "rk3568": None, "rk3576":
 ROLES = ("walked", "padded", "mask", "length", "constant", "state")
 DTYPES = ("float32", "int64")
 FIELDS = ("schema", "family", "stage", "target", "toolkit", "inputs", "outputs", "window", "state",
-          "source", "onnx", "engine", "producer", "params", "shapes")
-# written only by a multi-shape engine, so every single-shape contract (and the ONNX carrying it) keeps its bytes
-OPTIONAL_FIELDS = ("shapes",)
+          "source", "onnx", "engine", "producer", "params", "shapes", "quantization")
+# written only by a multi-shape engine (shapes) or a quantized one (quantization), so every single-shape fp16
+# contract (and the ONNX carrying it) keeps its bytes
+OPTIONAL_FIELDS = ("shapes", "quantization")
+# What rknn.config(quantized_dtype=...) documents, by its weight and activation bits (which target takes
+# which is not documented: notebook 08 measures it per target).
+QUANTIZED_DTYPES = {"w8a8": (8, 8), "w8a16": (8, 16), "w16a16i_dfp": (16, 16), "w4a16": (4, 16)}
+QUANTIZATION_FIELDS = ("dtype", "algorithm", "method", "label", "calibration_samples", "fp16_tensors")
 TENSOR_FIELDS = ("name", "shape", "dtype", "role", "axis", "rate", "extra")
 WINDOW_FIELDS = ("frames", "emit", "context", "hop")
 DIGEST_FIELDS = ("file", "sha256")
@@ -150,6 +155,10 @@ class Contract:
     # a multi-shape engine (config's dynamic_input): every input shape set it runs at, each the
     # inputs' shapes in input order, largest first (the inputs' own shapes); () for one shape
     shapes: tuple[tuple[tuple[int, ...], ...], ...] = ()
+    # a quantized engine: what it computes in (QUANTIZATION_FIELDS: the toolkit's dtype, calibration algorithm
+    # and method, the build's label, how many calibration samples, how many tensors a hybrid kept in
+    # float16); None for an fp16 engine. The inputs and outputs stay float32 either way: the runtime casts.
+    quantization: Mapping[str, Any] | None = None
 
     # --- reading ------------------------------------------------------------------------
     def tensor(self, name: str) -> Tensor:
@@ -195,17 +204,28 @@ class Contract:
         d["state"] = [{"input": i, "output": o} for i, o in self.state]
         d["params"] = dict(self.params)
         d["shapes"] = [[list(x) for x in one] for one in self.shapes]
+        d["quantization"] = dict(self.quantization) if self.quantization else None
         return {k: d[k] for k in FIELDS if k not in OPTIONAL_FIELDS or d[k]}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True, indent=1)
 
-    def compiled(self, *, target: str, toolkit: str, onnx_path: Path | str, engine_path: Path | str) -> Contract:
-        """The stage-2 contract: this one plus the target, toolkit, compiled graph and engine digests."""
+    def compiled(self, *, target: str, toolkit: str, onnx_path: Path | str, engine_path: Path | str,
+                 quantization: Mapping[str, Any] | None = None) -> Contract:
+        """The stage-2 contract: this one plus the target, toolkit, compiled graph and engine digests (and,
+        for a quantized engine, what it computes in)."""
         from dataclasses import replace
 
+        if quantization is not None:
+            quantization = _quantization(dict(quantization), self.remake)
         return replace(self, target=target, toolkit=toolkit, onnx=Digest.of(onnx_path),
-                       engine=Digest.of(engine_path))
+                       engine=Digest.of(engine_path), quantization=quantization)
+
+    @property
+    def dtype(self) -> str:
+        """What the engine computes in: 'fp16', or a quantized build's label ('int8 w8a8 hybrid (12 layers
+        fp16)')."""
+        return self.quantization["label"] if self.quantization else "fp16"
 
     def with_shapes(self, shape_sets: Sequence[Sequence[Sequence[int]]]) -> Contract:
         """This contract for a multi-shape engine running at each of `shape_sets` (shapes in input
@@ -412,6 +432,17 @@ def _shape_sets(d, inputs: tuple[Tensor, ...], remake: str) -> tuple[tuple[tuple
     return tuple(sets)
 
 
+def _quantization(d, remake: str) -> dict:
+    """A quantized engine's record, checked: every QUANTIZATION_FIELDS entry, a documented dtype."""
+    d = _keys(d, QUANTIZATION_FIELDS, "the contract's quantization", remake)
+    if d["dtype"] not in QUANTIZED_DTYPES:
+        raise _refuse(f"the contract's quantization dtype is {d['dtype']!r}; known: {', '.join(QUANTIZED_DTYPES)}",
+                      remake)
+    for key in ("calibration_samples", "fp16_tensors"):
+        _int(d[key], f"the contract's quantization {key}", remake, 0)
+    return dict(d)
+
+
 def _digest(d, where: str, remake: str) -> Digest | None:
     if d is None:
         return None
@@ -470,11 +501,13 @@ def from_dict(d: Mapping, *, remake: str = DEFAULT_REMAKE) -> Contract:
         if d[key] is not None and not isinstance(d[key], str):
             raise _refuse(f"the contract's {key} is {d[key]!r}", remake)
     shapes = _shape_sets(d.get("shapes", []), inputs, remake)
+    quantization = _quantization(d["quantization"], remake) if d.get("quantization") else None
     return Contract(family=d["family"], stage=d["stage"], inputs=inputs, outputs=outputs,
                     source=_digest(d["source"], "the source", remake), producer=d["producer"],
                     params=dict(d["params"]), window=window, state=tuple(state), target=d["target"],
                     toolkit=d["toolkit"], onnx=_digest(d["onnx"], "the compiled graph", remake),
-                    engine=_digest(d["engine"], "the engine", remake), schema=d["schema"], shapes=shapes)
+                    engine=_digest(d["engine"], "the engine", remake), schema=d["schema"], shapes=shapes,
+                    quantization=quantization)
 
 
 def from_json(text: str, *, where: str, remake: str = DEFAULT_REMAKE) -> Contract:

@@ -268,3 +268,27 @@ def test_check_params_refuses_a_missing_param_first_and_compares_a_missing_value
         c.check_params({"channels": 192, "cache_numel": ..., "codes_length": ..., "hop": ...}, what="step")
     assert str(err.value) == ("the piper_decoder contract's params have no cache_numel, codes_length; the engine's "
                               f"channels is None, the step has 192. Produce an engine for this step with `{PRODUCER}`")
+
+
+def test_a_quantized_engine_records_what_it_computes_in(tmp_path):
+    """A quantized engine's contract carries the toolkit's dtype, calibration algorithm and method, the
+    build's label and how many tensors a hybrid kept in float16, and reads back as written; an fp16
+    contract writes no such field (its bytes stay as they were), and an undocumented dtype is refused."""
+    (tmp_path / "slice.onnx").write_bytes(b"the slice")
+    (tmp_path / "q.rknn").write_bytes(b"the quantized engine")
+    record = {"dtype": "w8a8", "algorithm": "kl_divergence", "method": "channel",
+              "label": "int8 w8a8 kl_divergence hybrid (12 layers fp16)", "calibration_samples": 16,
+              "fp16_tensors": 12}
+    c = decoder().compiled(target="rk3588", toolkit="rknn-toolkit2 2.5.0", onnx_path=tmp_path / "slice.onnx",
+                           engine_path=tmp_path / "q.rknn", quantization=record)
+    c.write_beside(tmp_path / "q.rknn")
+    back = contract.for_engine(tmp_path / "q.rknn", family="piper_decoder", soc="rk3588")
+    assert back == c and back.quantization == record and back.dtype == record["label"]
+    fp16 = decoder().compiled(target="rk3588", toolkit="rknn-toolkit2 2.5.0", onnx_path=tmp_path / "slice.onnx",
+                              engine_path=tmp_path / "q.rknn")
+    assert fp16.dtype == "fp16" and "quantization" not in fp16.to_dict()
+    with pytest.raises(EngineMismatch, match="quantization dtype is 'w8a4'; known: w8a8, w8a16"):
+        contract.from_json(json.dumps({**c.to_dict(), "quantization": {**record, "dtype": "w8a4"}}), where="x")
+    with pytest.raises(EngineMismatch, match="quantization has no fp16_tensors"):
+        contract.from_json(json.dumps({**c.to_dict(), "quantization": {k: v for k, v in record.items()
+                                                                      if k != "fp16_tensors"}}), where="x")

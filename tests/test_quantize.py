@@ -1,14 +1,23 @@
-"""Quantization study pieces: the int8 share of a graph's MACs from a compiled layer table, and the
-Piper decoder's calibration windows held apart from its evaluation texts."""
+"""Quantization study pieces: which compiled layer computes which graph conv (and the table's extra MACs,
+by cause, on real layer tables), the low-bit share of a hybrid engine, the calibration settings the
+toolkit documents, the groups a search moves, the search itself, and the stages' calibration held apart
+from their evaluation."""
+
+import gzip
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from rkstudy import gates
 from rkstudy.levers import quantization as quantize
+from rkstudy.toolkit import macs
 from rkstudy.toolkit import probes as toolchain
+from rkstudy.toolkit.build import Calibration
 from rkstudy.toolkit.log import Layer, layer_table
 
+FIXTURES = Path(__file__).parent / "fixtures" / "layer_tables"
 # the probe's convs: conv_pre 16x64 outputs x 16 x 7, up (ConvTranspose) 16x64 inputs x 16 x 8,
 # conv_post 1x256 outputs x 16 x 7
 PROBE_MACS = {"conv_pre": 114_688, "up": 131_072, "conv_post": 28_672}
@@ -25,24 +34,116 @@ def _layers(**dtypes):
         for i, (name, dtype) in enumerate(dtypes.items())]
 
 
-def test_the_int8_share_counts_the_macs_of_the_convs_compiled_int8():
+def _int8(layer):
+    return layer.dtype == "INT8"
+
+
+def test_the_low_bit_share_counts_the_macs_of_the_convs_compiled_int8():
     model = toolchain.vocoder_probe()
-    assert {name: quantize.layer_macs(layer) for name, layer in
-            zip(SHAPES, _layers(conv_pre="INT8", up="INT8", conv_post="INT8")[1:])} == PROBE_MACS
-    share = quantize.int8_mac_share(model, _layers(conv_pre="INT8", up="FLOAT16", conv_post="INT8"))
-    assert share["conv_macs"] == sum(PROBE_MACS.values()) == 274_432 and share["coverage"] == 1.0
-    assert share["int8_macs"] == 114_688 + 28_672
-    assert share["int8_mac_share"] == pytest.approx(143_360 / 274_432)  # 0.5224
-    assert share["fp16_convs"] == ["up"]
+    found = macs.account(model, _layers(conv_pre="INT8", up="INT8", conv_post="INT8"))
+    assert {c.node: c.macs for c in found.layers} == PROBE_MACS
+    assert found.graph == {n: {"op": op, "macs": PROBE_MACS[n], "weight_params": w} for n, op, w in
+                           (("conv_pre", "Conv", 16 * 16 * 7), ("up", "ConvTranspose", 16 * 16 * 8),
+                            ("conv_post", "Conv", 16 * 7))}
+    mixed = macs.account(model, _layers(conv_pre="INT8", up="FLOAT16", conv_post="INT8"))
+    assert mixed.conv_macs == sum(PROBE_MACS.values()) == 274_432 and mixed.coverage == 1.0
+    assert mixed.share(_int8) == pytest.approx(143_360 / 274_432)  # 0.5224
+    assert mixed.share(_int8, weights=True) == pytest.approx((16 * 16 * 7 + 16 * 7) / (16 * 16 * 15 + 16 * 7))
+    assert mixed.chosen_nodes(lambda layer: layer.dtype == "FLOAT16") == ["up"]
     # a conv the compiler tiles over halves of its input channels: each tile counts its own half
     tiles = _layers(conv_pre="INT8", conv_post="INT8") + [
         Layer(8, "ConvTranspose", "NPU", f"up_tile{k}", dtype, "(1,8,1,64),(8,16,1,8),(16)", "(1,16,1,256)")
         for k, dtype in enumerate(("INT8", "FLOAT16"))]
-    tiled = quantize.int8_mac_share(model, tiles)
-    assert tiled["coverage"] == 1.0 and tiled["int8_macs"] == 114_688 + 28_672 + 65_536
-    # a table that misses a conv says so in its coverage, not in its share
-    missing = quantize.int8_mac_share(model, _layers(conv_pre="INT8", conv_post="INT8"))
-    assert missing["coverage"] == pytest.approx(143_360 / 274_432) and missing["int8_mac_share"] == 1.0
+    tiled = macs.account(model, tiles)
+    assert tiled.coverage == 1.0 and tiled.share(_int8) == pytest.approx((114_688 + 28_672 + 65_536) / 274_432)
+    # a table that misses a conv says so in its coverage
+    missing = macs.account(model, _layers(conv_pre="INT8", conv_post="INT8"))
+    assert missing.coverage == pytest.approx(143_360 / 274_432)
+    assert missing.reconciliation()["convs_without_a_layer_macs"] == 131_072
+
+
+@pytest.mark.parametrize("dtype, stored, low", [("w4a16", "INT4", 1.0), ("w16a16i_dfp", "INT16", 0.0)])
+def test_the_low_bit_share_reads_what_the_weights_are_stored_in(dtype, stored, low):
+    """Recorded from rknn-toolkit2 2.5.0 builds of the dtype probe for rk3576: under w4a16 every layer
+    computes in FLOAT16 (the layer table's dtype) on 4-bit weights (the constant table's), so the share
+    of conv MACs on weights of 8 bits or fewer is 1.0, not the 0.0 the layer dtypes would say; under
+    w16a16i_dfp the weights are 16-bit and the share is 0."""
+    from rkstudy.toolkit.log import weight_dtypes
+
+    text = gzip.decompress((FIXTURES / f"dtype_probe_{dtype}_rk3576.log.gz").read_bytes()).decode()
+    convs = [layer for layer in layer_table(text) if layer.op.startswith("Conv")]
+    assert len(convs) == 2 and {weight_dtypes(text)[layer.id] for layer in convs} == {stored}
+    if dtype == "w4a16":
+        assert {layer.dtype for layer in convs} == {"FLOAT16"}
+    shares = quantize.engine_shares(toolchain.dtype_probe(), text, Calibration([{"x": np.zeros(1)}], dtype=dtype))
+    assert shares["low_bit_mac_share"] == low == shares["low_bit_weight_share"] and shares["mac_coverage"] == 1.0
+    assert shares["fp16_convs"] == []
+
+
+# Recorded verbatim from verbose rknn-toolkit2 2.5.0 fp16 builds (rk3588) of these exact graphs: the
+# table's conv layers as printed, against the graph's convs, every difference by cause.
+RECORDED = {
+    "qwen3_step_tiny_b16": {"graph_conv_macs": 68_097_536, "table_printed_conv_macs": 84_325_568,
+                            "not_graph_convs": "MatMul:1146880 tensor of Unsqueeze:1920",
+                            "depthwise_layout_extra_macs": 666_624, "zero_stuffing_extra_macs": 14_412_608,
+                            "sliced_output_macs_not_computed": 0},
+    "piper_encoder_w64": {"graph_conv_macs": 412_987_392, "table_printed_conv_macs": 448_192_512,
+                          "not_graph_convs": "MatMul:9363456 ReduceSum:4718592",
+                          "depthwise_layout_extra_macs": 21_123_072, "zero_stuffing_extra_macs": 0,
+                          "sliced_output_macs_not_computed": 0},
+    "kokoro_generator_w64": {"graph_conv_macs": 19_738_023_936, "table_printed_conv_macs": 26_406_907_014,
+                             "not_graph_convs": "GlobalAveragePool:5426910342 graph input:2359296",
+                             "depthwise_layout_extra_macs": 0, "zero_stuffing_extra_macs": 1_258_291_200,
+                             "sliced_output_macs_not_computed": 18_677_760},
+}
+
+
+def _recorded_graph(name, voice=None):
+    if name == "qwen3_step_tiny_b16":
+        from rkstudy.families.qwen3_vocoder import producer
+
+        return producer.produce(16, widths="tiny").path
+    if name == "piper_encoder_w64":
+        from rkstudy.families.piper_encoder.producer import produce
+
+        return produce(voice, 64).path
+    from rkstudy.families.kokoro_generator.producer import produce
+
+    return produce(64, 16).path
+
+
+@pytest.mark.parametrize("name", sorted(RECORDED))
+def test_the_layer_tables_extra_macs_are_explained_exactly(name, voice):
+    """On real layer tables (tests/fixtures/layer_tables, recorded from builds of the graphs these producers
+    make): every graph conv has a compiled layer (coverage 1.0), and the table's printed conv MACs are the
+    graph's plus the ops compiled as convs that are no graph conv (MatMul, ReduceSum, GlobalAveragePool,
+    a scalar Mul), plus a depthwise weight read as (C_out, C_in) and a lowered transposed conv's stuffed
+    zeros, minus the outputs a sliced conv never computes; nothing is left unexplained."""
+    text = gzip.decompress((FIXTURES / f"{name}.log.gz").read_bytes()).decode()
+    found = macs.account(_recorded_graph(name, voice), layer_table(text))
+    r = found.reconciliation()
+    assert r["coverage"] == 1.0 and r["unexplained_macs"] == 0 and r["convs_without_a_layer_macs"] == 0
+    assert {k: r[k] for k in RECORDED[name]} == RECORDED[name]
+    assert r["table_printed_conv_macs"] == (r["graph_conv_macs"] + r["not_graph_convs_macs"]
+                                           + r["depthwise_layout_extra_macs"] + r["zero_stuffing_extra_macs"]
+                                           - r["sliced_output_macs_not_computed"])
+    assert found.share(lambda layer: layer.dtype == "FLOAT16") == pytest.approx(1.0)
+
+
+def test_a_layer_name_resolves_to_the_conv_it_computes():
+    """The compiler names a layer after its conv node, the node's output, or the tensor it reads; a layer
+    named after anything else computes no graph conv."""
+    from rkstudy.graph.index import Index
+
+    index = Index(toolchain.vocoder_probe())
+    convs = ["conv_pre", "up", "conv_post"]
+    assert macs.resolve("conv_post", index, convs) == ("conv_post", "node")
+    assert macs.resolve("up#1_tile0_ConvAdd", index, convs) == ("up", "node")
+    assert macs.resolve("h1-rs_tile1", index, convs) == ("conv_pre", "output")
+    assert macs.resolve("h3-rs_conv", index, convs) == ("conv_post", "input")
+    assert macs.resolve("s2_output_conv", index, convs) == (None, "tensor of Mul")
+    assert macs.resolve("snake_sin_2conv", index, convs) == (None, "Sin")
+    assert macs.locate("x_int8", index) == ("tensor", "x")
 
 
 def test_the_layer_table_keeps_each_layers_dtype():
@@ -56,6 +157,27 @@ def test_the_layer_table_keeps_each_layers_dtype():
     assert [(x.node, x.dtype) for x in layers] == [("up", "FLOAT16"), ("h2__cvt_float16_int8", "FLOAT16"),
                                                     ("conv_post", "INT8")]
     assert quantize.float16_layers(layers) == ["up"]  # the dtype cast is no layer's work
+    w4 = Calibration([{"x": np.zeros(1)}], dtype="w4a16")
+    assert [quantize.weight_bits(x, w4) for x in layers] == [16, 16, 4]
+    assert [quantize.weight_bits(x, None) for x in layers] == [16, 16, 16]
+
+
+def test_the_calibration_settings_are_the_ones_the_toolkit_documents():
+    feeds = [{"x": np.zeros((1, 4), np.float32)}]
+    assert Calibration(feeds, method="layer").label == "int8 w8a8 layer"
+    assert Calibration(feeds, dtype="w16a16i_dfp", algorithm="kl_divergence").label == "int16 w16a16i_dfp kl_divergence"
+    assert Calibration(feeds, dtype="w4a16").weight_bits == 4 and Calibration(feeds).settings == "w8a8 normal channel"
+    hybrid = Calibration(feeds, algorithm="mmse").with_fp16(["a", "b"])
+    assert hybrid.label == "int8 w8a8 mmse hybrid (2 layers fp16)" and hybrid.algorithm == "mmse"
+    assert hybrid.record() == {"dtype": "w8a8", "algorithm": "mmse", "method": "channel", "label": hybrid.label,
+                               "calibration_samples": 1, "fp16_tensors": 2}
+    # one calibration pass serves every hybrid choice: the choice is outside the data key
+    assert hybrid.data_key(["x"]) == Calibration(feeds, algorithm="mmse").data_key(["x"])
+    assert hybrid.key(["x"]) != Calibration(feeds, algorithm="mmse").key(["x"])
+    for bad, says in (({"dtype": "w8a4"}, "quantized dtype 'w8a4'"), ({"algorithm": "minmax"}, "algorithm"),
+                      ({"method": "tensor"}, "method 'tensor'")):
+        with pytest.raises(Exception, match=says):
+            Calibration(feeds, **bad)
 
 
 def test_calibration_windows_are_what_the_walker_feeds_and_never_the_evaluation_texts(voice, slice_once):
@@ -75,36 +197,74 @@ def test_calibration_windows_are_what_the_walker_feeds_and_never_the_evaluation_
     assert np.isfinite(stage.calibration[0]["z"]).all()
 
 
-@pytest.mark.simulator
-def test_the_sweep_on_a_small_graph(tmp_path):
-    """fp16, int8, hybrid with the worst-ranked layer in fp16, the transposed conv kept in fp16 as a
-    block, and auto-hybrid at cosine 0.9999 on the probe (calibration reference 0-3, scored on seed 100):
-    int8 loses ~30 dB to fp16 (measured 63.2 and 32.8 dB, toolkit 2.5.0, rk3588), and each engine's
-    int8 MAC share is what its layer table says."""
+def _probe_stage(tmp_path):
     import onnx
 
     path = tmp_path / "probe.onnx"
     onnx.save(toolchain.vocoder_probe(), str(path))
     noise = [np.random.default_rng(s).standard_normal((1, 16, 1, 64)).astype(np.float32) for s in (0, 1, 2, 3, 100)]
-    stage = quantize.Stage(name="probe", onnx=path, calibration=[{"x": x} for x in noise[:4]],
-                           evaluation=[{"x": noise[4]}], walk=lambda runner, item: runner.run(item)[0],
-                           score=lambda refs, tests: {"snr_db": gates.snr_db(refs[0], tests[0])})
-    rows, ranking = quantize.sweep(stage, "rk3588", hybrid_counts=(1,), auto_thresholds=(0.9999,),
-                                   hybrid_groups={"upsampler": lambda layer: layer["op"] == "ConvTranspose"})
-    by = {r["setting"]: r for r in rows}
-    assert list(by) == ["fp16", "int8 w8a8", "hybrid 1", "hybrid upsampler", "auto-hybrid cos 0.9999"]
-    assert all(r["mac_coverage"] == 1.0 and r["conv_macs"] == 274_432 and r["where"] == "simulator" for r in rows)
-    assert by["fp16"]["int8_mac_share"] == 0.0 and by["fp16"]["snr_db"] > 55
-    assert by["int8 w8a8"]["int8_mac_share"] == 1.0 and 25 < by["int8 w8a8"]["snr_db"] < 40
-    assert by["int8 w8a8"]["engine_bytes"] < by["fp16"]["engine_bytes"]
-    assert by["hybrid 1"]["kept_fp16"] == ranking[0]["layer"] and by["hybrid 1"]["dtype"].endswith("(1 layer fp16)")
-    assert [r["rank"] for r in ranking] == list(range(1, len(ranking) + 1))
-    # a block kept in fp16 by what it is: the transposed conv's 131,072 MACs leave int8
-    assert by["hybrid upsampler"]["fp16_convs"] == "up"
-    assert by["hybrid upsampler"]["int8_mac_share"] == pytest.approx(143_360 / 274_432, abs=1e-4)
-    assert set(stage.outputs) == {"fp32", *by} and stage.outputs["fp32"][0].shape == (256,)
-    # the toolkit keeps only conv_pre in int8 at this threshold: 114,688 of 274,432 MACs
-    assert by["auto-hybrid cos 0.9999"]["int8_mac_share"] == pytest.approx(114_688 / 274_432, abs=1e-4)
+    return quantize.Stage(name="probe", onnx=path, calibration=[{"x": x} for x in noise[:4]],
+                          evaluation=[{"x": noise[4]}], walk=lambda runner, item: runner.run(item)[0],
+                          score=lambda items, refs, tests: {"utterance_snr_db": gates.snr_db(refs[0], tests[0])})
+
+
+@pytest.mark.simulator
+def test_one_calibration_serves_every_hybrid_and_a_search_re_measures_each_choice(tmp_path, monkeypatch):
+    """On the probe (rk3588): the session's plain variant is the plain quantized build bit for bit; a
+    variant the toolkit refuses is a row, not an exception; every quantized tensor in float16 computes
+    no conv on low bits and lands near fp16; the backward search walks from there to the plain build,
+    re-measuring each choice, and its path only moves MACs to low bits; a second bench reads every
+    measurement back without a toolkit child."""
+    monkeypatch.setenv("RKSTUDY_CACHE", str(tmp_path / "cache"))
+    stage = _probe_stage(tmp_path)
+    bench = quantize.Bench(stage, "rk3588", listen=False)
+    fp16 = bench.build("fp16")
+    plain_build = bench.build("int8 w8a8, built alone", Calibration(stage.calibration))
+    with bench.session(Calibration(stage.calibration)) as session:
+        names = session.quantized()
+        plain = session.measure([], "int8 w8a8")
+        np.testing.assert_array_equal(stage.outputs["int8 w8a8"][0], stage.outputs["int8 w8a8, built alone"][0])
+        refused = session.measure(["no such tensor"], "refused")
+        assert refused["status"] == "refused at hybrid_quantization_step2" and "no quantized layer" in refused["error"]
+        every = session.measure(names, "every tensor in float16")
+        convs = {"conv_pre": [], "up": [], "conv_post": []}
+        other = []
+        from rkstudy.graph.index import Index
+
+        index = Index(toolchain.vocoder_probe())
+        for name in names:
+            node, _ = macs.resolve(name, index, convs)
+            (convs[node] if node else other).append(name)
+        groups = {k: v for k, v in convs.items() if v} | ({"rest": other} if other else {})
+        rows = quantize.search(session, groups, budget=12)
+    assert fp16["low_bit_mac_share"] == 0.0 and fp16["utterance_snr_db"] > 55 and fp16["mac_coverage"] == 1.0
+    assert plain["low_bit_mac_share"] == 1.0 == plain_build["low_bit_mac_share"] and 25 < plain["utterance_snr_db"] < 40
+    assert every["low_bit_mac_share"] == 0.0 and every["utterance_snr_db"] > plain["utterance_snr_db"] + 15
+    on_path = quantize.path(rows)
+    shares = [r["low_bit_mac_share"] for r in on_path]
+    assert shares == sorted(shares) and shares[0] == 0.0 and shares[-1] == 1.0
+    assert all(r["scored_on"] == "search" and r["search"] == "search" for r in rows)
+    again = quantize.Bench(stage, "rk3588", listen=False)
+    with again.session(Calibration(stage.calibration)) as session:
+        assert session.measure(names, "every tensor in float16")["utterance_snr_db"] == every["utterance_snr_db"]
+        assert session._child is None  # read back: no toolkit child started
+    assert again.built == 0
+
+
+@pytest.mark.simulator
+def test_the_dtype_probe_records_refusals_and_crashes_as_rows(tmp_path, monkeypatch):
+    """rk3588 builds w8a8 and w16a16i_dfp and refuses w8a16 at config, quoted; on rk3562 the toolkit
+    process dies on w8a16 (SIGSEGV), a row like any other. A cold cache, so every build really runs in a
+    child forked from the fork server and the crash is that child's exit status."""
+    monkeypatch.setenv("RKSTUDY_CACHE", str(tmp_path / "cache"))
+    rows = {(r["target_soc"], r["dtype"]): r for r in quantize.probe_dtypes(("rk3588", "rk3562"), ("w8a8", "w8a16",
+                                                                                                     "w16a16i_dfp"))}
+    assert rows["rk3588", "w8a8"]["status"] == "ok" and 25 < rows["rk3588", "w8a8"]["snr_vs_fp32_db"] < 45
+    assert rows["rk3588", "w16a16i_dfp"]["snr_vs_fp32_db"] > 60
+    assert rows["rk3588", "w8a16"]["status"] == "refused at config"
+    assert "'w8a16' not support in 'rk3588'" in rows["rk3588", "w8a16"]["error"]
+    assert rows["rk3562", "w8a16"]["status"].startswith("crashed (SIGSEGV, exit 139)")
+    assert quantize.builds(list(rows.values()), "rk3588") == ["w8a8", "w16a16i_dfp"]
 
 
 def test_evenly_spreads_a_cut_calibration_set_over_every_source():
@@ -161,16 +321,21 @@ def test_span_scores_take_every_window_and_the_whole_utterance():
     assert s["window_snr_db_min"] < s["utterance_snr_db"] < np.inf
 
 
-def test_the_goal_rows_read_both_sides_of_the_curve():
-    rows = [{"stage": "s", "setting": "fp16", "window_snr_db_min": 45.0, "int8_mac_share": 0.0},
-            {"stage": "s", "setting": "int8 w8a8", "window_snr_db_min": 3.0, "int8_mac_share": 1.0},
-            {"stage": "s", "setting": "hybrid 8", "window_snr_db_min": 12.0, "int8_mac_share": 0.9},
-            {"stage": "s", "setting": "hybrid 96", "window_snr_db_min": 36.0, "int8_mac_share": 0.4}]
-    (goal,) = quantize.goal_rows([{**r, "where": "simulator", "target": "rk3588"} for r in rows])
-    assert goal["best_snr_db_at_0.8_int8"] == 12.0 and goal["best_at_0.8_int8_setting"] == "hybrid 8"
-    assert goal["best_int8_share_at_35_db"] == 0.4 and goal["best_at_35_db_setting"] == "hybrid 96"
-    assert goal["fp16_window_snr_db_min"] == 45.0 and goal["int8_window_snr_db_min"] == 3.0
-    assert goal["goal_met"] is False
+def test_the_cheapest_settings_are_read_from_full_evaluation_rows():
+    fp16 = {"stage": "s", "setting": "fp16", "pesq_wb": 4.6, "engine_bytes": 20, "target": "rk3588",
+            "scored_on": "full"}
+    rows = [fp16,
+            {"stage": "s", "setting": "a", "pesq_wb": 4.55, "low_bit_mac_share": 0.4, "engine_bytes": 15},
+            {"stage": "s", "setting": "b", "pesq_wb": 4.52, "low_bit_mac_share": 0.7, "engine_bytes": 13},
+            {"stage": "s", "setting": "c", "pesq_wb": 3.6, "low_bit_mac_share": 0.85, "engine_bytes": 12},
+            {"stage": "s", "setting": "d", "pesq_wb": 4.6, "low_bit_mac_share": 0.99, "engine_bytes": 11,
+             "scored_on": "search"}]  # a search-only score never concludes
+    rows = [{"scored_on": "full", "dtype": "fp16" if r is fp16 else "int8 w8a8", **r} for r in rows]
+    like, good = quantize.cheapest(rows, fp16)
+    assert (like["setting"], like["pesq_wb_bar"], like["goal_share_met"]) == ("b", 4.5, False)
+    assert (good["setting"], good["low_bit_mac_share"], good["goal_share_met"]) == ("c", 0.85, True)
+    (none, _) = quantize.cheapest([r for r in rows if r["setting"] in ("fp16", "c")], {**fp16, "pesq_wb": 4.64})
+    assert not none["found"] and "best quantized PESQ-WB is 3.60 (c)" in none["why_none"]
 
 
 def test_the_stateful_steps_calibrate_on_the_state_an_fp32_walk_carries(voice):
@@ -234,3 +399,74 @@ def test_a_step_window_is_a_whole_step_never_the_tail_past_the_last_one():
     assert whole["window_snr_db_min"] == pytest.approx(whole["utterance_snr_db"])
     with pytest.raises(ValueError, match="both must be positive"):
         step_spans(0, step)
+
+
+@pytest.mark.simulator
+def test_a_quantized_engine_converts_with_its_contract_and_a_board_run_takes_it(voice, tmp_path):
+    """Stage 2 with a Calibration: the engine's contract records what it computes in, and `rkstudy board
+    run` (on a recorded RK3588 tree with librknnrt 2.5.0, through the replay double) takes it through that
+    contract like any engine and stamps its row with the engine's dtype."""
+    import os
+    import subprocess
+    import sys
+
+    from rkstudy import contract as contracts
+    from rkstudy.families.piper.voice import read_text
+    from rkstudy.families.piper_decoder.producer import produce_for_voice
+    from rkstudy.families.piper_decoder.study import walked_windows
+    from rkstudy.paths import REPO
+    from rkstudy.tables import results
+    from rkstudy.toolkit.convert import convert
+
+    produced = produce_for_voice(voice, emit=16, context=8)
+    path = produced.save(tmp_path / "decoder_z.onnx")
+    feeds = walked_windows(voice, voice.latents(read_text("paragraph"))[:1], produced.contract)
+    calibration = Calibration(quantize.evenly(feeds, 4), algorithm="kl_divergence")
+    done = convert(path, "rk3588", tmp_path / "decoder_q.rknn", quantize=calibration,
+                   gate=gates.Gate("alive", -100.0))  # the fidelity is notebook 08's to measure, not this test's
+    assert done.contract.quantization == calibration.record() and done.contract.dtype == "int8 w8a8 kl_divergence"
+    back = contracts.for_engine(tmp_path / "decoder_q.rknn", family="piper_decoder", soc="rk3588")
+    assert back.quantization["calibration_samples"] == 4
+    # the recorded RK3588 whose librknnrt (2.5.0) runs the toolkit's engines
+    env = {**os.environ, "RKSTUDY_SYSROOT": str(REPO / "tests" / "fixtures" / "boards" / "rk3588-librknnrt-2.5.0"),
+           "PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "doubles"), str(REPO)])}
+
+    def rkstudy(*argv):
+        proc = subprocess.run([sys.executable, "-m", "rkstudy", *map(str, argv)], capture_output=True, text=True,
+                              env=env, cwd=REPO, timeout=900)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return proc
+
+    rkstudy("piper", "latents", "--text", "Call me at 555 0142.", "-o", tmp_path / "latents.npz")
+    proc = rkstudy("board", "run", "piper_decoder", "--engine", tmp_path / "decoder_q.rknn", "--latents",
+                   tmp_path / "latents.npz", "--results", tmp_path / "results")
+    assert "piper_decoder on replay (rk3588" in proc.stdout
+    (row,) = results.read_table(tmp_path / "results" / "board" / "piper_decoder.csv")
+    assert (row["where"], row["dtype"]) == ("replay", "int8 w8a8 kl_divergence")
+
+
+def test_a_real_quantization_config_falls_into_the_decoders_blocks(voice, slice_once):
+    """The Piper window's quantization config as rknn-toolkit2 2.5.0's step 1 wrote it for rk3588 w8a8
+    (tests/fixtures/quantization): the casts and reshapes of the graph's inputs and output are one block
+    that holds no conv MACs; a tiled conv's compiler-made tiles and the splits and pads feeding them fall
+    into their conv's block (the tensors accuracy_analysis never names); the exporter's anonymous gated
+    activations into their flow coupling; the stored reciprocals of the decoder's Divs are no layer."""
+    from rkstudy.families.piper_decoder.study import quantization_stage
+
+    tensors = json.loads((Path(__file__).parent / "fixtures" / "quantization" /
+                          "piper_w93_w8a8_rk3588_tensors.json").read_text())
+    stage = quantization_stage(voice, calibration_texts=("phone",), evaluation_texts=("short",))
+    names = quantize.quantized_tensors(tensors, stage.onnx)
+    assert len(names) == 276 and not any(n.endswith("mul_i1") for n in names)
+    groups = quantize.config_groups(stage, names)
+    assert sorted(groups[quantize.IO_GROUP]) == ["audio_int8", "y_mask_int8", "y_mask_rs", "z_int8", "z_rs"]
+    assert "/dec/ups.0/ConvTranspose_output_0-rs_tile1_convtranspose" in groups["/dec stage 0"]
+    assert "/dec/resblocks.5/convs.1/Conv_output_0-rs_tile0_conv" in groups["/dec stage 1"]
+    assert "/dec/resblocks.8/LeakyRelu_output_0-rs_pad" in groups["/dec stage 2"]
+    assert "onnx::Tanh_6911-rs" in groups["/flow/flows.6"]
+    weight = quantize.group_macs(stage, groups)
+    assert weight[quantize.IO_GROUP] == 0 and weight["/dec"] == 0  # activations only
+    assert sum(weight.values()) == sum(macs.graph_convs(stage.onnx)[n]["macs"] for n in macs.graph_convs(stage.onnx))
+    assert weight["/dec stage 1"] == weight["/dec stage 2"] == 2 * weight["/dec stage 0"]
+    refine = quantize.refiner(stage, groups)
+    assert sorted(refine("/dec stage 1")) == ["/dec/resblocks.3", "/dec/resblocks.4", "/dec/resblocks.5", "/dec/ups.1"]

@@ -172,7 +172,8 @@ def measure(family: str, *, engine: Path, job: str, payload: dict, cores: str = 
 
 def _write(family, engine, contract, result, arrays, pcm, extra, audio_out, outputs_out, root) -> dict:
     """The run's audio, raw outputs and results row."""
-    row = {"family": family, "engine": Path(engine).name, "engine_sha256": contract.engine.sha256[:16],
+    row = {"family": family, "engine": Path(engine).name, "dtype": contract.dtype,
+           "engine_sha256": contract.engine.sha256[:16],
            "contract_sha256": sha256_file(beside(engine))[:16], "source": contract.source.file,
            **(extra or {}), **result.get("row", {}), "wall_s": round(result["seconds"], 4),
            "audio_s": round(result["audio_s"], 3),

@@ -5,11 +5,17 @@ the fork server that imported the toolkit once: rkstudy.toolkit.build.start_chil
 `dynamic_input` shape sets, when it has them) -> load_onnx -> build (fp16, or
 quantized on the spec's calibration dataset, or hybrid_quantization_step1 -> step2 when layers are to
 stay float16) ->
-(accuracy_analysis, when the spec asks for it) ->
+(accuracy_analysis on each of the spec's input sets, when it asks for it) ->
 export_rknn, then (when the spec asks to serve) init_runtime on the simulator and answers
 inference requests until told to stop, then release. Its fds 1 and 2 belong to the parent, which
 logs them and counts REGTASK lines; the control fd (a multiprocessing Connection) carries the
 step reports and the arrays, so the compiler's own output can never corrupt them.
+
+A quantization session (spec `session`) calibrates once (hybrid_quantization_step1), reports every
+tensor of the toolkit's quantization config, then builds one variant per request (step2 with the
+request's tensors in float16: no tensors is the plain quantized build, bit for bit), each exported,
+started on the simulator and served until the next request: the calibration pass, the costly half of a
+quantized build, runs once for any number of hybrid choices.
 """
 
 from __future__ import annotations
@@ -43,24 +49,108 @@ def _reason(exc: Exception) -> str:
     return f"{type(exc).__name__}: {text}"
 
 
-def keep_in_float16(folder: Path, layers: list[str]) -> Path:
-    """Set `layers` (tensor names, as accuracy_analysis names them) to float16 in the quantization
-    config hybrid_quantization_step1 wrote under `folder`; its path. A name the config does not
-    quantize is an error naming a few it does, since the toolkit would silently ignore it."""
-    import yaml
+VARIANT_MARK = "rkstudy: variant built"  # printed after a session variant's build, so its log lines are known
 
+
+def quantization_config(folder: Path) -> Path:
+    """The one quantization config hybrid_quantization_step1 wrote under `folder`."""
     found = sorted(folder.glob("*.quantization.cfg"))
     if len(found) != 1:
         raise RuntimeError(f"hybrid_quantization_step1 left {len(found)} quantization configs in {folder}, not one")
-    cfg = yaml.safe_load(found[0].read_text())
+    return found[0]
+
+
+def config_tensors(cfg_path: Path) -> list[dict]:
+    """Every tensor of a quantization config in its order: name and dtype (float32 for the graph's own
+    float inputs and outputs, which no setting changes)."""
+    import yaml
+
+    cfg = yaml.safe_load(cfg_path.read_text())
+    return [{"name": name, "dtype": p.get("dtype", "")} for name, p in (cfg.get("quantize_parameters") or {}).items()]
+
+
+def keep_in_float16(folder: Path, layers: list[str], out: Path | None = None) -> Path:
+    """Set `layers` (tensor names of the config, as accuracy_analysis names them or as the config lists
+    the casts and compiler-made tensors it adds) to float16 in the quantization config
+    hybrid_quantization_step1 wrote under `folder`; the path written (`out`, or the config itself). A
+    name the config does not quantize is an error naming a few it does, since the toolkit would
+    silently ignore it."""
+    import yaml
+
+    source = quantization_config(folder)
+    cfg = yaml.safe_load(source.read_text())
     quantized = [name for name, p in (cfg.get("quantize_parameters") or {}).items() if p.get("dtype") != "float32"]
     unknown = [name for name in layers if name not in quantized]
     if unknown:
         raise ValueError(f"no quantized layer named {', '.join(map(repr, unknown[:5]))} in the toolkit's "
                          f"quantization config; it quantizes e.g. {', '.join(map(repr, quantized[:5]))}")
     cfg["custom_quantize_layers"] = {**(cfg.get("custom_quantize_layers") or {}), **dict.fromkeys(layers, "float16")}
-    found[0].write_text(yaml.safe_dump(cfg, sort_keys=False))
-    return found[0]
+    target = out or source
+    target.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return target
+
+
+def _step2(run: Callable, rknn, cfg: Path) -> None:
+    """hybrid_quantization_step2 on the model and data step 1 wrote beside `cfg`."""
+    stem = cfg.parent / quantization_config(cfg.parent).name.removesuffix(".quantization.cfg")
+    run("hybrid_quantization_step2", lambda: rknn.hybrid_quantization_step2(
+        f"{stem}.model", f"{stem}.data", str(cfg)))
+
+
+def _infer(conn: Connection, rknn, msg) -> None:
+    """One simulator inference request answered; an error is reported and serving goes on (one bad input
+    is not fatal)."""
+    try:
+        fmt = ["nchw" if x.ndim == 4 else None for x in msg]
+        outs = rknn.inference(inputs=list(msg), data_format=fmt if any(fmt) else None)
+        if outs is None:
+            raise RuntimeError("rknn.inference returned None (see the engine log)")
+        _send(conn, {"event": "outputs", "outputs": [o for o in outs]})
+    except Exception as exc:
+        _send(conn, {"event": "error", "error": f"{type(exc).__name__}: {exc}"})
+
+
+def _session(conn: Connection, rknn, configured: Callable, run: Callable, quantize: dict, spec: dict) -> int:
+    """The quantization session (see the module docstring): step 1 once, then one variant per request
+    ({"keep": [tensor names], "out": engine path}), inference requests (lists of arrays) served by the
+    latest variant, until None. A variant the toolkit refuses is reported (`refused`, its error) and the
+    session goes on; a toolkit crash ends the child, and the parent reports the signal."""
+    run("hybrid_quantization_step1", lambda: rknn.hybrid_quantization_step1(dataset=quantize["dataset"]))
+    rknn.release()
+    folder = Path.cwd()
+    _send(conn, {"event": "ready", "tensors": config_tensors(quantization_config(folder))})
+    current = None
+    while True:
+        msg = conn.recv()
+        if msg is None:
+            break
+        if not isinstance(msg, dict):
+            _infer(conn, current, msg) if current is not None else _send(
+                conn, {"event": "error", "error": "no variant is built: request one first"})
+            continue
+        if current is not None:
+            current.release()
+            current = None
+        try:
+            _send(conn, {"event": "start", "step": "hybrid_quantization_step2"})  # the config is step 2's input
+            cfg = keep_in_float16(folder, list(msg["keep"]), out=folder / "variant.cfg")
+            current = configured()
+            _step2(run, current, cfg)
+            run("export_rknn", lambda built=current, out=msg["out"]: built.export_rknn(out))
+            run("init_runtime", lambda built=current: built.init_runtime(target=None))
+            print(VARIANT_MARK, flush=True)
+            _send(conn, {"event": "ready"})
+        except Exception as exc:
+            traceback.print_exc()
+            print(VARIANT_MARK, flush=True)
+            if current is not None:
+                current.release()
+                current = None
+            _send(conn, {"event": "refused", "error": _reason(exc)})
+    if current is not None:
+        current.release()
+    _send(conn, {"event": "done"})
+    return 0
 
 
 def main(spec_path: str, fd: str) -> int:
@@ -106,6 +196,8 @@ def main(spec_path: str, fd: str) -> int:
         run("load_onnx", lambda: rknn.load_onnx(model=spec["onnx"], inputs=names or None,
                                                 input_size_list=[spec["inputs"][n] for n in names] or None,
                                                 outputs=spec.get("outputs")))
+        if spec.get("session"):
+            return _session(conn, rknn, configured, run, quantize, spec)
         if quantize.get("keep_fp16"):
             # step 1 writes <model>.model/.data/.quantization.cfg into the working directory (this
             # child's own); step 2 reads them back in a fresh instance, as the toolkit's own examples do
@@ -113,9 +205,7 @@ def main(spec_path: str, fd: str) -> int:
             rknn.release()
             cfg = keep_in_float16(Path.cwd(), quantize["keep_fp16"])
             rknn = configured()
-            run("hybrid_quantization_step2", lambda: rknn.hybrid_quantization_step2(
-                str(cfg.with_name(cfg.name.removesuffix(".quantization.cfg") + ".model")),
-                str(cfg.with_name(cfg.name.removesuffix(".quantization.cfg") + ".data")), str(cfg)))
+            _step2(run, rknn, cfg)
         else:
             # int16_overflow: a float build whose layers past the fp16 range compute in int16 (the dataset
             # gives the ranges); otherwise a quantized build, auto-hybrid when a cosine threshold is set
@@ -123,10 +213,10 @@ def main(spec_path: str, fd: str) -> int:
             run("build", lambda: rknn.build(do_quantization=bool(quantize) and not float_build,
                                             dataset=quantize.get("dataset"),
                                             auto_hybrid=float_build or quantize.get("auto_hybrid_cos") is not None))
-        if spec.get("analysis"):
-            run("accuracy_analysis", lambda: rknn.accuracy_analysis(inputs=spec["analysis"]["inputs"],
-                                                                    output_dir=spec["analysis"]["output_dir"],
-                                                                    target=None))
+        analyses = spec.get("analysis") or []
+        for analysis in [analyses] if isinstance(analyses, dict) else analyses:  # one input set, or several
+            run("accuracy_analysis", lambda one=analysis: rknn.accuracy_analysis(
+                inputs=one["inputs"], output_dir=one["output_dir"], target=None))
         if spec.get("out"):
             run("export_rknn", lambda: rknn.export_rknn(spec["out"]))
         if spec.get("serve"):
@@ -136,14 +226,7 @@ def main(spec_path: str, fd: str) -> int:
                 msg = conn.recv()
                 if msg is None:
                     break
-                try:
-                    fmt = ["nchw" if x.ndim == 4 else None for x in msg]
-                    outs = rknn.inference(inputs=list(msg), data_format=fmt if any(fmt) else None)
-                    if outs is None:
-                        raise RuntimeError("rknn.inference returned None (see the engine log)")
-                    _send(conn, {"event": "outputs", "outputs": [o for o in outs]})
-                except Exception as exc:  # report and keep serving: one bad input is not fatal
-                    _send(conn, {"event": "error", "error": f"{type(exc).__name__}: {exc}"})
+                _infer(conn, rknn, msg)
         step = "release"
         rknn.release()
         _send(conn, {"event": "done"})

@@ -24,7 +24,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import re
 import shutil
 import signal
 import socket
@@ -42,12 +41,13 @@ from pathlib import Path
 import numpy as np
 
 from .. import atomic, cache, graph
-from ..contract import QUANTIZED_ONLY, TARGETS
+from ..contract import QUANTIZED_DTYPES, QUANTIZED_ONLY, TARGETS
 from ..errors import Failed, NeedsConverter, UsageError, one_line
 from ..gates import board_risk
 from ..paths import REPO
 from ..tables.results import toolkit_version
 from . import log as toolkit_log
+from ._child import VARIANT_MARK
 
 REGTASK_LIMIT = 100_000  # past this, the overflow is the ~800k-line regime that ruins an engine
 BUILD_TIMEOUT_S = 3 * 3600  # generous: the widest encoder builds here took ~25 min on 2 cores
@@ -227,6 +227,10 @@ def toolkit_env(version: str | None = None) -> Toolkit:
     return Toolkit(str(python), f"rknn-toolkit2 {found[-1].name.removesuffix('.dist-info').split('-', 1)[1]}")
 
 
+ALGORITHMS = ("normal", "mmse", "kl_divergence")  # min/max, minimum mean squared error, KL divergence
+METHODS = ("channel", "layer")  # one weight scale per output channel, or one per layer
+
+
 @dataclass(frozen=True, eq=False)
 class Calibration:
     """What makes a quantized build: the calibration feeds ({input name: array}, one dict per sample)
@@ -234,14 +238,18 @@ class Calibration:
 
     The defaults are the toolkit's own (rknn.config: quantized_dtype w8a8, i.e. 8-bit asymmetric
     weights and activations; algorithm normal, i.e. min/max; per-channel weights), so `label` names
-    exactly what was built. The feeds are written as .npy files plus the dataset .txt the toolkit
-    reads (one line per sample: that sample's .npy paths in input order).
+    exactly what was built. `dtype` is any of QUANTIZED_DTYPES (w8a16: 8-bit weights, 16-bit
+    activations; w16a16i_dfp: 16-bit dynamic fixed point; w4a16: 4-bit weights), `algorithm` any of
+    ALGORITHMS, `method` any of METHODS. The feeds are written as .npy files plus the dataset .txt the
+    toolkit reads (one line per sample: that sample's .npy paths in input order).
 
     Two ways to keep part of the graph in float16, because plain int8 can lose a decoder whole:
-    `keep_fp16` (tensor names, as rknn.accuracy_analysis names its layers) runs the toolkit's
-    hybrid_quantization_step1 / step2 with those layers' outputs set to float16 in its quantization
-    config; `auto_hybrid_cos` runs rknn.build(auto_hybrid=True) with that cosine threshold
-    (config's auto_hybrid_cos_thresh), letting the toolkit choose.
+    `keep_fp16` (tensor names of the toolkit's quantization config: its layers as accuracy_analysis
+    names them, and also the casts at the graph's inputs and outputs and the tensors the compiler
+    inserts, e.g. a tiled conv's `_tile0_conv`, which that report does not list) runs the toolkit's
+    hybrid_quantization_step1 / step2 with those tensors set to float16; `auto_hybrid_cos` runs
+    rknn.build(auto_hybrid=True) with that cosine threshold (config's auto_hybrid_cos_thresh), letting
+    the toolkit choose.
 
     `int16_overflow` makes it a float build instead (rknn.build(do_quantization=False, dataset=...,
     auto_hybrid=True), rknn-toolkit2 >= 2.3.2): the toolkit runs the feeds to find each layer's range
@@ -258,6 +266,11 @@ class Calibration:
     def __post_init__(self):
         if not self.feeds:
             raise UsageError("a quantized build needs at least one calibration feed; pass Calibration([{name: array}])")
+        for what, value, known in (("dtype", self.dtype, tuple(QUANTIZED_DTYPES)),
+                                   ("algorithm", self.algorithm, ALGORITHMS), ("method", self.method, METHODS)):
+            if value not in known:
+                raise UsageError(f"quantized {what} {value!r} is not one rknn.config documents; use one of "
+                                 f"{', '.join(known)}")
         if self.keep_fp16 and self.auto_hybrid_cos is not None:
             raise UsageError("keep_fp16 and auto_hybrid_cos are two ways to choose the float16 layers; pass one")
         if self.int16_overflow and (self.keep_fp16 or self.auto_hybrid_cos is not None):
@@ -266,22 +279,40 @@ class Calibration:
         object.__setattr__(self, "keep_fp16", tuple(dict.fromkeys(self.keep_fp16)))
 
     @property
+    def weight_bits(self) -> int:
+        """The bits of the weights a quantized layer of this build computes with (float16 layers: 16)."""
+        return 16 if self.int16_overflow else QUANTIZED_DTYPES[self.dtype][0]
+
+    @property
+    def settings(self) -> str:
+        """The quantizer's settings in one phrase, defaults included: 'w8a8 normal channel'."""
+        return f"{self.dtype} {self.algorithm} {self.method}"
+
+    @property
     def label(self) -> str:
         """The dtype column of a quantized build: 'int8 w8a8' (the bits of the weights name it), then the
-        calibration algorithm unless it is the default ('int8 w8a8 mmse'), then ' hybrid (12 layers
-        fp16)' or ' auto-hybrid cos 0.99' when part of it stays float16."""
+        calibration algorithm and the per-layer method unless they are the defaults ('int8 w8a8 mmse',
+        'int8 w8a8 layer'), then ' hybrid (12 layers fp16)' or ' auto-hybrid cos 0.99' when part of it
+        stays float16."""
         if self.int16_overflow:
             return "fp16 auto-hybrid int16"
-        bits = re.match(r"w(\d+)", self.dtype)
-        label = f"int{bits.group(1) if bits else '?'} {self.dtype}"
+        label = f"int{QUANTIZED_DTYPES[self.dtype][0]} {self.dtype}"
         if self.algorithm != "normal":  # the toolkit's min/max default goes unnamed
             label += f" {self.algorithm}"
+        if self.method != "channel":
+            label += f" {self.method}"
         if self.keep_fp16:
             n = len(self.keep_fp16)
             label += f" hybrid ({n} layer{'s' if n != 1 else ''} fp16)"
         elif self.auto_hybrid_cos is not None:
             label += f" auto-hybrid cos {self.auto_hybrid_cos:g}"
         return label
+
+    def with_fp16(self, keep: Sequence[str]) -> Calibration:
+        """The same calibration and settings with `keep` (config tensor names) in float16."""
+        from dataclasses import replace
+
+        return replace(self, keep_fp16=tuple(keep), auto_hybrid_cos=None)
 
     def key(self, names: Sequence[str]) -> str:
         """Digest of the settings and every calibration array (by content, in input order)."""
@@ -290,6 +321,13 @@ class Calibration:
         hybrid += [("auto_hybrid_cos", float(self.auto_hybrid_cos))] if self.auto_hybrid_cos is not None else []
         hybrid += [("int16_overflow", True)] if self.int16_overflow else []
         return cache.digest(self.dtype, self.algorithm, self.method, *hybrid,  # plain int8 keys stay as they were
+                            [(str(a.dtype), a.shape) for a in arrays], *[a.tobytes() for a in arrays])
+
+    def data_key(self, names: Sequence[str]) -> str:
+        """Digest of what the toolkit's calibration pass sees (settings and arrays, no hybrid choice):
+        one hybrid_quantization_step1 serves every keep_fp16 choice with this key."""
+        arrays = [np.ascontiguousarray(feed[n]) for feed in self.feeds for n in names]
+        return cache.digest(self.dtype, self.algorithm, self.method,
                             [(str(a.dtype), a.shape) for a in arrays], *[a.tobytes() for a in arrays])
 
     def write(self, folder: Path, names: Sequence[str]) -> Path:
@@ -309,6 +347,11 @@ class Calibration:
         dataset = folder / "dataset.txt"
         dataset.write_text("\n".join(lines) + "\n")
         return dataset
+
+    def record(self) -> dict:
+        """What a compiled contract records of this build (rkstudy.contract.QUANTIZATION_FIELDS)."""
+        return {"dtype": self.dtype, "algorithm": self.algorithm, "method": self.method, "label": self.label,
+                "calibration_samples": len(self.feeds), "fp16_tensors": len(self.keep_fp16)}
 
     def spec(self, dataset: Path) -> dict:
         return {"dataset": str(dataset), "quantized_dtype": self.dtype, "quantized_algorithm": self.algorithm,
@@ -384,18 +427,33 @@ def check_target(target: str, quantize: Calibration | None = None) -> None:
 class EngineProcess:
     """A toolkit child: builds one engine and, with `serve=True`, keeps it for simulator runs.
 
-    `analysis` ({"inputs": [npy paths in input order], "output_dir": dir}) also runs the toolkit's
-    per-layer rknn.accuracy_analysis on the simulator after the build (see
-    rkstudy.toolkit.convert.accuracy_analysis). `quantize` (a Calibration) makes it a quantized build:
-    its feeds are written into the child's own directory and calibrate rknn.build."""
+    `analysis` ({"inputs": [npy paths in input order], "output_dir": dir}, or a list of them) also runs
+    the toolkit's per-layer rknn.accuracy_analysis on the simulator after the build, once per input set
+    (see rkstudy.toolkit.convert.accuracy_analysis). `quantize` (a Calibration) makes it a quantized
+    build: its feeds are written into the child's own directory and calibrate rknn.build.
+
+    `session=True` (with `quantize`) makes it a quantization session instead: the child calibrates once
+    (hybrid_quantization_step1), `tensors` lists the toolkit's quantization config, and each `variant`
+    call builds that calibration with some of those tensors in float16 and serves it on the simulator
+    (`run`) until the next (see rkstudy.toolkit._child)."""
 
     def __init__(self, onnx_path, target: str, shapes: Mapping[str, Sequence[int]] | None = None,
                  out=None, *, optimization_level: int = 3, serve: bool = False,
                  regtask_limit: int = REGTASK_LIMIT, outputs: Sequence[str] | None = None,
                  log=None, verbose: bool = False, timeout: float = BUILD_TIMEOUT_S,
-                 analysis: Mapping | None = None, quantize: Calibration | None = None,
-                 toolkit: str | None = None, shape_sets: Sequence[Mapping[str, Sequence[int]]] | None = None):
+                 analysis: Mapping | Sequence[Mapping] | None = None, quantize: Calibration | None = None,
+                 toolkit: str | None = None, shape_sets: Sequence[Mapping[str, Sequence[int]]] | None = None,
+                 session: bool = False):
         check_target(target, quantize)
+        if session and (quantize is None or quantize.keep_fp16 or quantize.auto_hybrid_cos is not None
+                        or quantize.int16_overflow):
+            raise UsageError("a quantization session calibrates one plain quantized build and chooses the float16 "
+                             "tensors per variant: pass quantize=Calibration(feeds) without keep_fp16, "
+                             "auto_hybrid_cos or int16_overflow")
+        self.session = session
+        self.tensors: list[dict] = []  # a session's quantization-config tensors (name, dtype)
+        self._capture: list[str] | None = None  # a session variant's log lines while it builds
+        self._marked = threading.Event()
         self.toolkit = toolkit_env(toolkit)
         if toolkit is None:
             require_toolkit()
@@ -442,7 +500,8 @@ class EngineProcess:
         spec = {"onnx": str(self.onnx), "target": target, "inputs": self.shapes,
                 "outputs": list(outputs) if outputs else None, "out": str(self._partial) if self.out else None,
                 "optimization_level": optimization_level, "serve": serve, "verbose": verbose,
-                "analysis": dict(analysis) if analysis else None,
+                "analysis": (dict(analysis) if isinstance(analysis, Mapping) else [dict(a) for a in analysis])
+                if analysis else None, "session": session,
                 "dynamic_input": [[s[n] for n in self.shapes] for s in self.shape_sets] or None,
                 "quantize": quantize.spec(quantize.write(Path(self._workdir) / "calibration", list(self.shapes)))
                 if quantize else None}
@@ -470,6 +529,10 @@ class EngineProcess:
                 line = toolkit_log.strip_ansi(raw.decode("utf-8", errors="replace").rstrip("\n"))
                 log.write(line + "\n")
                 self.tail.append(line)
+                if self._capture is not None:
+                    self._capture.append(line)
+                if line.startswith(VARIANT_MARK):
+                    self._marked.set()
                 if toolkit_log.is_regtask(line):
                     if self.killed_for_regtask:
                         # lines still in the pipe after the kill: how many arrive is timing, not the graph,
@@ -516,6 +579,8 @@ class EngineProcess:
             # from here on the peak is the simulator's, not the converter's: a served build reports
             # the same converter peak as a plain one
             self._simulating = True
+        if isinstance(msg, dict) and msg.get("tensors"):
+            self.tensors = list(msg["tensors"])
         if isinstance(msg, dict) and msg.get("toolkit"):
             self.child_toolkit = msg["toolkit"]
         return msg
@@ -584,6 +649,52 @@ class EngineProcess:
                            toolkit_version=self.child_toolkit or self.toolkit.version, log=str(self.log),
                            failed_step=None if ok else self.step, error=error,
                            log_tail=list(self.tail), shape_sets=[dict(s) for s in self.shape_sets])
+
+    def variant(self, keep: Sequence[str], out: Path | str, quantize: Calibration) -> BuildReport:
+        """Build the session's calibration with the config tensors `keep` in float16 into `out` and start
+        it on the simulator (session mode only; `quantize` is the Calibration it makes, for the report's
+        dtype). The report's log is this variant's own lines (its layer table when verbose), written
+        beside the engine; a variant the toolkit refuses is a `failed` report with its error, a toolkit
+        crash an `aborted` one (the session is over then)."""
+        if not self.session or self._finished:
+            raise UsageError("variant() needs a running quantization session (EngineProcess(..., session=True))")
+        out = Path(out).resolve()
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.unlink(missing_ok=True)
+        partial = out.with_name(f".{out.stem}.{os.getpid()}.part.rknn")
+        started, self.regtask, self.regtask_max, self.error = time.monotonic(), 0, 0, None  # per variant
+        self._marked.clear()
+        self._capture = []
+        self.conn.send({"keep": list(keep), "out": str(partial)})
+        status, error = "failed", None
+        while True:
+            msg = self._recv(timeout=self.timeout)
+            if msg is None:  # the child died or hung: the session is over, the report says how
+                dead = self._finish()
+                status, error = dead.status, dead.error
+                break
+            if msg["event"] == "start":
+                self.step = msg["step"]
+            elif msg["event"] == "ready":
+                status = "ok"
+                break
+            elif msg["event"] == "refused":
+                error = msg["error"]
+                break
+        self._marked.wait(timeout=30)  # the pump has every line up to the child's mark
+        lines, self._capture = self._capture or [], None
+        ok = status == "ok" and partial.exists()
+        if ok:
+            os.replace(partial, out)
+        partial.unlink(missing_ok=True)
+        log = atomic.write_text(out.with_suffix(".log"), "\n".join(lines) + "\n")
+        return BuildReport(status=status if ok or status != "ok" else "failed", target=self.target, onnx=str(self.onnx),
+                           engine=str(out) if ok else None, engine_bytes=os.path.getsize(out) if ok else 0,
+                           seconds=time.monotonic() - started, regtask=self.regtask, regtask_max=self.regtask_max,
+                           dtype=quantize.label, peak_rss_mb=self.peak_rss_mb,
+                           toolkit_version=self.child_toolkit or self.toolkit.version, log=str(log),
+                           failed_step=None if ok else self.step, error=None if ok else error,
+                           log_tail=lines[-TAIL_LINES:])
 
     def run(self, inputs: Sequence) -> list:
         """Simulator inference on the engine this child built (serve mode only)."""

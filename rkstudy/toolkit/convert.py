@@ -175,6 +175,36 @@ def accuracy_analysis(onnx_path: Path | str, target: str, feeds: dict, out_dir: 
                     report=report, snapshot=snapshot)
 
 
+def accuracy_analysis_many(onnx_path: Path | str, target: str, feeds: Sequence[dict], out_dir: Path | str,
+                           **build_kwargs) -> list[list[dict]]:
+    """accuracy_analysis on several input sets from one build (one child, the report run once per set):
+    each set's rows, in order. A folder that already holds every set's report is read back, not rebuilt
+    (the folder's name is the caller's content key)."""
+    from .build import EngineProcess
+
+    onnx_path, out = Path(onnx_path), Path(out_dir)
+    shapes = graph.input_shapes(onnx_path)
+    snapshots = [out / f"snapshot_{k}" for k in range(len(feeds))]
+    log = out / "build.log"
+    if not all((s / "error_analysis.txt").is_file() for s in snapshots) or not log.is_file():
+        specs = []
+        for k, feed in enumerate(feeds):
+            missing = sorted(set(shapes) - set(feed))
+            if missing:
+                raise ValueError(f"no input array for {', '.join(missing)}; accuracy_analysis needs one per input")
+            paths = []
+            for i, name in enumerate(shapes):
+                path = out / "inputs" / f"{k}_{i}.npy"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                np.save(path, np.asarray(feed[name], np.float32))
+                paths.append(str(path))
+            specs.append({"inputs": paths, "output_dir": str(snapshots[k])})
+        proc = EngineProcess(onnx_path, target, shapes, analysis=specs, log=log, **build_kwargs)
+        proc.wait_built().raise_for_status()
+    text = log.read_text(errors="replace")
+    return [parse_accuracy_analysis(s, text) for s in snapshots]
+
+
 def probe_feeds(contract: Contract, seed: int = 0) -> list[dict]:
     """One input set for a contract whose inputs are all floats: white noise on walked, padded and
     constant inputs, ones on masks, a zero cache on state inputs. Families with token inputs pass
@@ -193,11 +223,19 @@ def probe_feeds(contract: Contract, seed: int = 0) -> list[dict]:
     return [feed]
 
 
-def engine_key(onnx_path: Path | str, toolkit: str | None = None) -> str:
-    """The key in an engine's name (Contract.engine_name): the compiled graph's digest, and the toolkit
-    version when one is asked for, so one folder holds a graph's engines of two toolkits."""
+def engine_key(onnx_path: Path | str, toolkit: str | None = None, quantize=None,
+               input_names: Sequence[str] = ()) -> str:
+    """The key in an engine's name (Contract.engine_name): the compiled graph's digest, the toolkit
+    version when one is asked for, so one folder holds a graph's engines of two toolkits, and for a
+    quantized engine (a rkstudy.toolkit.build.Calibration) the digest of its settings and calibration,
+    so it never takes an fp16 engine's name."""
     key = sha256_file(onnx_path)[:12]
-    return f"{key}-tk{toolkit}" if toolkit else key
+    key = f"{key}-tk{toolkit}" if toolkit else key
+    if quantize is not None:
+        from ..cache import digest
+
+        key = f"{key}-q{digest(quantize.key(list(input_names)))[:8]}"
+    return key
 
 
 @dataclass
@@ -210,14 +248,18 @@ class Converted:
 def convert(onnx_path: Path | str, target: str, out: Path | str | None = None, *,
             probe: Callable[[Contract], list] | None = None, run: Callable | None = None,
             gate: gates.Gate = ALIVE_GATE, remake: str = "the family's stage-1 command",
-            toolkit: str | None = None, shape_sets: Sequence[Mapping[str, Sequence[int]]] | None = None) -> Converted:
+            toolkit: str | None = None, shape_sets: Sequence[Mapping[str, Sequence[int]]] | None = None,
+            quantize=None) -> Converted:
     """Stage 2 for every family: read the contract back out of the graph (restating nothing), build
     the engine and, in the same child, gate the simulator against fp32 on the probe inputs, then
     write the compiled contract (target, toolkit, graph and engine digests) beside the engine.
     `toolkit` ('2.3.2', for a board whose runtime is that version) builds in that version's
     environment (rkstudy.toolkit.build.toolkit_env); the contract names the toolkit the build child imported.
     `shape_sets` ({input: shape} each, the contract's own shapes among them) makes one multi-shape
-    engine (rkstudy.toolkit.build.shape_sets_for), probed at the contract's shapes; its contract lists the sets."""
+    engine (rkstudy.toolkit.build.shape_sets_for), probed at the contract's shapes; its contract lists the sets.
+    `quantize` (a rkstudy.toolkit.build.Calibration: any dtype, algorithm, method and float16 tensors notebook
+    08 measures) makes a quantized engine; its contract records what it computes in (`quantization`), and
+    every walker and board run takes it as it takes an fp16 one (float32 in and out: the runtime casts)."""
     from .build import shape_sets_for
 
     onnx_path = Path(onnx_path)
@@ -225,16 +267,18 @@ def convert(onnx_path: Path | str, target: str, out: Path | str | None = None, *
     sets = shape_sets_for(shape_sets, contract.input_names) if shape_sets else []
     if sets:
         contract = contract.with_shapes([[s[n] for n in contract.input_names] for s in sets])
-    engine = Path(out) if out else onnx_path.parent / contract.engine_name(target, engine_key(onnx_path, toolkit))
+    engine = Path(out) if out else onnx_path.parent / contract.engine_name(
+        target, engine_key(onnx_path, toolkit, quantize, contract.input_names))
     items = (probe or probe_feeds)(contract)
-    simulated = simulator_vs_fp32(onnx_path, target, items, run=run, out=engine, toolkit=toolkit,
-                                  **({"shape_sets": sets} if sets else {}))
+    extra = {**({"shape_sets": sets} if sets else {}), **({"quantize": quantize} if quantize else {})}
+    simulated = simulator_vs_fp32(onnx_path, target, items, run=run, out=engine, toolkit=toolkit, **extra)
     try:
         gate.check(simulated.worst_snr_db, context=f"{target} simulator vs fp32 on the probe")
     except gates.GateFailed:
         engine.unlink(missing_ok=True)  # an engine that failed its gate gets no contract and is not kept
         raise
     compiled = contract.compiled(target=target, toolkit=simulated.report.toolkit_version,  # the build's own
-                                 onnx_path=onnx_path, engine_path=engine)
+                                 onnx_path=onnx_path, engine_path=engine,
+                                 quantization=quantize.record() if quantize else None)
     compiled.write_beside(engine)
     return Converted(engine=engine, contract=compiled, simulated=simulated)

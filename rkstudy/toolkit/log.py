@@ -25,6 +25,8 @@ REGTASK_LIMIT = re.compile(r"limit: 0x([0-9a-fA-F]+)")
 IO_OPS = ("InputOperator", "OutputOperator")  # the table's I/O rows: CPU by definition, never a layer's work
 _ROW = re.compile(r"^[DI] RKNN: \[[^\]]+\]\s+(?P<id>\d+)\s+(?P<op>\S+)\s+(?P<dtype>\S+)\s+(?P<target>CPU|NPU|GPU)\s"
                   r"(?P<rest>.*)\s(?P<full>\S+)\s*$")
+_CONST = re.compile(r"^[DI] RKNN: \[[^\]]+\]\s+(?P<id>\d+)\s+(?P<user>\S+)\s+(?P<tensor>\S+)\s+(?P<dtype>[A-Z]+\d*)\s+"
+                    r"\((?P<shape>[0-9,]*)\)\s+\|")
 _PLAN = re.compile(r"Total (Internal|Weight) Memory Size:\s*([0-9.]+)\s*(KB|MB|B)\b")
 _PLAN_UNIT = {"B": 1, "KB": 1024, "MB": 1024 * 1024}
 _ACCURACY_ROW = re.compile(r"^\[(?P<op>[^\]]+)\]\s+(?P<layer>\S+)\s+(?P<ec>\S+)\s*\|\s*(?P<ee>\S+)\s+"
@@ -88,6 +90,27 @@ def layer_table(log_text: str) -> list[Layer]:
             layers.append(Layer(int(m["id"]), m["op"], m["target"], full.split(":", 1)[1] if ":" in full else full,
                                 m["dtype"], *(shapes[:2] + ["", ""])[:2]))
     return layers
+
+
+WEIGHT_BITS = {"INT4": 4, "INT8": 8, "UINT8": 8, "INT16": 16, "FLOAT16": 16, "FLOAT": 32}
+
+
+def weight_dtypes(log_text: str) -> dict[int, str]:
+    """{layer id: the dtype its weight is stored in} from a verbose build's "Const Tensor Information
+    Table" (INT8, INT4, FLOAT16 ...): a layer's weight is its first constant of two or more dimensions.
+    Why this table: the layer table's dtype is what a layer computes in, which under w4a16 (4-bit
+    weights, float16 activations) says FLOAT16 for a layer whose weights are 4-bit; the constants say
+    what its weights are. Empty when the build printed no such table."""
+    out: dict[int, str] = {}
+    inside = False
+    for line in strip_ansi(log_text).splitlines():
+        if "Const Tensor Information Table" in line:
+            inside, out = True, {}  # the last table printed is the engine's (a hybrid prints one per build)
+            continue
+        m = _CONST.match(line) if inside else None
+        if m and len([d for d in m["shape"].split(",") if d]) >= 2:
+            out.setdefault(int(m["id"]), m["dtype"])
+    return out
 
 
 def op_targets(layers: Iterable[Layer]) -> Counter:

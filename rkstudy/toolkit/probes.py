@@ -86,3 +86,24 @@ def save_probe(model: onnx.ModelProto, name: str) -> Path:
     from ..cache import cached_bytes
 
     return cached_bytes("toolchain", name, model.SerializeToString(), ".onnx")
+
+
+def dtype_probe(channels: int = 16, hidden: int = 32, frames: int = 64, seed: int = 0) -> onnx.ModelProto:
+    """x [1, C, 1, T] -> Conv(k=7, C -> 2C) -> Relu -> Conv(k=7, 2C -> 1) -> y [1, 1, 1, T]: the smallest
+    graph that says whether a target builds and simulates a quantized dtype (two convs of 8-bit-friendly
+    widths), and how far that dtype's rounding moves an output from fp32."""
+    rng = np.random.default_rng(seed)
+    w1 = (rng.standard_normal((hidden, channels, 1, 7)) / np.sqrt(channels * 7)).astype(np.float32)
+    b1 = (rng.standard_normal(hidden) * 0.1).astype(np.float32)
+    w2 = (rng.standard_normal((1, hidden, 1, 7)) / np.sqrt(hidden * 7)).astype(np.float32)
+    b2 = np.zeros(1, dtype=np.float32)
+    conv1, i1 = _conv1d_as_2d("x", w1, b1, "h", "conv1", kernel_shape=[1, 7], pads=[0, 3, 0, 3])
+    relu = helper.make_node("Relu", ["h"], ["hr"], name="relu")
+    conv2, i2 = _conv1d_as_2d("hr", w2, b2, "y", "conv2", kernel_shape=[1, 7], pads=[0, 3, 0, 3])
+    g = helper.make_graph([conv1, relu, conv2], "dtype_probe",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels, 1, frames])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 1, frames])], i1 + i2)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model

@@ -76,6 +76,81 @@ class SimulatorRunner(Runner):
             self.report.peak_rss_mb = self._proc.peak_rss_mb
 
 
+class QuantizationSession:
+    """One calibration pass of `onnx_path` for `target` (a Calibration without hybrid choices), then any
+    number of variants of it with some of the toolkit's quantization-config tensors in float16, each
+    built and served on the simulator in turn (rkstudy.toolkit.build.EngineProcess with session=True).
+    A hybrid build is a calibration pass (most of its time) and a compile; here the pass runs once.
+
+    `tensors` lists the config's tensors (name, dtype); `report` is the calibration's BuildReport (a
+    failed or crashed calibration is a measurement: check `report.ok`); `variant(keep, out)` returns a
+    Runner for that variant, valid until the next variant."""
+
+    where = "simulator"
+
+    def __init__(self, onnx_path, target: str, quantize, *, verbose: bool = True, **build_kwargs):
+        from .. import graph
+        from .build import EngineProcess
+
+        self.target, self.quantize = target, quantize
+        self.shapes = {k: tuple(v) for k, v in graph.input_shapes(Path(onnx_path)).items()}
+        self._proc = EngineProcess(onnx_path, target, self.shapes, None, serve=True, session=True,
+                                   quantize=quantize, verbose=verbose, **build_kwargs)
+        self.report = self._proc.wait_built()
+        self.tensors = list(self._proc.tensors)
+        if not self.report.ok:
+            self._proc.close()
+
+    @property
+    def alive(self) -> bool:
+        return self.report.ok and not self._proc._finished
+
+    def variant(self, keep: Sequence[str], out) -> _Variant:
+        """The session's calibration built with `keep` (config tensor names) in float16 into `out`, started
+        on the simulator: a Runner whose `report` says how the build went (run only when it is ok)."""
+        from ..errors import UsageError
+
+        if not self.alive:
+            raise UsageError("this quantization session has ended (its calibration failed or the toolkit died)")
+        quantize = self.quantize.with_fp16(keep) if keep else self.quantize
+        return _Variant(self, self._proc.variant(keep, out, quantize))
+
+    @property
+    def peak_rss_mb(self) -> float:
+        return self._proc.peak_rss_mb
+
+    def close(self) -> None:
+        self._proc.close()
+
+    def __enter__(self) -> QuantizationSession:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class _Variant(Runner):
+    """One variant of a QuantizationSession on the simulator, at the session graph's shapes."""
+
+    where = "simulator"
+
+    def __init__(self, session: QuantizationSession, report: BuildReport):
+        self._session, self.report = session, report
+        self.target, self.shapes = session.target, session.shapes
+        self.input_names = list(self.shapes)
+
+    def run(self, inputs) -> list[np.ndarray]:
+        arrays = self._ordered(inputs)
+        for name, x in zip(self.input_names, arrays):
+            if tuple(x.shape) != tuple(self.shapes[name]):
+                raise ValueError(f"input {name!r} has shape {x.shape}; the engine was built for "
+                                 f"{tuple(self.shapes[name])} (RKNN engines have fixed shapes)")
+        return [np.asarray(o, dtype=np.float32) for o in self._session._proc.run(arrays)]
+
+    def close(self) -> None:
+        """The session, not the variant, owns the child."""
+
+
 @dataclass
 class Simulated:
     """One build and the simulator's outputs on each of its feeds: `outputs[i]` is feed i's outputs

@@ -90,17 +90,19 @@ def fed_stats_walk(runner, model: KokoroModel, utt: frontend.Utterance, stats, f
 
 
 def fed_stats_simulated(model: KokoroModel, utt: frontend.Utterance, stats, target: str = "rk3588",
-                        int16_overflow: bool = False) -> tuple[Simulated, np.ndarray, np.ndarray | None]:
+                        int16_overflow: bool = False, dtype: str | None = None
+                        ) -> tuple[Simulated, np.ndarray, np.ndarray | None]:
     """The fed-statistics graph walked over `utt`: in onnxruntime fp32 (which records the windows), then
     the same windows through one simulator build (the content-keyed cache: notebook 03's fp16 build
-    answers notebook 08's ask for it), fp16 or, with `int16_overflow`, through the toolkit's int16 mode
-    calibrated on those windows. Returns the Simulated, the fp32 gen and the simulator's gen (None when
-    the build failed)."""
+    answers notebook 08's ask for it), fp16 or, with `int16_overflow`, through the toolkit's int16 mode,
+    or quantized to `dtype` ('w16a16i_dfp'), calibrated on those windows. Returns the Simulated, the fp32
+    gen and the simulator's gen (None when the build failed)."""
     path = fed_stats_graph(model)
     rec = Recording(OrtRunner(path))
     fp32 = fed_stats_walk(rec, model, utt, stats)
-    sim = simulate(path, target, rec.feeds,
-                   quantize=Calibration(rec.feeds, int16_overflow=True) if int16_overflow else None)
+    quantize = Calibration(rec.feeds, int16_overflow=True) if int16_overflow else \
+        Calibration(rec.feeds, dtype=dtype) if dtype else None
+    sim = simulate(path, target, rec.feeds, quantize=quantize)
     gen = fed_stats_walk(sim.replay(rec.input_names), model, utt, stats) if sim.outputs else None
     return sim, fp32, gen
 

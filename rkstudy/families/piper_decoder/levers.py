@@ -32,30 +32,30 @@ def window_engine(targets: Sequence[str] = ("rk3588", "rk3566"), text: str = "sh
     return Engine(f"Piper decoder {window}-frame window", produced.save(), [feed], tuple(targets))
 
 
-def in_decoder(layer: dict) -> bool:
-    """A compiled layer of the HiFi-GAN decoder (the audio-rate part, after the flow)."""
-    return layer["layer"].startswith(("/dec/", "audio"))
-
-
-def in_flow(layer: dict) -> bool:
-    """A compiled layer of the flow (the latent-rate part), the inputs' reshapes left out."""
-    return not in_decoder(layer) and layer["op"] != "Reshape"
-
-
 def lever_graphs(quick: bool) -> LeverGraphs:
-    """Quick: the window quantized on one text and scored on one window of another. Full: the window
-    engine for both toolkit versions, and quantized with the 96 worst layers, each block (flow,
-    decoder, all) and auto-hybrid kept in fp16."""
+    """Quick: the window quantized on one text and scored on one window of another, on rk3588: fp16, w8a8,
+    the isolation of what a hybrid of every ranked layer loses, and a search of a few variants over the
+    flow and the decoder as two blocks. Full: the window engine for both toolkit versions; quantized on
+    every target the probe covers, the default calibration varied one setting at a time on rk3588 (algorithm, method,
+    calibration samples), the ranking on two calibration samples, the isolation, the search, and its chosen
+    points carried to every other target."""
     from ..piper.voice import Voice
     from .study import quantization_stage
 
     if quick:
         return LeverGraphs(quantization=[QuantizationPlan(lambda: quantization_stage(
-            Voice(), calibration_texts=("short",), evaluation_texts=("phone",), evaluation_frames=93))])
-    blocks = {"flow": in_flow, "decoder": in_decoder, "all": lambda layer: True}
+            Voice(), calibration_texts=("short",), evaluation_texts=("phone",), evaluation_frames=93),
+            {"targets": ("rk3588",), "dtypes": ("w8a8",), "ranking": {"samples": 1, "counts": ()},
+             "isolation": True, "search": {"budget": 8, "depth": 1}})])
+    # one setting varied at a time; mmse is left out because it re-runs the calibration per candidate
+    # scale and costs minutes a window where the others cost seconds
+    grid = ({"algorithm": "kl_divergence"}, {"method": "layer"}, {"samples": 4}, {"samples": 48})
     return LeverGraphs(versions=[window_engine()], quantization=[QuantizationPlan(
-        lambda: quantization_stage(Voice(), calibration_windows=16),
-        {"hybrid_counts": (96,), "hybrid_groups": blocks, "auto_thresholds": (0.99,)})])
+        lambda: quantization_stage(Voice()),
+        {"targets": ("rk3588", "rk3576", "rk3566", "rk3562"), "grid": grid,
+         "ranking": {"samples": 2, "counts": (64, 128, 192)}, "isolation": True,
+         "search": {"budget": 24, "forward": 8},
+         "auto_hybrid": (0.99,)})])
 
 
 def compiler_cases() -> list[Case]:

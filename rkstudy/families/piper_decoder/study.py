@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -433,15 +433,37 @@ def walked_windows(model: DecoderModel, latents, contract) -> list[dict]:
     return feeds
 
 
+def decoder_groups(onnx_path) -> Callable[[str], str]:
+    """How a search moves the decoder's layers (rkstudy.levers.quantization.Stage.groups): each flow
+    coupling on its own, and each upsampling stage of the HiFi-GAN decoder as one group (the transposed
+    conv `ups.k` with the resblocks that follow it, `resblocks.{k*n .. k*n+n-1}`, n resblocks per stage,
+    counted in the graph); conv_pre, conv_post and the rest at their first two levels."""
+    from ...levers.quantization import first_levels, module_of
+
+    modules = {first_levels(module_of(n.name)) for n in graph.load(onnx_path, load_external_data=False).graph.node}
+    ups = sum(m.startswith("/dec/ups.") for m in modules)
+    per_stage = max(1, sum(m.startswith("/dec/resblocks.") for m in modules) // max(ups, 1))
+
+    def group(module: str) -> str:
+        top = first_levels(module)
+        if top.startswith("/dec/ups."):
+            return f"/dec stage {top.rsplit('.', 1)[1]}"
+        if top.startswith("/dec/resblocks."):
+            return f"/dec stage {int(top.rsplit('.', 1)[1]) // per_stage}"
+        return top
+    return group
+
+
 def quantization_stage(model: DecoderModel | None = None, calibration_texts: Sequence[str] = CALIBRATION_TEXTS,
                        evaluation_texts: Sequence[str] = EVALUATION_TEXTS, emit: int = DEFAULT_EMIT,
                        context: int = DEFAULT_CONTEXT, evaluation_frames: int | None = None,
-                       calibration_windows: int | None = None):
+                       calibration_windows: int | None = None, search_frames: int = 141):
     """The 93-frame window engine as rkstudy.levers.quantization sees it: calibration windows walked from the
     voice's latents of `calibration_texts` (`calibration_windows` of them, evenly spread, when a
     build cannot afford them all), evaluation latents of `evaluation_texts` (no text in both),
-    scored per window and per utterance on the sidecar's walk. `evaluation_frames` cuts each
-    evaluation latent to its first frames (one window at the window's own length: a quick run)."""
+    scored per window and per utterance on the sidecar's walk, and by ear on its audio. `evaluation_frames`
+    cuts each evaluation latent to its first frames (one window at the window's own length: a quick run);
+    the search walks the last evaluation latent's first `search_frames` (three windows by default)."""
     from ...levers.quantization import Stage, evenly, held_apart
     from ..piper.voice import read_text
 
@@ -452,21 +474,23 @@ def quantization_stage(model: DecoderModel | None = None, calibration_texts: Seq
     evaluation = [lat for name in evaluation_texts for lat in model.latents(read_text(name))]
     if evaluation_frames:
         evaluation = [replace(lat, z=lat.z[:, :evaluation_frames]) for lat in evaluation]
+    search = [replace(evaluation[-1], z=evaluation[-1].z[:, :search_frames])]
 
     def walk(runner, lat):
         return sidecar(model, runner, produced.contract).decode(lat.z, lat.g, progress=False)
 
-    def score(refs, tests):
+    def score(items, refs, tests):
         utterance = gates.snr_db(np.concatenate(refs), np.concatenate(tests))
-        windows = [r["snr_db"] for lat, a, b in zip(evaluation, refs, tests)
+        windows = [r["snr_db"] for lat, a, b in zip(items, refs, tests)
                    for r in per_window_rows(a, b, lat.frames, emit, context, model.hop)]
         return {"windows": len(windows), "window_snr_db_min": float(np.min(windows)),
                 "window_snr_db_median": float(np.median(windows)), "utterance_snr_db": utterance}
 
-    return Stage(name=f"Piper decoder {produced.contract.window.frames}-frame window", onnx=produced.save(),
+    onnx_path = produced.save()
+    return Stage(name=f"Piper decoder {produced.contract.window.frames}-frame window", onnx=onnx_path,
                  calibration=evenly(walked_windows(model, calibration, produced.contract), calibration_windows),
-                 evaluation=evaluation,
-                 walk=walk, score=score,
+                 evaluation=evaluation, search=search, walk=walk, score=score, rate=model.sample_rate,
+                 audio=lambda x: x, groups=decoder_groups(onnx_path),
                  texts={"calibration": ", ".join(calibration_texts), "evaluation": ", ".join(evaluation_texts)})
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -429,13 +429,14 @@ def step_spans(samples: int, step: int) -> list[tuple[int, int]]:
 
 def quantization_stage(voice: DecoderModel | None = None, emit: int = 45,
                        calibration_texts: Sequence[str] = pd.CALIBRATION_TEXTS,
-                       evaluation_texts: Sequence[str] = pd.EVALUATION_TEXTS, calibration_steps: int | None = None):
+                       evaluation_texts: Sequence[str] = pd.EVALUATION_TEXTS, calibration_steps: int | None = None,
+                       search_frames: int = 135):
     """The stateful step at E = `emit` as rkstudy.levers.quantization sees it: the calibration feeds are the
     steps an fp32 walk runs over the voice's latents of `calibration_texts` (the state inputs hold
     what that walk carried, so the quantizer sees the ranges of a real history), `calibration_steps`
     of them evenly spread; the evaluation latents of `evaluation_texts` are walked with the engine
     carrying its own state, scored per step (E x hop samples, step_spans) and per utterance against the
-    fp32 walk."""
+    fp32 walk, and by ear on the audio; the search walks the last one's first `search_frames` (three steps)."""
     from ...levers.quantization import Stage, evenly, held_apart, recorded_feeds, span_scores
     from ..piper.voice import Voice, read_text
 
@@ -445,16 +446,18 @@ def quantization_stage(voice: DecoderModel | None = None, emit: int = 45,
     onnx_path = produced.save()
     calibration = [lat for name in calibration_texts for lat in voice.latents(read_text(name))]
     evaluation = [lat for name in evaluation_texts for lat in voice.latents(read_text(name))]
+    search = [replace(evaluation[-1], z=evaluation[-1].z[:, :search_frames])]
 
     def walk(runner, lat):
         return sidecar(voice, runner, produced).decode(lat.z, lat.g)
 
     step = emit * voice.hop
 
-    def score(refs, tests):
+    def score(items, refs, tests):
         return span_scores(refs, tests, [step_spans(a.size, step) for a in refs])
 
     return Stage(name=f"Piper decoder stateful step E={emit}", onnx=onnx_path,
                  calibration=evenly(recorded_feeds(onnx_path, walk, calibration), calibration_steps),
-                 evaluation=evaluation, walk=walk, score=score,
+                 evaluation=evaluation, search=search, walk=walk, score=score, rate=voice.sample_rate,
+                 audio=lambda x: x, groups=pd.decoder_groups(onnx_path),
                  texts={"calibration": ", ".join(calibration_texts), "evaluation": ", ".join(evaluation_texts)})

@@ -43,7 +43,8 @@ def shape_ladder(voice, widths: Sequence[int], mode: str | None = None) -> Shape
 def lever_graphs(quick: bool) -> LeverGraphs:
     """Full mode: the ladder's first two widths as one multi-shape engine (the rewrite bakes the width
     in, so the toolkit's shape re-inference fails for any two: two say it, measured also with all four,
-    after 147 s instead of 54 s), and the width-64 engine quantized."""
+    after 147 s instead of 54 s), and the width-64 engine quantized (rk3588, every dtype that builds, auto-hybrid and
+    a search steered by SNR: its outputs are no audio)."""
     from ..piper.voice import Voice
     from .study import FULL_WIDTHS, quantization_stage
 
@@ -51,4 +52,5 @@ def lever_graphs(quick: bool) -> LeverGraphs:
         return LeverGraphs()
     return LeverGraphs(shape_ladders=[shape_ladder(Voice(), FULL_WIDTHS[:2])],
                        quantization=[QuantizationPlan(lambda: quantization_stage(Voice(), width=64),
-                                                      {"auto_thresholds": (0.99,)})])
+                                                      {"targets": ("rk3588",), "auto_hybrid": (0.99,),
+                                                       "search": {"budget": 20}})])

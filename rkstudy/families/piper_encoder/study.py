@@ -566,6 +566,18 @@ def run_ladder(voice: piper.Voice, widths: Sequence[int], chunks: Sequence[tuple
 
 
 # --- quantization: one width, calibrated on the ids of real text ----------------------------------
+def encoder_groups(module: str) -> str:
+    """How a search moves the encoder's layers (rkstudy.levers.quantization.Stage.groups): each transformer
+    layer k (its attention, feed-forward and norms) as one block, the duration predictor as another, the
+    rest at its first two levels."""
+    from ...levers.quantization import first_levels
+
+    parts = [p for p in module.split("/") if p]
+    if parts[:2] == ["enc_p", "encoder"] and len(parts) > 2 and "." in parts[2]:
+        return f"/enc_p/encoder layer {parts[2].rsplit('.', 1)[1]}"
+    return first_levels(module, 1 if parts[:1] == ["dp"] else 2)
+
+
 QUANT_CALIBRATION_TEXTS = ("paragraph",)
 QUANT_EVALUATION_TEXTS = ("short", "phone")
 
@@ -598,11 +610,13 @@ def quantization_stage(voice: piper.Voice | None = None, width: int = 64,
         sizes[len(ids)] = stats.size
         return np.concatenate([stats.ravel(), cond.ravel()])
 
-    def score(refs, tests):
+    def score(items, refs, tests):
         return span_scores(refs, tests, [[(0, sizes[len(ids)]), (sizes[len(ids)], a.size)]
-                                         for ids, a in zip(evaluation, refs)])
+                                         for ids, a in zip(items, refs)])
 
+    # stats and cond are no audio: scored by SNR, and searched on it; the groups are the encoder's layers
     return Stage(name=f"Piper encoder width {width}", onnx=product.path,
                  calibration=[pad_ids(ids, width) for ids in evenly(chunks(calibration_texts), calibration_chunks)],
-                 evaluation=evaluation, walk=walk, score=score,
+                 evaluation=evaluation, search=evaluation[:2], walk=walk, score=score,
+                 groups=encoder_groups,
                  texts={"calibration": ", ".join(calibration_texts), "evaluation": ", ".join(evaluation_texts)})

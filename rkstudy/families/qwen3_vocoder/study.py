@@ -305,10 +305,12 @@ def quantization_stage(onnx_path, calibration_steps: int = 4, evaluation_steps: 
     def walk(runner, feed):
         return runner.run(feed)[0]
 
-    def score(refs, tests):
+    def score(items, refs, tests):
         return span_scores(refs, tests, [[(0, a.size)] for a in refs])
 
-    return Stage(name=f"Qwen3 vocoder {n}-token step", onnx=Path(onnx_path),
+    # random weights: the audio is no speech (no DNSMOS), but PESQ-WB and STOI still say how far it moved
+    return Stage(name=f"Qwen3 vocoder {n}-token step", onnx=Path(onnx_path), rate=SAMPLE_RATE, audio=lambda x: x,
+                 speech=False,
                  calibration=carried_feeds(onnx_path, calibration_steps, seed=CALIBRATION_SEED),
                  evaluation=carried_feeds(onnx_path, evaluation_steps, seed=CODES_SEED + 1), walk=walk, score=score,
                  texts={"calibration": f"random codes, seed {CALIBRATION_SEED}",
