@@ -220,8 +220,8 @@ EXPECT = {
         # tiles, 9.9 % of the conv MACs, in int8 at 9.0 dB; with them in fp16 too, fp16's 45.1 dB
         "quantization isolation, Piper decoder 93-frame window, the ranked layers: conv MACs on weights <= 8 bits":
             (0.09, 0.11),
-        "quantization isolation, Piper decoder 93-frame window, the ranked layers: worst window": (0, 25),
-        "quantization isolation, Piper decoder 93-frame window, + compiler-made: worst window": (35, math.inf),
+        "quantization isolation, Piper decoder 93-frame window, the ranked layers: simulator worst window": (0, 25),
+        "quantization isolation, Piper decoder 93-frame window, + compiler-made: simulator worst window": (35, math.inf),
         "quantization isolation, Piper decoder 93-frame window, + compiler-made: conv MACs on weights <= 8 bits":
             (0, 0),
         # multi-shape, quick: the conv stack at T = 16 and 32; measured 2026-12-01: one engine of 240,805 B
