@@ -221,7 +221,8 @@ EXPECT = {
         "quantization isolation, Piper decoder 93-frame window, the ranked layers: conv MACs on weights <= 8 bits":
             (0.09, 0.11),
         "quantization isolation, Piper decoder 93-frame window, the ranked layers: simulator worst window": (0, 25),
-        "quantization isolation, Piper decoder 93-frame window, + compiler-made: simulator worst window": (35, math.inf),
+        "quantization isolation, Piper decoder 93-frame window, + compiler-made: simulator worst window":
+            (35, math.inf),
         "quantization isolation, Piper decoder 93-frame window, + compiler-made: conv MACs on weights <= 8 bits":
             (0, 0),
         # multi-shape, quick: the conv stack at T = 16 and 32; measured 2026-12-01: one engine of 240,805 B
