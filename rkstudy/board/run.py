@@ -303,18 +303,14 @@ def report_child_failure(exc: BaseException, spec_path: str, command: str) -> in
     return code
 
 
-def _child(spec_path: str) -> int:
-    """The child: run the job, write its audio and its result, with its own peak RSS."""
-    import importlib
+def measured(run, sample_npu: bool = True) -> dict:
+    """`run()`'s result dict with what the board saw while it ran: per-core NPU load and the NPU clock
+    (sampling starts after the first engine's init, so the row measures the work, not the init) and the
+    process's peak RSS. Shared by every measured child (a stage's board run, a whole text's synthesis)."""
+    sampler = load.board_sampler() if sample_npu else None
+    governor: list[str] = []
 
-    spec = json.loads(Path(spec_path).read_text())
-    module, _, attr = spec["job"].partition(":")
-    job = getattr(importlib.import_module(module), attr)
-    contract: Contract = for_engine(spec["engine"])  # already validated by the parent; re-read here
-    sampler = load.board_sampler()
-    governor = []
-
-    def begin_sampling() -> None:  # after the first init: the row measures the decode, not the init
+    def begin_sampling() -> None:
         governor.append(sysfs.npu_clock()["governor"] or "")
         if sampler is not None:
             try:
@@ -324,7 +320,7 @@ def _child(spec_path: str) -> int:
 
     after_init(begin_sampling)
     try:
-        out = job(contract=contract, engine=Path(spec["engine"]), cores=spec["cores"], payload=spec["payload"])
+        out = run()
     finally:
         if sampler is not None:
             sampler.stop()
@@ -332,9 +328,28 @@ def _child(spec_path: str) -> int:
     out["npu_clock"] = {"npu_governor": governor[0] if governor else "",
                         "npu_freq_hz": sampler.clock_field() if sampler else ""}
     out["peak_rss_kb"] = peak_rss_kb()
+    return out
+
+
+def write_child_result(spec: dict, out: dict) -> None:
+    """A measured child's audio and arrays to the spec's .npz and the rest of its result to its JSON,
+    for the parent to read back."""
     arrays = {"audio": np.asarray(out.pop("audio"), np.float32), **out.pop("arrays", {})}
     np.savez(spec["arrays"], **arrays)
     Path(spec["result"]).write_text(json.dumps(out))
+
+
+def _child(spec_path: str) -> int:
+    """The child: run the job, write its audio and its result, with its own peak RSS."""
+    import importlib
+
+    spec = json.loads(Path(spec_path).read_text())
+    module, _, attr = spec["job"].partition(":")
+    job = getattr(importlib.import_module(module), attr)
+    contract: Contract = for_engine(spec["engine"])  # already validated by the parent; re-read here
+    out = measured(lambda: job(contract=contract, engine=Path(spec["engine"]), cores=spec["cores"],
+                               payload=spec["payload"]))
+    write_child_result(spec, out)
     return 0
 
 

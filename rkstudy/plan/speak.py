@@ -35,7 +35,6 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputError, UsageError
-from ..process import peak_rss_kb
 from ..tables import results
 from . import audio as audio_files
 from .engines import Engine, choose_runtime
@@ -238,35 +237,12 @@ def run_child(spec: dict, folder: Path, *, timeout: float) -> tuple[dict, dict]:
 
 
 def _child(spec_path: str) -> int:
-    from ..board import load, sysfs
-    from ..board.runner import after_init
+    from ..board.run import measured, write_child_result
 
     spec = json.loads(Path(spec_path).read_text())
     module, _, attr = spec["job"].partition(":")
     job = getattr(importlib.import_module(module), attr)
-    sampler = load.board_sampler() if spec["payload"].get("sample_npu") else None
-    governor: list[str] = []
-
-    def begin_sampling() -> None:  # after the first engine's init: the row measures the synthesis
-        governor.append(sysfs.npu_clock()["governor"] or "")
-        if sampler is not None:
-            try:
-                sampler.start()
-            except OSError as exc:
-                print(f"NPU load not sampled: {exc}", file=sys.stderr)
-
-    after_init(begin_sampling)
-    try:
-        out = job(spec["payload"])
-    finally:
-        if sampler is not None:
-            sampler.stop()
-    out["npu_load"] = load.row_fields(sampler.summary() if sampler and sampler.path else None)
-    out["npu_clock"] = {"npu_governor": governor[0] if governor else "",
-                        "npu_freq_hz": sampler.clock_field() if sampler else ""}
-    out["peak_rss_kb"] = peak_rss_kb()
-    np.savez(spec["arrays"], audio=np.asarray(out.pop("audio"), np.float32), **out.pop("arrays", {}))
-    Path(spec["result"]).write_text(json.dumps(out))
+    write_child_result(spec, measured(lambda: job(spec["payload"]), sample_npu=bool(spec["payload"].get("sample_npu"))))
     return 0
 
 

@@ -142,6 +142,16 @@ def norm_axis(axis: int, rank: int) -> int:
     return axis + rank if axis < 0 else axis
 
 
+def data_time(node: onnx.NodeProto, ctx: Context) -> tuple[Timing, int, int]:
+    """(timing, time axis, rank) of a node whose only time-carrying input is its first (its data): a
+    norm's or a pad's other inputs (scales, pads) must not carry time."""
+    if ctx.time_ins(node) != [node.input[0]]:
+        raise NotStreamable(f"{where(node)}: only its data input may carry time")
+    t = ctx.timing[node.input[0]]
+    rank = ctx.rank(node.input[0], node)
+    return t, norm_axis(t.axis, rank), rank
+
+
 def same_time(node: onnx.NodeProto, ctx: Context, names: Sequence[str]) -> Timing:
     """The one rate and extent of `names` (refused when they differ): the inputs of a time-local op."""
     ts = [ctx.timing[t] for t in names]

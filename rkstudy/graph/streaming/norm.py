@@ -9,7 +9,7 @@ norms that are global over time whatever their attributes (instance norm, global
 
 from __future__ import annotations
 
-from .core import NotStreamable, Timed, Timing, attrs, norm_axis, where
+from .core import NotStreamable, Timed, Timing, attrs, data_time, norm_axis, where
 from .registry import Rule, register
 
 GLOBAL_OVER_TIME = {"InstanceNormalization": "normalises each channel by its mean and variance over all frames",
@@ -21,14 +21,6 @@ GLOBAL_OVER_TIME = {"InstanceNormalization": "normalises each channel by its mea
                     "TopK": "ranks over an axis"}
 
 
-def _data(node, ctx):
-    time_ins = ctx.time_ins(node)
-    if time_ins != [node.input[0]]:
-        raise NotStreamable(f"{where(node)}: only its data input may carry time")
-    t = ctx.timing[node.input[0]]
-    rank = ctx.rank(node.input[0], node)
-    return t, norm_axis(t.axis, rank), rank
-
 
 @register
 class LayerNorm(Rule):
@@ -36,7 +28,7 @@ class LayerNorm(Rule):
     ops = ("LayerNormalization",)
 
     def timing(self, node, ctx):
-        t, axis, rank = _data(node, ctx)
+        t, axis, rank = data_time(node, ctx)
         first = norm_axis(attrs(node).get("axis", -1), rank)
         if axis >= first:
             raise NotStreamable(f"{where(node)} normalises over axes {first}..{rank - 1}, which hold the time axis "
@@ -51,7 +43,7 @@ class Reduce(Rule):
            "ReduceSumSquare", "ReduceLogSumExp", "ReduceLogSum")
 
     def timing(self, node, ctx):
-        t, axis, rank = _data(node, ctx)
+        t, axis, rank = data_time(node, ctx)
         a = attrs(node)
         axes = ctx.ints(node, "axes", 1, "axes")
         if not axes:
@@ -75,7 +67,7 @@ class Softmax(Rule):
     ops = ("Softmax", "LogSoftmax", "Hardmax", "LpNormalization")
 
     def timing(self, node, ctx):
-        t, axis, rank = _data(node, ctx)
+        t, axis, rank = data_time(node, ctx)
         default = 1 if node.op_type != "LpNormalization" and ctx.opset < 13 else -1
         over = norm_axis(attrs(node).get("axis", default), rank)
         # before opset 13 a softmax flattens every axis from `axis` on into one
@@ -92,7 +84,7 @@ class BatchNorm(Rule):
     ops = ("BatchNormalization",)
 
     def timing(self, node, ctx):
-        t, axis, rank = _data(node, ctx)
+        t, axis, rank = data_time(node, ctx)
         if axis == 1:
             raise NotStreamable(f"{where(node)} uses the time axis as its channel axis")
         return Timed({node.output[0]: Timing(t.rate, t.delay, axis, t.extent)})

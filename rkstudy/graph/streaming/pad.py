@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from .core import Builder, Context, NotStreamable, Timed, Timing, attrs, norm_axis, where
+from .core import Builder, Context, NotStreamable, Timed, Timing, attrs, data_time, norm_axis, where
 from .masks import Masks, pad_node
 from .registry import Rule, register
 
@@ -47,14 +47,6 @@ def pad_spec(node: onnx.NodeProto, ctx: Context) -> tuple[str, dict[int, tuple[i
     return mode, spec, value
 
 
-def _time(node, ctx) -> tuple[Timing, int, int]:
-    time_ins = ctx.time_ins(node)
-    if time_ins != [node.input[0]]:
-        raise NotStreamable(f"{where(node)}: only its data input may carry time")
-    t = ctx.timing[node.input[0]]
-    rank = ctx.rank(node.input[0], node)
-    return t, norm_axis(t.axis, rank), rank
-
 
 @register
 class Pad(Rule):
@@ -62,7 +54,7 @@ class Pad(Rule):
     ops = ("Pad",)
 
     def timing(self, node, ctx):
-        t, axis, _ = _time(node, ctx)
+        t, axis, _ = data_time(node, ctx)
         mode, spec, value = pad_spec(node, ctx)
         if mode not in ("constant", "edge", "reflect"):
             raise NotStreamable(f"{where(node)}: {mode} padding has no streaming rule (constant, edge and reflect do)")
@@ -71,12 +63,12 @@ class Pad(Rule):
         return Timed({node.output[0]: Timing(t.rate, t.delay - before, axis, t.extent + before + after, zeros)})
 
     def needs_rewrite(self, node, ctx) -> bool:
-        _, axis, _ = _time(node, ctx)
+        _, axis, _ = data_time(node, ctx)
         mode, spec, value = pad_spec(node, ctx)
         return axis in spec and (mode != "constant" or value != 0.0)
 
     def step(self, node, inputs, sc):
-        t, axis, rank = _time(node, sc.ctx)
+        t, axis, rank = data_time(node, sc.ctx)
         mode, spec, value = pad_spec(node, sc.ctx)
         if axis not in spec:
             sc.emit(node, inputs)
@@ -94,7 +86,7 @@ class Pad(Rule):
         sc.emit(node, [inputs[0], sc.b.const(pads, "pads")] + list(inputs[2:3]))
 
     def reads_outside(self, node, ctx):
-        _, axis, _ = _time(node, ctx)
+        _, axis, _ = data_time(node, ctx)
         mode, spec, _ = pad_spec(node, ctx)
         lo, hi = spec.get(axis, (0, 0))
         return [0] if mode == "constant" and (lo > 0 or hi > 0) else []
@@ -107,7 +99,7 @@ class Pad(Rule):
         """The nodes that replace this Pad (constant c != 0, edge or reflect on the time axis), writing its
         output (appended to `b`; the boundary signals they read go to `masks`): exact on the full graph,
         and the full decode's boundary in a step (see the module)."""
-        t, axis, rank = _time(node, ctx)
+        t, axis, rank = data_time(node, ctx)
         mode, spec, value = pad_spec(node, ctx)
         lo, hi = spec[axis]
         if lo < 0 or hi < 0:
