@@ -30,11 +30,10 @@ def _load_codes(payload: dict, contract):
 def decode_job(*, contract, engine: Path, cores: str, payload: dict) -> dict:
     """In the measured child: decode the codes (offline on the main engine, or streaming in events with
     the first engine for the first group); return the audio and the row."""
-    import numpy as np
 
     from ...board.runner import BoardRunner, runtime_versions
     from ...contract import for_engine
-    from .sidecar import SAMPLE_RATE, VocoderSidecar, events
+    from .sidecar import SAMPLE_RATE, VocoderSidecar, events, gather
 
     codes = _load_codes(payload, contract)
     runners = [BoardRunner(engine, contract.input_names, cores=cores)]
@@ -47,12 +46,7 @@ def decode_job(*, contract, engine: Path, cores: str, payload: dict) -> dict:
         t0 = time.perf_counter()
         first_audio = None
         if payload["mode"] == "streaming":
-            pieces = []
-            for pcm in side.stream(events(codes, payload["event"])):
-                if first_audio is None and pcm.size:
-                    first_audio = time.perf_counter() - t0
-                pieces.append(pcm)
-            audio = np.concatenate(pieces)
+            audio, first_audio = gather(side.stream(events(codes, payload["event"])), t0)
         else:
             audio = side.decode(codes)
         seconds = time.perf_counter() - t0

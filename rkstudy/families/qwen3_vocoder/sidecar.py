@@ -155,6 +155,19 @@ class VocoderSidecar:
             history = c if history is None else np.concatenate([history, c], axis=-1)
 
 
+def gather(stream: Iterable[np.ndarray], t0: float) -> tuple[np.ndarray, float | None]:
+    """A stream's PCM pieces joined, and the seconds from `t0` (time.perf_counter) to its first
+    non-empty piece: a streaming decode's time to first audio."""
+    import time
+
+    first_audio, pieces = None, []
+    for pcm in stream:
+        if first_audio is None and pcm.size:
+            first_audio = time.perf_counter() - t0
+        pieces.append(pcm)
+    return np.concatenate(pieces), first_audio
+
+
 def events(codes, size: int) -> list[np.ndarray]:
     """`codes [Q, T]` (or [1, Q, T]) cut into events of `size` tokens (the last one shorter)."""
     c = np.asarray(codes)

@@ -127,7 +127,7 @@ def job(payload: dict) -> dict:
 
     from ...plan.engines import contract_of, open_runner, place
     from ...runtime import OrtRunner
-    from .sidecar import SAMPLE_RATE, VocoderSidecar, events, random_codes
+    from .sidecar import SAMPLE_RATE, VocoderSidecar, events, gather, random_codes
 
     plan, runtime, cores = payload["plan"]["speech_decoder"], payload["runtime"], payload["cores"]
     if payload["codes"]:
@@ -162,12 +162,7 @@ def job(payload: dict) -> dict:
             chunks = events(codes, payload["event"])
             stream = (window.window_stream(chunks, payload["left_context"]) if window is not None
                       else side.stream(chunks))
-            pieces = []
-            for pcm in stream:
-                if first_audio is None and pcm.size:
-                    first_audio = time.perf_counter() - t0
-                pieces.append(pcm)
-            audio = np.concatenate(pieces)
+            audio, first_audio = gather(stream, t0)
         else:
             audio = side.decode(codes)
         wall_s = time.perf_counter() - t0
