@@ -384,6 +384,7 @@ def test_a_killed_builds_regtask_count_is_the_limits_lower_bound_not_the_pipes_t
     """Lines still in the pipe after the kill are not counted: how many arrive depends on the kill's
     timing (20,001 one run, 20,234 the next), so the count of a killed build is the first line past the
     limit, the same every run, and its error says it is a lower bound."""
+    import threading
     from collections import deque
     from types import SimpleNamespace
 
@@ -394,6 +395,7 @@ def test_a_killed_builds_regtask_count_is_the_limits_lower_bound_not_the_pipes_t
         proc.log, proc.tail = tmp_path / "build.log", deque(maxlen=10)
         proc.regtask = proc.regtask_max = 0
         proc.regtask_limit, proc.killed_for_regtask = 5, False
+        proc._capture, proc._marked = None, threading.Event()  # no session variant is building
         proc._kill = lambda: None
         proc.proc = SimpleNamespace(stdout=[line.format(0x2000 + k).encode() for k in range(arriving)])
         proc._pump()
