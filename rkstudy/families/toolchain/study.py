@@ -8,7 +8,7 @@ from tqdm.auto import tqdm
 from ... import gates
 from ...graph import REGISTER_FIELD_MAX
 from ...process import shows_progress
-from ...toolkit.build import BuildFailed, build_engine
+from ...toolkit.build import BuildFailed, Calibration, build_engine
 from ...toolkit.convert import simulator_vs_fp32
 from ...toolkit.probes import long_axis_probe, save_probe, vocoder_probe
 
@@ -145,7 +145,9 @@ def perceptual_calibration(quick: bool, target: str = CALIBRATION_TARGET, progre
     voice = Voice()
     stage = (quantization_stage(voice, calibration_texts=("short",), evaluation_texts=("phone",)) if quick
              else quantization_stage(voice, calibration_windows=16))
-    engine_rows, _ = quantize.sweep(stage, target, progress=(lambda say: tqdm.write(say)) if progress else None)
+    bench = quantize.Bench(stage, target, listen=False, progress=(lambda say: tqdm.write(say)) if progress else None)
+    plain = Calibration(stage.calibration)  # every calibration window, min/max, per channel: the toolkit's defaults
+    engine_rows = [bench.build("fp16"), bench.build(plain.label, plain)]
     ref = np.concatenate(stage.outputs["fp32"]).astype(np.float64)
     rate, hop = voice.sample_rate, voice.hop
     texts = stage.texts["evaluation"]
