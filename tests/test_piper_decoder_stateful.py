@@ -48,17 +48,19 @@ def test_the_delay_map_and_the_cache_of_the_voice(steps):
 def test_exactness_gate_float64_step_equals_float64_full_decode(voice, steps, short):
     """The exactness gate, >= 120 dB over every sample, with both decodes in float64 (the method alone);
     fp32 beside it: onnxruntime sums a conv of <= 64 outputs in another order, so the fp32 step is not
-    bit-identical to the fp32 full decode where either runs such a conv (measured on "short", 49 frames:
-    97.3 dB at E=16, bit-identical at E=45, 101.1 dB at E=93; the fp32 full decode is 102.5 dB from float64)."""
+    bit-identical to the fp32 full decode where either runs such a conv. How far fp32 lands from float64
+    depends on the CPU's kernels (measured on "short", 49 frames, onnxruntime 1.26.0: on an AVX-512 host
+    97.3 dB at E=16, bit-identical at E=45, 101.1 dB at E=93, the fp32 full decode 102.5 dB from float64;
+    on an AVX2-only host 95.6 dB, bit-identical, 97.7 dB, and 94.6 dB), so the fp32 bounds hold both."""
     ex = study.exactness(voice, short, steps, progress=False)
     rows = ex.rows
     assert len(rows) == 3 and {r["where"] for r in rows} == {"fp32"}
     for r in rows:
         study.EXACT_GATE.check(r["f64_step_vs_full_db"], context=f"E={r['emit']}")
-        assert 95.0 <= r["fp32_step_vs_full_db"] and 100.0 <= r["fp32_full_vs_f64_full_db"] <= 106.0
+        assert 93.0 <= r["fp32_step_vs_full_db"] and 93.0 <= r["fp32_full_vs_f64_full_db"] <= 106.0
         assert r["fp32_first_256_max_err"] < 1e-6 and r["fp32_last_256_max_err"] < 1e-6  # the start, the flushed tail
     by_emit = {r["emit"]: r["fp32_step_vs_full_db"] for r in rows}
-    assert by_emit[16] <= 100.0 and by_emit[45] == float("inf") and 99.0 <= by_emit[93] <= 103.0
+    assert by_emit[16] <= 100.0 and by_emit[45] == float("inf") and 96.0 <= by_emit[93] <= 103.0
     # a listener hears the same utterance at every E: PESQ-WB at its top, STOI 1, the same DNSMOS
     whole = {r["emit"]: r for r in ex.utterance_rows(voice.sample_rate)}
     assert set(whole) == {16, 45, 93} and whole[45]["snr_db"] == float("inf")
