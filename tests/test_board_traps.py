@@ -26,6 +26,7 @@ import numpy as np
 import onnx
 import psutil
 import pytest
+from board_cli import run_cli
 
 from rkstudy.contract import ALL_TARGETS, Contract, Digest, Tensor
 from rkstudy.families.port import architectures, producer
@@ -37,18 +38,7 @@ FRAMES = 48
 
 
 def rkstudy(*argv, board, env=None, check=None, timeout=600):
-    """The CLI in a subprocess that sees a board: a recorded tree (a name, or a path) and the RKNNLite double."""
-    root = board if os.path.isabs(str(board)) else BOARDS / board
-    full = {**os.environ, "RKSTUDY_SYSROOT": str(root),
-            "PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "doubles"), str(REPO)])}
-    for key in ("LIBRKNNRT_PATH", "SUDO_UID", "SUDO_GID", "RKSTUDY_DEBUG", "RKNNLITE_REPLAY_INIT_CODE"):
-        full.pop(key, None)
-    full.update(env or {})
-    proc = subprocess.run([sys.executable, "-m", "rkstudy", *map(str, argv)], capture_output=True, text=True,
-                          env=full, cwd=REPO, timeout=timeout)
-    if check is not None:
-        assert proc.returncode == check, proc.stdout[-2000:] + proc.stderr[-3000:]
-    return proc
+    return run_cli(*argv, board=board, env=env, check=check, timeout=timeout)
 
 
 def place(folder, contract: Contract, graph, target: str, toolkit: str = "rknn-toolkit2 2.5.0", key: str = "k"):

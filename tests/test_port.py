@@ -6,20 +6,17 @@ small settings (fp32); the CLI refuses bad flags and a graph that cannot stream 
 one small architecture is built and gated in the simulator, then run through `rkstudy board run port`
 on a recorded board tree with the replay double."""
 
-import os
-import subprocess
-import sys
 
 import numpy as np
 import onnx
 import pytest
+from board_cli import run_cli
 
 from rkstudy import gates
 from rkstudy.families.port import architectures, packages, producer
 from rkstudy.families.port.sidecar import PortSidecar, input_names, load_inputs
 from rkstudy.families.port.study import EXACT_GATE, FP32_GATE, plan_target, step_exactness, window_exactness
 from rkstudy.graph.delays import NotStreamable
-from rkstudy.paths import REPO
 from rkstudy.runtime import OrtRunner
 from rkstudy.tables import results
 from rkstudy.walk import planner
@@ -119,15 +116,7 @@ def test_inputs_by_name_and_utterance(tmp_path):
 
 
 def rkstudy(*argv, board=None, check=True):
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    if board:   # a recorded board tree and the RKNNLite replay double (tests/doubles)
-        env.update(RKSTUDY_SYSROOT=str(REPO / "tests" / "fixtures" / "boards" / board),
-                   PYTHONPATH=os.pathsep.join([str(REPO / "tests" / "doubles"), str(REPO)]))
-    proc = subprocess.run([sys.executable, "-m", "rkstudy", *map(str, argv)], capture_output=True, text=True,
-                          env=env, cwd=REPO, timeout=1800)
-    if check:
-        assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc
+    return run_cli(*argv, board=board, check=0 if check else None, timeout=1800)
 
 
 @pytest.mark.parametrize("args, says", [

@@ -9,19 +9,16 @@ by building the released decoder's layout (no decode). Notebook 04 measures the 
 """
 
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+from board_cli import run_cli
 
 from rkstudy import gates
 from rkstudy.contract import from_json
 from rkstudy.errors import EngineMismatch
 from rkstudy.families.qwen3_vocoder import producer, sidecar, step, study
 from rkstudy.families.qwen3_vocoder.model import SAMPLES_PER_TOKEN, full_decode
-from rkstudy.paths import REPO
 from rkstudy.runtime import OrtRunner
 from rkstudy.tables import results
 
@@ -158,16 +155,8 @@ def test_sidecar_refuses_engines_that_do_not_share_a_cache(graphs, tmp_path):
                                OrtRunner(other), producer.read_contract(other))
 
 
-def rkstudy(*argv, check=True):
-    """The CLI in a subprocess that sees a board: the recorded RK3588 tree whose librknnrt runs the toolkit's
-    engines, and the RKNNLite double."""
-    env = {**os.environ, "RKSTUDY_SYSROOT": str(REPO / "tests" / "fixtures" / "boards" / "rk3588-librknnrt-2.5.0"),
-           "PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "doubles"), str(REPO)])}
-    proc = subprocess.run([sys.executable, "-m", "rkstudy", *map(str, argv)], capture_output=True, text=True,
-                          env=env, cwd=REPO, timeout=900)
-    if check:
-        assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc
+def rkstudy(*argv, board='rk3588-librknnrt-2.5.0', check=True):
+    return run_cli(*argv, board=board, check=0 if check else None, timeout=900)
 
 
 @pytest.mark.simulator

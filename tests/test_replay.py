@@ -2,35 +2,24 @@
 of RKNNLite (tests/doubles): every board-only line executes, and the outputs equal the fp32 walk of the
 same slice exactly. Rows say `replay`, never `board`."""
 
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+from board_cli import run_cli
 
 from rkstudy.cli import main
 from rkstudy.families.piper import latents as latent_files
 from rkstudy.families.piper_decoder.producer import read_contract
 from rkstudy.families.piper_decoder.sidecar import DecoderSidecar
 from rkstudy.families.piper_encoder.sidecar import Ladder, LadderEngine
-from rkstudy.paths import REPO
 from rkstudy.runtime import OrtRunner
 from rkstudy.tables import results
 
 TEXT = "Call me at 555 0142, extension 7. Thank you."
 
 
-def rkstudy(*argv, board="rk3588-librknnrt-2.5.0", check=True):
-    """The CLI in a subprocess that sees a board: the recorded tree (by default the RK3588 whose librknnrt runs
-    the toolkit's engines) and the RKNNLite double."""
-    env = {**os.environ, "RKSTUDY_SYSROOT": str(REPO / "tests" / "fixtures" / "boards" / board),
-           "PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "doubles"), str(REPO)])}
-    proc = subprocess.run([sys.executable, "-m", "rkstudy", *map(str, argv)], capture_output=True, text=True,
-                          env=env, cwd=REPO, timeout=900)
-    if check:
-        assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc
+def rkstudy(*argv, board='rk3588-librknnrt-2.5.0', check=True):
+    return run_cli(*argv, board=board, check=0 if check else None, timeout=900)
 
 
 @pytest.fixture(scope="module")

@@ -7,18 +7,16 @@ contract names (the replay double serves that graph, as the host runtime does): 
 fast tier. The simulator test at the end builds real engines."""
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+from board_cli import run_cli
 
 from rkstudy import atomic, gates
 from rkstudy.cli import parser
 from rkstudy.families.piper import voice as piper_voice
-from rkstudy.paths import REPO, TEXTS
+from rkstudy.paths import TEXTS
 from rkstudy.plan import audio, speak
 from rkstudy.runtime import OrtRunner
 from rkstudy.tables import results
@@ -100,15 +98,8 @@ def test_the_npu_plan_on_the_host_voices_the_same_latent(piper_engines):
     assert json.loads(npu.row["plan"])["duration_encoder"]["artifacts"]["main"] == "enc_n32.rknn,enc_n64.rknn"
 
 
-def rkstudy(*argv, board="rk3588", check=True):
-    """The command line in a subprocess that sees a board: the recorded tree and the RKNNLite double."""
-    env = {**os.environ, "RKSTUDY_SYSROOT": str(REPO / "tests" / "fixtures" / "boards" / board),
-           "PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "doubles"), str(REPO)])}
-    proc = subprocess.run([sys.executable, "-m", "rkstudy", *map(str, argv)], capture_output=True, text=True,
-                          env=env, cwd=REPO, timeout=900)
-    if check:
-        assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc
+def rkstudy(*argv, board='rk3588', check=True):
+    return run_cli(*argv, board=board, check=0 if check else None, timeout=900)
 
 
 def test_443_characters_with_the_decoder_and_the_encoder_ladder_through_the_replay_double(piper_engines, tmp_path):
