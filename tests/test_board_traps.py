@@ -26,14 +26,13 @@ import numpy as np
 import onnx
 import psutil
 import pytest
-from board_cli import run_cli
+from board_cli import BOARDS, run_cli
 
 from rkstudy.contract import ALL_TARGETS, Contract, Digest, Tensor
 from rkstudy.families.port import architectures, producer
 from rkstudy.paths import REPO
 from rkstudy.tables import results
 
-BOARDS = REPO / "tests" / "fixtures" / "boards"
 FRAMES = 48
 
 

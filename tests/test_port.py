@@ -6,7 +6,6 @@ small settings (fp32); the CLI refuses bad flags and a graph that cannot stream 
 one small architecture is built and gated in the simulator, then run through `rkstudy board run port`
 on a recorded board tree with the replay double."""
 
-
 import numpy as np
 import onnx
 import pytest

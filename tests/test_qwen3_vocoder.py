@@ -155,7 +155,7 @@ def test_sidecar_refuses_engines_that_do_not_share_a_cache(graphs, tmp_path):
                                OrtRunner(other), producer.read_contract(other))
 
 
-def rkstudy(*argv, board='rk3588-librknnrt-2.5.0', check=True):
+def rkstudy(*argv, board="rk3588-librknnrt-2.5.0", check=True):
     return run_cli(*argv, board=board, check=0 if check else None, timeout=900)
 
 

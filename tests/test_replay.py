@@ -2,7 +2,6 @@
 of RKNNLite (tests/doubles): every board-only line executes, and the outputs equal the fp32 walk of the
 same slice exactly. Rows say `replay`, never `board`."""
 
-
 import numpy as np
 import pytest
 from board_cli import run_cli
@@ -18,7 +17,7 @@ from rkstudy.tables import results
 TEXT = "Call me at 555 0142, extension 7. Thank you."
 
 
-def rkstudy(*argv, board='rk3588-librknnrt-2.5.0', check=True):
+def rkstudy(*argv, board="rk3588-librknnrt-2.5.0", check=True):
     return run_cli(*argv, board=board, check=0 if check else None, timeout=900)
 
 

@@ -98,7 +98,7 @@ def test_the_npu_plan_on_the_host_voices_the_same_latent(piper_engines):
     assert json.loads(npu.row["plan"])["duration_encoder"]["artifacts"]["main"] == "enc_n32.rknn,enc_n64.rknn"
 
 
-def rkstudy(*argv, board='rk3588', check=True):
+def rkstudy(*argv, board="rk3588", check=True):
     return run_cli(*argv, board=board, check=0 if check else None, timeout=900)
 
 
