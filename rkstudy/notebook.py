@@ -7,6 +7,7 @@ read, and end with what the run shows, each statement rendered from the table ro
 from __future__ import annotations
 
 import json
+import os
 import re
 import string
 from collections.abc import Callable, Iterable, Mapping
@@ -26,8 +27,10 @@ MAX_STATEMENTS = 10  # a conclusion a reader takes in at once; more belongs in t
 def shown_path(path: Path) -> Path:
     """`path` relative to the repository when it is inside it: an executed notebook is read on other
     machines, where this machine's absolute paths mean nothing."""
+    # absolute, not resolved: a venv's interpreter is a symlink out of the repository, and the reader
+    # wants the venv it names, not the system interpreter behind it
     try:
-        return Path(path).resolve().relative_to(REPO)
+        return Path(os.path.abspath(path)).relative_to(REPO)
     except ValueError:
         return Path(path)
 
@@ -226,9 +229,11 @@ class Study:
     def reference_claims(self) -> list[dict]:
         """Record `reference_claims`: each of the reference documents' measured claims for this
         study (data/reference/claims.csv) beside ours, read from the tables this notebook recorded
-        in this run, with its verdict. Call it after the last table, before finish()."""
-        rows = claims.evaluate(self.study, {n: t for n, (t, _) in self.tables.items() if n != "reference_claims"},
-                               self.quick)
+        in this run, with its verdict. Call it after the last table, before finish(). The verdicts read
+        the rows as the committed tables will hold them (rkstudy.tables.results.as_written), so the
+        verdict a reader checks against a committed table is the one its written numbers give."""
+        written = {n: results.as_written(t) for n, (t, _) in self.tables.items() if n != "reference_claims"}
+        rows = claims.evaluate(self.study, written, self.quick)
         if not rows:
             print(f"the reference documents make no measured claim about {self.study}")
             return []
@@ -318,6 +323,8 @@ def speak(model: str, runs: Iterable[tuple[str, str, str | None]], *args, folder
     command line itself, whose child measures the synthesis (its own peak RSS, not the kernel's). Returns
     the rows, each labelled with its `path`, and each run's audio read back from the file it wrote (16-bit,
     what a listener gets), by label. A run that fails raises its one-line error."""
+    import contextlib
+    import io
     import json
     import tempfile
 
@@ -332,7 +339,11 @@ def speak(model: str, runs: Iterable[tuple[str, str, str | None]], *args, folder
         argv = ["speak", model, "--plan", plan if isinstance(plan, str) else json.dumps(plan),
                 *(["--runtime", runtime] if runtime else []), *map(str, args), "--audio", str(wav),
                 "--results", str(folder / stem)]
-        if main(argv) != 0:
+        with contextlib.redirect_stdout(io.StringIO()) as said:
+            code = main(argv)
+        # what the command printed, its scratch folder named by its own files (no machine's paths)
+        print(said.getvalue().replace(f"{folder}{os.sep}", ""), end="")
+        if code != 0:
             raise RuntimeError(f"`rkstudy {' '.join(argv)}` failed (its error is printed above)")
         (found,) = [p for p in (folder / stem).glob("*/*.csv")]
         row = results.read_table(found)[-1]

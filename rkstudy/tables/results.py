@@ -183,6 +183,12 @@ def write_table(study: str, table: str, rows: Iterable[Mapping], *, root: Path |
     return folder / f"{table}.csv"
 
 
+def as_written(rows: Iterable[Mapping]) -> list[dict]:
+    """`rows` as write_table puts them in the CSV (every value the string it becomes, floats to six
+    significant digits): what a reader of the committed table, and every check on it, sees."""
+    return [{c: _fmt(v) for c, v in r.items()} for r in rows]
+
+
 def read_table(path: Path | str) -> list[dict]:
     """Rows of a CSV written by write_table (values as strings)."""
     with open(path, newline="", encoding="utf-8") as fh:
