@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from board_cli import run_cli
 
 from rkstudy import gates
 from rkstudy.levers import quantization as quantize
@@ -406,15 +407,10 @@ def test_a_quantized_engine_converts_with_its_contract_and_a_board_run_takes_it(
     """Stage 2 with a Calibration: the engine's contract records what it computes in, and `rkstudy board
     run` (on a recorded RK3588 tree with librknnrt 2.5.0, through the replay double) takes it through that
     contract like any engine and stamps its row with the engine's dtype."""
-    import os
-    import subprocess
-    import sys
-
     from rkstudy import contract as contracts
     from rkstudy.families.piper.voice import read_text
     from rkstudy.families.piper_decoder.producer import produce_for_voice
     from rkstudy.families.piper_decoder.study import walked_windows
-    from rkstudy.paths import REPO
     from rkstudy.tables import results
     from rkstudy.toolkit.convert import convert
 
@@ -427,15 +423,9 @@ def test_a_quantized_engine_converts_with_its_contract_and_a_board_run_takes_it(
     assert done.contract.quantization == calibration.record() and done.contract.dtype == "int8 w8a8 kl_divergence"
     back = contracts.for_engine(tmp_path / "decoder_q.rknn", family="piper_decoder", soc="rk3588")
     assert back.quantization["calibration_samples"] == 4
-    # the recorded RK3588 whose librknnrt (2.5.0) runs the toolkit's engines
-    env = {**os.environ, "RKSTUDY_SYSROOT": str(REPO / "tests" / "fixtures" / "boards" / "rk3588-librknnrt-2.5.0"),
-           "PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "doubles"), str(REPO)])}
 
-    def rkstudy(*argv):
-        proc = subprocess.run([sys.executable, "-m", "rkstudy", *map(str, argv)], capture_output=True, text=True,
-                              env=env, cwd=REPO, timeout=900)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        return proc
+    def rkstudy(*argv):  # on the recorded RK3588 whose librknnrt (2.5.0) runs the toolkit's engines
+        return run_cli(*argv, board="rk3588-librknnrt-2.5.0")
 
     rkstudy("piper", "latents", "--text", "Call me at 555 0142.", "-o", tmp_path / "latents.npz")
     proc = rkstudy("board", "run", "piper_decoder", "--engine", tmp_path / "decoder_q.rknn", "--latents",
