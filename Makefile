@@ -14,6 +14,11 @@ MODELS_STAMP := $(VENV)/.rkstudy-models
 # shell sets PYTHONDONTWRITEBYTECODE, each would compile them from source again, about 5 s a test
 # worker before its first test runs.
 unexport PYTHONDONTWRITEBYTECODE
+# One scratch folder per run of a long target, removed when the run ends however it ends: temporary
+# files go there (TMPDIR), so a notebook's work folder, a build child killed mid-compile or pytest's
+# tmp_path trees leave nothing behind in /tmp, which on a shared disk fills it run after run.
+SCRATCH = scratch=$$(mktemp -d "$${TMPDIR:-/tmp}/rkstudy-run-XXXXXX") && trap 'rm -rf "$$scratch"' EXIT && \
+	  trap 'exit 130' INT TERM && export TMPDIR="$$scratch"
 TOOLKIT_PIN = $$($(PY) -c 'import tomllib; print(tomllib.load(open("pyproject.toml","rb"))["tool"]["rkstudy"]["toolkit"])')
 NO_DEPS = $$($(PY) -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml","rb"))["tool"]["rkstudy"]["models-no-deps"]))')
 
@@ -81,7 +86,7 @@ doctor: venv
 # the 30-minute budget shows itself. The unit-test step does not load the nbmake plugin (loading it builds
 # jsonschema's format grammars, seconds in every worker). Both steps run; make fails if either did.
 test: models toolkit-venv lite-wheel
-	status=0; \
+	$(SCRATCH); status=0; \
 	$(PY) -m pytest -n $(TEST_JOBS) --dist worksteal --nbmake notebooks || status=1; \
 	$(PY) -m pytest -p no:nbmake -n $(TEST_JOBS) --dist worksteal --durations=25 tests || status=1; \
 	exit $$status
@@ -92,7 +97,7 @@ test: models toolkit-venv lite-wheel
 # One OpenMP thread per worker: TEST_JOBS workers, each with torch's default pool, oversubscribe the
 # cores (tests/conftest.py gives onnxruntime's sessions the same cap, as it reads no variable).
 test-fast: models lite-wheel
-	OMP_NUM_THREADS=1 $(PY) -m pytest -p no:nbmake -n $(TEST_JOBS) --dist worksteal \
+	$(SCRATCH); OMP_NUM_THREADS=1 $(PY) -m pytest -p no:nbmake -n $(TEST_JOBS) --dist worksteal \
 	  -m "not simulator and not notebooks and not lab" tests
 
 # Every committed table stamped by a clean ancestor commit whose producing code is HEAD's, with a
@@ -107,11 +112,11 @@ check-results: venv
 # first step not finished at this commit. JOBS steps run at once (longest first, as memory allows:
 # most steps keep one core busy). Refuses a tree with uncommitted code.
 reproduce: models toolkit-venv
-	$(PY) -m rkstudy reproduce --jobs $(JOBS) $(if $(STUDY),--study $(STUDY))
+	$(SCRATCH); $(PY) -m rkstudy reproduce --jobs $(JOBS) $(if $(STUDY),--study $(STUDY))
 
 # Benchmarks: the walker's per-window overhead, and the wall time of the whole test suite.
 bench: venv
-	$(PY) -m rkstudy bench walker
+	$(SCRATCH); $(PY) -m rkstudy bench walker
 	$(PY) -m rkstudy bench make-test
 
 # JupyterLab on the notebooks, with the project's kernel (`rkstudy (.venv)`).

@@ -1,6 +1,10 @@
 """One source of truth for the pins: pyproject.toml. The conda files may only restate them."""
 
+import os
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -52,3 +56,32 @@ def test_toolkit_pin_is_in_one_place():
     assert "rknn-toolkit2" not in makefile  # the Makefile reads it from pyproject
     lite = pins(EXTRAS["board"])["rknn-toolkit-lite2"]
     assert lite.startswith("==" + toolkit.split("==")[1])  # board runtime matches the compiler
+
+
+LONG_TARGETS = ("test", "test-fast", "reproduce", "bench")
+
+
+@pytest.mark.parametrize("target", LONG_TARGETS)
+def test_long_targets_run_in_their_own_scratch_folder(target):
+    recipe = re.search(rf"^{re.escape(target)}:[^\n]*\n\t([^\n]*)", (REPO / "Makefile").read_text(), re.M)
+    assert recipe and recipe.group(1).startswith("$(SCRATCH);"), f"make {target} writes its temporary files to /tmp"
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+@pytest.mark.parametrize("status", [0, 3])
+def test_the_scratch_folder_is_gone_when_the_run_ends(tmp_path, status):
+    """The recipe's temporary files land in one folder under the caller's TMPDIR, and the folder goes
+    when the recipe ends, whether it passed or failed, with the recipe's exit code kept."""
+    probe = tmp_path / "probe.mk"
+    probe.write_text(f"probe:\n\t$(SCRATCH); echo \"$$TMPDIR\"; {sys.executable} -c 'import tempfile; "
+                     f"tempfile.mkdtemp(prefix=\"left-\")'; exit {status}\n")
+    caller = tmp_path / "tmp"
+    caller.mkdir()
+    # a make above this test (make test) passes its jobserver in MAKEFLAGS: this make is not its child
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    run = subprocess.run(["make", "--no-print-directory", "-s", "-f", str(REPO / "Makefile"), "-f", str(probe),
+                          "probe"], capture_output=True, text=True, cwd=REPO, env={**env, "TMPDIR": str(caller)})
+    assert (run.returncode == 0) == (status == 0), run.stderr
+    scratch = Path(run.stdout.strip().splitlines()[-1])
+    assert scratch.parent == caller and scratch.name.startswith("rkstudy-run-")
+    assert not scratch.exists() and list(caller.iterdir()) == []

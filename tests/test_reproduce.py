@@ -249,7 +249,7 @@ def test_the_command_line_and_the_makefile_call_it():
     args = parser().parse_args(["reproduce", "--study", "kokoro_generator", "06_lint", "--restart"])
     assert args.study == ["kokoro_generator", "06_lint"] and args.restart and not args.listing
     makefile = (Path(__file__).resolve().parent.parent / "Makefile").read_text()
-    assert "\t$(PY) -m rkstudy reproduce --jobs $(JOBS) $(if $(STUDY),--study $(STUDY))\n" in makefile
+    assert "\t$(SCRATCH); $(PY) -m rkstudy reproduce --jobs $(JOBS) $(if $(STUDY),--study $(STUDY))\n" in makefile
     assert parser().parse_args(["reproduce", "--jobs", "2"]).jobs == 2
 
 
