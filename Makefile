@@ -91,9 +91,9 @@ test: models toolkit-venv lite-wheel
 	$(PY) -m pytest -p no:nbmake -n $(TEST_JOBS) --dist worksteal --durations=25 tests || status=1; \
 	exit $$status
 
-# Everything that starts no toolkit child, runs no notebook and starts no JupyterLab (150-177 s on
-# 2 cores once the build cache holds the models' derived files; the first run in a clone fills it,
-# about 4.3 min); tests/conftest.py fails any test that builds an engine without the `simulator` mark.
+# Everything that starts no toolkit child, runs no notebook and starts no JupyterLab (the first run in a
+# clone also fills the build cache with the models' derived files, which later runs reuse);
+# tests/conftest.py fails any test that builds an engine without the `simulator` mark.
 # One OpenMP thread per worker: TEST_JOBS workers, each with torch's default pool, oversubscribe the
 # cores (tests/conftest.py gives onnxruntime's sessions the same cap, as it reads no variable).
 test-fast: models lite-wheel
