@@ -60,9 +60,9 @@ def pytest_runtest_setup(item):
 
 
 def pytest_collection_modifyitems(config, items):
-    # the engine-building tests take the longest: they go first, so `--dist worksteal` fills in around them
-    # instead of leaving one worker alone with a long build at the end of the run
-    items.sort(key=lambda item: item.get_closest_marker("simulator") is None)
+    # the engine-building tests take the longest, then the slow ones: they go first, so `--dist worksteal`
+    # fills in around them instead of leaving one worker alone with a long test at the end of the run
+    items.sort(key=lambda item: (item.get_closest_marker("simulator") is None, item.get_closest_marker("slow") is None))
 
 
 def make_model(nodes, inputs, outputs, inits=()):

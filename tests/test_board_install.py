@@ -30,6 +30,7 @@ def test_board_extra_holds_only_what_board_code_imports():
     assert tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["requires-python"] == ">=3.10,<3.13"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("python", ["3.10", "3.11", "3.12"])
 def test_board_extra_resolves_for_aarch64(python, tmp_path):
     req = tmp_path / "board-requirements.txt"
@@ -79,6 +80,7 @@ def test_board_env_without_ensurepip_names_the_package_and_leaves_no_venv(python
     assert not venv.exists()
 
 
+@pytest.mark.slow
 def test_a_venv_left_without_pip_is_made_again(tmp_path):
     """What an earlier `python3 -m venv` leaves where ensurepip was missing: a venv with no pip, which the
     next run would otherwise take as made and die in with "No module named pip"."""

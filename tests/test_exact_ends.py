@@ -183,6 +183,7 @@ def test_a_global_reduction_over_time_is_refused_naming_the_node():
     assert "(a global reduction over time)" in message
 
 
+@pytest.mark.slow
 def test_the_piper_slices_through_the_same_path(voice):
     """The --dec-mask slice masks itself: nothing is added and its step is the family's, byte for byte.
     The slice without the decoder mask gets its conv inputs masked and is exact at both ends in float64."""

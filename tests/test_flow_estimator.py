@@ -63,6 +63,7 @@ def test_full_size_parameter_count_sits_in_the_reference_image_range():
     assert n == 331_142_224 and low * 1e6 <= 2 * n <= high * 1e6
 
 
+@pytest.mark.slow
 def test_stage_one_writes_the_contract(tmp_path):
     from rkstudy.contract import from_metadata
     from rkstudy.families.flow_estimator import producer, standin
@@ -146,6 +147,7 @@ def test_the_command_refuses_mixed_stages_and_a_missing_length(capsys):
     assert "give --frames S" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_graph_from_the_cache_reads_the_row_of_the_run_that_made_it(tmp_path, monkeypatch):
     """The builds row does not depend on which study put the graph in the shared cache first: the raw
     node count and the export seconds stay beside the entry, and an entry without them is made again."""

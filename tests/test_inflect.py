@@ -32,6 +32,7 @@ def test_head_stays_outside_the_engine(decode):
     assert c.producer.startswith("rkstudy inflect decoder --decode-onnx decode-")
 
 
+@pytest.mark.slow
 def test_context_sweep_on_prior_samples(voice, decode):
     z = max(carve.prior_samples(voice, "Call me at 555 0142, extension 7."), key=lambda z: z.shape[1])
     assert z.shape == (192, 380)
@@ -43,6 +44,7 @@ def test_context_sweep_on_prior_samples(voice, decode):
     assert rows[0]["pesq_wb"] < rows[32]["pesq_wb"] - 0.2 and rows[0]["log_mel_db"] > rows[32]["log_mel_db"]
 
 
+@pytest.mark.slow
 def test_decoder_mask_on_by_default_and_needed(decode):
     z = np.random.default_rng(3).standard_normal((192, 47)).astype(np.float32) * 0.5
     masked = study.context_sweep(decode, z, (32,), progress=False)[0]
@@ -50,6 +52,7 @@ def test_decoder_mask_on_by_default_and_needed(decode):
     assert masked["snr_db"] > 90.0 > 40.0 > plain["snr_db"]
 
 
+@pytest.mark.slow
 def test_command_line_carve_then_produce(tmp_path, capsys):
     dec, out = tmp_path / "decode.onnx", tmp_path / "slice.onnx"
     assert main(["inflect", "decoder", "--carve", "--output", str(dec)]) == 0

@@ -40,6 +40,7 @@ def test_weights_are_the_int8_onnx_dequantized(model):
     assert sum(p.numel() for p in model.generator.parameters()) == 19_675_936
 
 
+@pytest.mark.slow
 def test_dequantized_torch_generator_against_the_int8_onnx_generator(model, short):
     """Measured 41.66 dB at conv_post (18.70 dB at the audio) on the short utterance: the int8 graph
     quantizes its activations dynamically; with that emulated the weights alone give 44.03 dB."""
@@ -53,6 +54,7 @@ def test_dequantized_torch_generator_against_the_int8_onnx_generator(model, shor
     assert abs(row["dnsmos_ovrl"] - row["dnsmos_ovrl_ref"]) < 0.2
 
 
+@pytest.mark.slow
 def test_sine_polynomials_per_degree_on_real_snake_arguments(model, short):
     """Sine-level SNR on every Snake argument of a full-length decode: measured 41.42 / 70.14 / 102.78 dB
     range-reduced (degree 5 / 7 / 9), 18.29 / 18.37 / 18.37 dB clipped; 1.08 % of arguments past pi."""
@@ -193,6 +195,7 @@ def test_known_builds_are_the_sweep_rows_of_one_window_engines_only():
     assert study.known_builds(others) == {}
 
 
+@pytest.mark.slow
 def test_a_walk_replays_the_windows_one_build_recorded(model, short):
     """Section 9's path without a toolkit: the windows of a walk are recorded on the fp32 walk
     (walk_feeds), a Simulated holding onnxruntime's outputs for exactly those windows replays them, so the

@@ -109,6 +109,7 @@ def test_dnsmos_hears_noise_on_real_speech(speech_9s):
     assert clean["dnsmos_bak"] > noisy["dnsmos_bak"] + 1.0
 
 
+@pytest.mark.slow
 def test_dnsmos_is_speechmos_own_p835_score(speech, monkeypatch):
     """Our DNSMOS is the package's: speechmos.dnsmos.run on the same 16 kHz audio gives the same SIG, BAK and
     OVRL. Its module imports librosa and requests for the P.808 score it also computes; they are stood in for

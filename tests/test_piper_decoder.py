@@ -47,6 +47,7 @@ def test_producer_folds_the_shape_plumbing_and_pins_the_window(produced):
     assert c.target is None and c.engine is None  # stage 1: compiled fields come at stage 2
 
 
+@pytest.mark.slow
 def test_interior_windows_are_exact_and_paroli_window_is_not(voice, latent):
     sweep = study.window_sweep(voice, [latent], configs=((45, 5), (45, 24)), progress=False)
     rows = sweep["windows"]
@@ -62,6 +63,7 @@ def test_interior_windows_are_exact_and_paroli_window_is_not(voice, latent):
     assert 3.0 < whole[55]["pesq_wb"] < 4.3 and whole[55]["log_mel_db"] > 1.0
 
 
+@pytest.mark.slow
 def test_decoder_mask_fixes_the_short_tail(voice, latent):
     rows = {(r["frames"], r["dec_mask"]): r for r in study.tail_windows(voice, latent.z)}
     for n in (30, 47):
@@ -79,6 +81,7 @@ def test_masked_decoder_is_identical_where_the_mask_is_one(voice, produced, slic
     np.testing.assert_array_equal(OrtRunner(masked.model).run(x)[0], OrtRunner(produced.model).run(x)[0])
 
 
+@pytest.mark.slow
 def test_mask_upsampler_switch_reaches_the_slice_and_both_upsample_exactly(voice, latent, slice_once):
     slices = {up: slice_once(voice, dec_mask=True, upsampler=up) for up in UPSAMPLERS}
     chain = {up: set(study.mask_upsampler_nodes(p.model)) for up, p in slices.items()}  # each call copies the graph
@@ -113,6 +116,7 @@ def test_compiled_layers_of_counts_what_the_compiler_made_of_each_node():
     assert study.compiled_layers_of(layers, ["/dec/other"]) == ""
 
 
+@pytest.mark.slow
 def test_dec_mask_opt_in_in_fp32_the_mask_shows_only_on_a_padded_window(voice):
     """fp32 walks (target None): a one-window utterance gains from the mask, one just over the
     window (three full windows, mask 1 everywhere) is unchanged to the bit."""
@@ -141,6 +145,7 @@ def test_dec_mask_opt_in_in_fp32_the_mask_shows_only_on_a_padded_window(voice):
     assert scored["masked engine vs full decode"]["snr_db"] > scored["unmasked engine vs full decode"]["snr_db"]
 
 
+@pytest.mark.slow
 def test_wrong_seam_is_quiet(voice, latent):
     row = study.wrong_seam(voice, latent.z)
     assert row["rms_ratio"] < 0.5 and row["snr_db"] < 3.0

@@ -45,6 +45,7 @@ def test_the_delay_map_and_the_cache_of_the_voice(steps):
     assert {e: p.contract.params["first_audio_frames"] for e, p in steps.items()} == {16: 48, 45: 45, 93: 93}
 
 
+@pytest.mark.slow
 def test_exactness_gate_float64_step_equals_float64_full_decode(voice, steps, short):
     """The exactness gate, >= 120 dB over every sample, with both decodes in float64 (the method alone);
     fp32 beside it: onnxruntime sums a conv of <= 64 outputs in another order, so the fp32 step is not
@@ -107,6 +108,7 @@ def test_the_sidecar_refuses_a_window_engine_another_voice_and_another_step(voic
         StatefulDecoderSidecar(OrtRunner(steps[16].model), produced.contract, channels=192, hop=256)
 
 
+@pytest.mark.slow
 def test_stage1_from_the_command_line(steps, tmp_path, capsys):
     out = tmp_path / "decoder_step.onnx"
     assert main(["piper", "decoder", "--stateful", "--emit", "93", "--skip-rknn", "--output", str(out)]) == 0
@@ -123,6 +125,7 @@ def test_stage1_from_the_command_line(steps, tmp_path, capsys):
     assert exc.value.code == 2 and "--stateful recomputes no context" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_the_fp32_self_check_gate_holds_at_every_step_size(voice, steps):
     for e in (16, 93):
         assert study.self_check(voice, steps[e])["measured"] >= 95.0

@@ -142,6 +142,7 @@ def test_cli_produces_and_converts(tmp_path, capsys):
     assert c.params["width"] == W and c.target == "rk3588" and engine.stat().st_size > 10_000_000
 
 
+@pytest.mark.slow
 def test_banded_producer_is_pad_safe_and_records_its_mode(voice, product, tmp_path, capsys):
     """`--relshift banded`: no gather left (a grouped Conv per logit chain instead), the same
     pad-safety gate at the same token counts as the gather product, the mode in the contract."""
@@ -214,6 +215,7 @@ def test_the_full_run_measures_every_gather_width_it_fits_and_carries_none():
     assert not hasattr(study, "carried_sizes") and "carried_from" not in study.GROWTH_COLUMNS
 
 
+@pytest.mark.slow
 def test_durations_feed_the_drawn_noise_and_give_a_fresh_seeded_sessions_frames(voice):
     """The frames from the shared fed session equal a fresh seeded session of the whole tail for any
     conditioning, at every (length, seed), and conditioning that differs gives other frames."""

@@ -45,6 +45,7 @@ def test_the_legacy_exporter_cannot_export_bigvgan_and_says_why():
         packages.bigvgan("legacy")
 
 
+@pytest.mark.slow
 def test_the_real_bigvgan_streams_exactly_at_both_ends(tmp_path):
     v = packages.bigvgan("dynamo")
     ops = {n.op_type for n in v.model.graph.node}

@@ -36,6 +36,7 @@ def test_the_wire_finds_the_voices_seams_where_onnx_finds_them(voice):
     assert (s.z, s.y_mask, s.g, s.audio) == (voice.seam.z, voice.seam.y_mask, "", voice.seam.audio)
 
 
+@pytest.mark.slow
 def test_the_voices_cuts_seeded_are_the_voice_seeded(voice):
     """encoder -> middle (seeded) -> decoder equals the whole voice with the same seeds, bit for bit, and the
     middle's latent is the one `rkstudy piper latents` writes."""

@@ -113,6 +113,7 @@ def _recorded_graph(name, voice=None):
     return produce(64, 16).path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(RECORDED))
 def test_the_layer_tables_extra_macs_are_explained_exactly(name, voice):
     """On real layer tables (tests/fixtures/layer_tables, recorded from builds of the graphs these producers
@@ -181,6 +182,7 @@ def test_the_calibration_settings_are_the_ones_the_toolkit_documents():
             Calibration(feeds, **bad)
 
 
+@pytest.mark.slow
 def test_calibration_windows_are_what_the_walker_feeds_and_never_the_evaluation_texts(voice, slice_once):
     from rkstudy.families.piper.voice import read_text
     from rkstudy.families.piper_decoder.study import quantization_stage
@@ -339,6 +341,7 @@ def test_the_cheapest_settings_are_read_from_full_evaluation_rows():
     assert not none["found"] and "best quantized PESQ-WB is 3.60 (c)" in none["why_none"]
 
 
+@pytest.mark.slow
 def test_the_stateful_steps_calibrate_on_the_state_an_fp32_walk_carries(voice):
     from rkstudy.families.piper_decoder_stateful.study import quantization_stage
 
@@ -435,6 +438,7 @@ def test_a_quantized_engine_converts_with_its_contract_and_a_board_run_takes_it(
     assert (row["where"], row["dtype"]) == ("replay", "int8 w8a8 kl_divergence")
 
 
+@pytest.mark.slow
 def test_a_real_quantization_config_falls_into_the_decoders_blocks(voice, slice_once):
     """The Piper window's quantization config as rknn-toolkit2 2.5.0's step 1 wrote it for rk3588 w8a8
     (tests/fixtures/quantization): the casts and reshapes of the graph's inputs and output are one block

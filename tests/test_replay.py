@@ -156,6 +156,7 @@ def test_board_run_piper_encoder_ladder_equals_fp32(work, voice):
 JA_TEXT = "良い天気ですね。行きましょう。"
 
 
+@pytest.mark.slow
 def test_board_run_kokoro_generator_equals_the_fp32_walk(tmp_path):
     """The Kokoro generator sidecar through BoardRunner and the replay double: two sentences, a 32-frame
     window (emit 24), with the gain correction on; the board's rows equal the same walk in fp32 exactly.

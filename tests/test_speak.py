@@ -66,6 +66,7 @@ def plan_with(decoder, *rungs) -> str:
 
 
 # --- Piper ----------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_the_cpu_plan_is_the_voice_itself(voice):
     got = spoken("piper", "--plan", "{}", "--text", SHORT)
     ids = voice.sentences(SHORT)
@@ -81,6 +82,7 @@ def test_the_cpu_plan_is_the_voice_itself(voice):
     assert r["peak_rss_mb"] > 50 and got.study == "piper_decoder" and got.table == "speak"
 
 
+@pytest.mark.slow
 def test_the_npu_plan_on_the_host_voices_the_same_latent(piper_engines):
     """Both NPU components through their engines' own graphs (fp32): the ladder's rungs and its fallback
     give the frames the voice's encoder gives, and the window walk stays within the fp32 walk's error. On
@@ -102,6 +104,7 @@ def rkstudy(*argv, board="rk3588", check=True):
     return run_cli(*argv, board=board, check=0 if check else None, timeout=900)
 
 
+@pytest.mark.slow
 def test_443_characters_with_the_decoder_and_the_encoder_ladder_through_the_replay_double(piper_engines, tmp_path):
     """The document's Piper run (443 characters at chunk size 60, ladder {128, 192}) through RKNNLite's
     double on the recorded RK3588 board, beside the CPU plan's row in the same table."""
@@ -147,6 +150,7 @@ def qwen3_engines(tmp_path_factory):
     return made
 
 
+@pytest.mark.slow
 def test_qwen3_offline_streaming_and_the_window_role(qwen3_engines):
     model = qwen3_engines["model"]
     common = ["--model", model, "--tokens", 60, "--codes-seed", 3]
@@ -176,6 +180,7 @@ def kokoro(tmp_path_factory):
     return model, produced, engine_from(produced, tmp_path_factory.mktemp("kokoro"), "gen_w32")
 
 
+@pytest.mark.slow
 def test_kokoros_cpu_plan_is_the_model_and_its_npu_plan_the_sidecar_between_its_front_and_head(kokoro):
     from rkstudy.families.kokoro_generator import speak as kokoro_speak
     from rkstudy.families.kokoro_generator.sidecar import GeneratorSidecar, frame_energy
