@@ -91,14 +91,16 @@ test: models toolkit-venv lite-wheel
 	$(PY) -m pytest -p no:nbmake -n $(TEST_JOBS) --dist worksteal --durations=25 tests || status=1; \
 	exit $$status
 
-# Everything that starts no toolkit child, runs no notebook and starts no JupyterLab (the first run in a
-# clone also fills the build cache with the models' derived files, which later runs reuse);
-# tests/conftest.py fails any test that builds an engine without the `simulator` mark.
+# Everything that starts no toolkit child, runs no notebook, starts no JupyterLab and is not marked `slow`
+# (a real model end to end; pyproject.toml's markers say which): the tier to run after each edit, under
+# three minutes on a clone's first run, which also fills the build cache with the models' derived files
+# (`python -m rkstudy.tables.tier_bench` records its wall time); tests/conftest.py fails any test that
+# builds an engine without the `simulator` mark.
 # One OpenMP thread per worker: TEST_JOBS workers, each with torch's default pool, oversubscribe the
 # cores (tests/conftest.py gives onnxruntime's sessions the same cap, as it reads no variable).
 test-fast: models lite-wheel
 	$(SCRATCH); OMP_NUM_THREADS=1 $(PY) -m pytest -p no:nbmake -n $(TEST_JOBS) --dist worksteal \
-	  -m "not simulator and not notebooks and not lab" tests
+	  -m "not simulator and not notebooks and not lab and not slow" tests
 
 # Every committed table stamped by a clean ancestor commit whose producing code is HEAD's, with a
 # where/target and units that fit its numbers (`make test` runs it once the tables are re-made).
@@ -114,10 +116,12 @@ check-results: venv
 reproduce: models toolkit-venv
 	$(SCRATCH); $(PY) -m rkstudy reproduce --jobs $(JOBS) $(if $(STUDY),--study $(STUDY))
 
-# Benchmarks: the walker's per-window overhead, and the wall time of the whole test suite.
+# Benchmarks: the walker's per-window overhead, and the wall times of the fast tier and of the whole test
+# suite (each against its budget; run from a fresh clone, the fast tier's is a first run).
 bench: venv
-	$(SCRATCH); $(PY) -m rkstudy bench walker
-	$(PY) -m rkstudy bench make-test
+	$(SCRATCH); $(PY) -m rkstudy bench walker && \
+	  $(PY) -m rkstudy.tables.tier_bench && \
+	  $(PY) -m rkstudy bench make-test
 
 # JupyterLab on the notebooks, with the project's kernel (`rkstudy (.venv)`).
 lab: models

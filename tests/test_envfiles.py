@@ -63,8 +63,12 @@ LONG_TARGETS = ("test", "test-fast", "reproduce", "bench")
 
 @pytest.mark.parametrize("target", LONG_TARGETS)
 def test_long_targets_run_in_their_own_scratch_folder(target):
-    recipe = re.search(rf"^{re.escape(target)}:[^\n]*\n\t([^\n]*)", (REPO / "Makefile").read_text(), re.M)
-    assert recipe and recipe.group(1).startswith("$(SCRATCH);"), f"make {target} writes its temporary files to /tmp"
+    recipe = re.search(rf"^{re.escape(target)}:[^\n]*\n((?:\t[^\n]*\n)+)", (REPO / "Makefile").read_text(), re.M)
+    lines = recipe.group(1).splitlines() if recipe else []
+    assert lines and lines[0].startswith("\t$(SCRATCH);"), f"make {target} writes its temporary files to /tmp"
+    # each recipe line is a shell of its own: TMPDIR holds only in the first unless the rest continue it
+    assert all(line.endswith("\\") for line in lines[:-1]), \
+        f"make {target}: a recipe line after the first runs outside the scratch folder"
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs make")

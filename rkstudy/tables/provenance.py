@@ -38,6 +38,7 @@ from .results import CARRIED, STAMP, TARGETS, WHERE
 
 # Tables that no notebook writes: the benchmarks, each made by its own module.
 BENCHMARKS = {"walker": "rkstudy/walk/bench.py", "make_test": "rkstudy/tables/bench.py",
+              "test_fast": "rkstudy/tables/tier_bench.py",
               "reproduce": "rkstudy/tables/reproduce.py"}
 # Rows appended one run at a time by `rkstudy board run <family>`: each row is its own run.
 BOARD = "board"
