@@ -129,9 +129,12 @@ def test_ctrl_c_stops_the_measured_child_and_says_so_in_one_line(port_set, tmp_p
     d, _, _ = port_set
     env = {**os.environ, "RKSTUDY_SYSROOT": str(BOARDS / "rk3576"), "RKNNLITE_REPLAY_INIT_SECONDS": "120",
            "PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "doubles"), str(REPO)])}
+    # started as a terminal starts a command, with SIGINT at its default: a test run launched in the background
+    # of a shell without job control inherits SIGINT ignored, and Python then leaves Ctrl-C ignored too
     parent = subprocess.Popen([sys.executable, "-m", "rkstudy", "board", "run", "port", "--engine", str(d / "engines"),
                                "--inputs", str(d / "in.npz"), "--results", str(tmp_path / "results")],
-                              env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                              env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     children = []
     while not children and time.monotonic() < deadline:
