@@ -5,6 +5,7 @@ from their evaluation."""
 
 import gzip
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -257,8 +258,9 @@ def test_one_calibration_serves_every_hybrid_and_a_search_re_measures_each_choic
 @pytest.mark.simulator
 def test_the_dtype_probe_records_refusals_and_crashes_as_rows(tmp_path, monkeypatch):
     """rk3588 builds w8a8 and w16a16i_dfp and refuses w8a16 at config, quoted; on rk3562 the toolkit
-    process dies on w8a16 (SIGSEGV), a row like any other. A cold cache, so every build really runs in a
-    child forked from the fork server and the crash is that child's exit status."""
+    process dies on w8a16, a row like any other. A cold cache, so every build really runs in a child forked
+    from the fork server and the crash is that child's exit status: a signal, SIGSEGV in most runs here and
+    SIGABRT in some (the same build, where glibc catches the corrupted heap before the fault does)."""
     monkeypatch.setenv("RKSTUDY_CACHE", str(tmp_path / "cache"))
     rows = {(r["target_soc"], r["dtype"]): r for r in quantize.probe_dtypes(("rk3588", "rk3562"), ("w8a8", "w8a16",
                                                                                                      "w16a16i_dfp"))}
@@ -266,7 +268,7 @@ def test_the_dtype_probe_records_refusals_and_crashes_as_rows(tmp_path, monkeypa
     assert rows["rk3588", "w16a16i_dfp"]["snr_vs_fp32_db"] > 60
     assert rows["rk3588", "w8a16"]["status"] == "refused at config"
     assert "'w8a16' not support in 'rk3588'" in rows["rk3588", "w8a16"]["error"]
-    assert rows["rk3562", "w8a16"]["status"].startswith("crashed (SIGSEGV, exit 139)")
+    assert re.match(r"crashed \((SIGSEGV, exit 139|SIGABRT, exit 134)\) at build", rows["rk3562", "w8a16"]["status"])
     assert quantize.builds(list(rows.values()), "rk3588") == ["w8a8", "w16a16i_dfp"]
 
 
