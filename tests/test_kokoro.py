@@ -249,3 +249,23 @@ def test_an_int16_row_keeps_the_toolkits_refusal_and_counts_what_ran():
     ran = Simulated(report("ok"), [], [[got]], [0.1], 0.0)
     row = overflow._row("W = 256, one window", "raw sums", "fp16", ran, got, reference, 1)
     assert (row["where"], row["nonfinite"], row["outputs"]) == ("simulator", 2, 6) and np.isnan(row["snr_vs_fp32_db"])
+
+
+def test_the_style_projection_reaches_the_toolkit_as_convs(model, short):
+    """Each AdaIN's fc is traced as two 1x1 convs with the scale's 'one' in the bias: the graph holds no
+    Gemm, Slice of a Gemm or bias Add for rknn-toolkit2 to rewrite one at a time (a second each on the
+    80 MB graph, half of a build), and the projection equals the Linear it came from."""
+    import onnx
+
+    produced = producer.produce(32, 4, model=model)
+    ops = Counter(n.op_type for n in onnx.load(str(produced.path)).graph.node)
+    assert ops["Gemm"] == 0 and ops["MatMul"] == 0
+    adains = [m for m in model.trunk().modules() if isinstance(m, generator.AdaIN)]
+    assert len(adains) == 48
+    s = torch.from_numpy(np.asarray(short.style, np.float32)).reshape(1, -1)
+    for adain in adains:
+        scale, beta = adain.projection(s)
+        c = adain.fc.out_features // 2
+        h = adain.fc(s)
+        assert torch.allclose(scale[..., 0], adain.one.reshape(1, -1) + h[:, :c], atol=1e-5)
+        assert torch.allclose(beta[..., 0], h[:, c:], atol=1e-5)
