@@ -2,6 +2,7 @@
 notebook runner that writes what a notebook would: no real notebook runs here."""
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -346,3 +347,30 @@ def test_the_expected_wall_time_plays_the_schedule_forward_with_the_memory_rule(
     assert reproduce.makespan(order, minutes, peaks, memory_gb=20, jobs=2) == 35.0
     # with room for both, a and b run side by side from the start: c 15-27, d 20-32
     assert reproduce.makespan(order, minutes, peaks, memory_gb=40, jobs=2) == 32.0
+
+
+def test_steps_side_by_side_share_the_cores_as_their_thread_count(repo, monkeypatch):
+    """Two jobs on two cores: each step starts with one thread per library, the parent's environment is
+    as it was afterwards, and a count the caller set is kept."""
+    for name in reproduce.THREAD_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    assert reproduce.shared_threads(1, cores=2) == {}
+    assert reproduce.shared_threads(2, cores=2) == dict.fromkeys(reproduce.THREAD_VARIABLES, "1")
+    assert reproduce.shared_threads(2, cores=8)["OMP_NUM_THREADS"] == "4"
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert "OMP_NUM_THREADS" not in reproduce.shared_threads(2, cores=2)
+    monkeypatch.delenv("OMP_NUM_THREADS")
+
+    seen = []
+
+    class Watching(SideBySide):
+        def __call__(self, command, cwd, log=None):
+            seen.append({name: os.environ.get(name) for name in reproduce.THREAD_VARIABLES})
+            return super().__call__(command, cwd, log)
+
+    monkeypatch.setattr(reproduce.os, "cpu_count", lambda: 2)
+    runner = Watching(repo)
+    assert reproduce.reproduce(repo, (), runner=runner, clock=runner.clock, jobs=2, memory_gb=24) == 0
+    steps = [s for s, c in zip(seen, runner.commands) if c[-2:] != ["results", "index"]]
+    assert steps and all(s == dict.fromkeys(reproduce.THREAD_VARIABLES, "1") for s in steps)
+    assert all(os.environ.get(name) is None for name in reproduce.THREAD_VARIABLES)

@@ -17,7 +17,8 @@ results/benchmarks/reproduce_diff.md.
   last recorded for it and for the running ones (each step's largest process, default 8 GiB when
   none is recorded) fit in nine tenths of the machine's memory; when the next in line does not
   fit, the longest one after it that does takes the slot. With more than one job, each
-  step's output goes to build/reproduce/logs/<step>.log instead of the terminal.
+  step's output goes to build/reproduce/logs/<step>.log instead of the terminal, and each step gets
+  its share of the cores as its thread count (shared_threads).
 * Recorded: results/benchmarks/reproduce.csv has one row per step (a step not run at this commit
   keeps the row of the run that timed it, marked carried), with its wall minutes (under contention
   when steps ran side by side) and the peak of its largest process, and a total row: the wall time
@@ -32,6 +33,7 @@ tables are only ever committed from a clean tree.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import io
 import json
@@ -285,6 +287,36 @@ def run_command(command: list[str], cwd: Path, log: Path | None = None) -> tuple
 
 
 
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def shared_threads(jobs: int, cores: int | None = None) -> dict[str, str]:
+    """The thread count of each step when `jobs` run at once: the cores shared out, at least one. Left to
+    themselves, torch, OpenBLAS, the toolkit's OpenMP loops and rkstudy's onnxruntime sessions (which read
+    OMP_NUM_THREADS) each start a thread per core in every step, so two steps on two cores keep four or
+    more threads busy and each waits on the other's (the last run's steps took 247 minutes summed side by
+    side against 204 as each was last timed). A variable already set is the caller's choice and is kept."""
+    if jobs <= 1:
+        return {}
+    share = str(max(1, (cores or os.cpu_count() or 1) // jobs))
+    return {name: share for name in THREAD_VARIABLES if name not in os.environ}
+
+
+@contextlib.contextmanager
+def environment(extra: dict[str, str]):
+    """`extra` in os.environ (which run_command hands to every step) while the block runs."""
+    saved = {name: os.environ.get(name) for name in extra}
+    os.environ.update(extra)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def order(todo: list[ReproduceStep], prior: dict[str, tuple[float, str]], jobs: int) -> list[ReproduceStep]:
     """Run order: as listed with one job; longest expected first with more (a long step started last
     would leave a core idle at the end), steps with no recorded time first of all. Played forward with
@@ -477,7 +509,12 @@ def reproduce(repo: Path, names: Sequence[str] = (), *, restart: bool = False, r
     print(f"reproduce: {len(todo)} steps to run at {short}, up to {jobs} at once{expect}", flush=True)
     schedule = Schedule(repo, head, all_steps, todo, done=done, walls=walls, recorded=recorded, prior=prior,
                         peaks=peaks, runner=runner, clock=clock, jobs=jobs, memory_gb=memory)
-    failures = schedule.run()
+    threads = shared_threads(jobs)
+    if threads:
+        print(f"reproduce: {jobs} steps share {os.cpu_count()} cores: "
+              + ", ".join(f"{k}={v}" for k, v in threads.items()), flush=True)
+    with environment(threads):
+        failures = schedule.run()
     if failures:
         raise Failed("; ".join(failures))
     if todo:
