@@ -10,8 +10,8 @@ import json
 import sys
 from pathlib import Path
 
-from .contract import ALL_TARGETS, TARGETS
 from .errors import Failed, InputError, UsageError
+from .targets import ALL_TARGETS, TARGETS
 
 
 class Parser(argparse.ArgumentParser):

@@ -28,10 +28,11 @@ import psutil
 import pytest
 from board_cli import BOARDS, run_cli
 
-from rkstudy.contract import ALL_TARGETS, Contract, Digest, Tensor
+from rkstudy.contract import Contract, Digest, Tensor
 from rkstudy.families.port import architectures, producer
 from rkstudy.paths import REPO
 from rkstudy.tables import results
+from rkstudy.targets import ALL_TARGETS
 
 FRAMES = 48
 

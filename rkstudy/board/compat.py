@@ -24,9 +24,10 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..contract import Contract, beside, for_engine, from_json, help_for, runs_engine_for
+from ..contract import Contract, beside, for_engine, from_json, help_for
 from ..errors import EngineMismatch, InputError
 from ..paths import REPO
+from ..targets import runs_engine_for
 from . import check, sysfs
 from .runner import BoardUnavailable
 

@@ -33,10 +33,11 @@ from ..contract import Contract, beside, for_engine
 from ..errors import InputError, Interrupted, UsageError
 from ..process import peak_rss_kb
 from ..tables import results
+from ..targets import BOARD_SOCS
 from . import compat, load, sysfs
 from .runner import BoardUnavailable, after_init, board_available
 
-NO_BOARD = ("`rkstudy board run` runs on an RKNPU2 board (RK3588, RK3576, RK3566/RK3568, RK3562) with "
+NO_BOARD = (f"`rkstudy board run` runs on an RKNPU2 board ({BOARD_SOCS}) with "
             "rknn-toolkit-lite2 and the rknpu driver, and this machine has {why}; on the host use the simulator "
             "(the study notebooks)")
 

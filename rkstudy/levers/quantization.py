@@ -27,6 +27,7 @@ import numpy as np
 from .. import atomic, cache, gates, graph
 from ..graph.index import Index
 from ..runtime import OrtRunner, Recording
+from ..targets import ALL_TARGETS
 from ..toolkit import macs
 from ..toolkit.build import QUANTIZED_DTYPES, BuildReport, Calibration, engine_key
 from ..toolkit.log import IO_OPS, WEIGHT_BITS, Layer, layer_table, weight_dtypes
@@ -576,10 +577,7 @@ def _outcome(report: BuildReport) -> str:
 
 
 # --- which dtype each target builds ---------------------------------------------------------------------
-PROBE_TARGETS = ("rk3588", "rk3576", "rk3566", "rk3562")
-
-
-def probe_dtypes(targets: Sequence[str] = PROBE_TARGETS, dtypes: Sequence[str] = tuple(QUANTIZED_DTYPES),
+def probe_dtypes(targets: Sequence[str] = ALL_TARGETS, dtypes: Sequence[str] = tuple(QUANTIZED_DTYPES),
                  progress: Callable[[str], None] | None = None) -> list[dict]:
     """Which quantized dtype each target builds and simulates, on the dtype probe (rkstudy.toolkit.probes:
     16 -> 32 -> 1 channels, k7), calibrated on 4 seeded noise inputs and scored against fp32 on a fifth:

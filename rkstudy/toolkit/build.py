@@ -41,11 +41,12 @@ from pathlib import Path
 import numpy as np
 
 from .. import atomic, cache, graph
-from ..contract import QUANTIZED_DTYPES, QUANTIZED_ONLY, TARGETS
+from ..contract import QUANTIZED_DTYPES
 from ..errors import Failed, NeedsConverter, UsageError, one_line
 from ..gates import board_risk
 from ..paths import REPO
 from ..tables.results import toolkit_version
+from ..targets import TARGETS, record
 from . import log as toolkit_log
 from ._child import VARIANT_MARK
 
@@ -418,7 +419,7 @@ def check_target(target: str, quantize: Calibration | None = None) -> None:
     if target not in TARGETS:
         raise UsageError(f"target {target!r} is not one this project builds for; use one of "
                          f"{', '.join(TARGETS)}")
-    if target in QUANTIZED_ONLY and quantize is None:
+    if not record(target).fp16 and quantize is None:
         raise UsageError(f"rknn-toolkit2 builds no fp16 engine for {target} (\"Current target_platform({target}) "
                          "not support do_quantization = False\"): make a quantized build, "
                          "quantize=Calibration(feeds) (int8 w8a8)")
