@@ -18,7 +18,7 @@ from ... import fits, gates, graph
 from ...board.memory import smallest_rung
 from ...cache import cache_dir, sha256_file
 from ...graph.relshift import BANDED, GATHER
-from ...levers.quantization import evenly
+from ...levers.quantization.stages import evenly
 from ...process import shows_progress
 from ...runtime import OrtRunner
 from ...tables.results import HOST
@@ -567,10 +567,10 @@ def run_ladder(voice: piper.Voice, widths: Sequence[int], chunks: Sequence[tuple
 
 # --- quantization: one width, calibrated on the ids of real text ----------------------------------
 def encoder_groups(module: str) -> str:
-    """How a search moves the encoder's layers (rkstudy.levers.quantization.Stage.groups): each transformer
+    """How a search moves the encoder's layers (rkstudy.levers.quantization.stages.Stage.groups): each transformer
     layer k (its attention, feed-forward and norms) as one block, the duration predictor as another, the
     rest at its first two levels."""
-    from ...levers.quantization import first_levels
+    from ...levers.quantization.tensors import first_levels
 
     parts = [p for p in module.split("/") if p]
     if parts[:2] == ["enc_p", "encoder"] and len(parts) > 2 and "." in parts[2]:
@@ -592,7 +592,7 @@ def quantization_stage(voice: piper.Voice | None = None, width: int = 64,
     evaluation chunks come from `evaluation_texts` (no text in both). Each chunk is scored on its
     real tokens, stats and cond each a window of its own (the durations come from cond, the
     decoder's latent from stats); the utterance column is every chunk's outputs back to back."""
-    from ...levers.quantization import Stage, held_apart, span_scores
+    from ...levers.quantization.stages import Stage, held_apart, span_scores
 
     held_apart(calibration_texts, evaluation_texts)
     voice = voice or piper.Voice()

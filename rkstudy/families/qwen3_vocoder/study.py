@@ -297,7 +297,7 @@ def quantization_stage(onnx_path, calibration_steps: int = 4, evaluation_steps: 
     the cache onnxruntime fp32 carried into it, scored on audio per step and over the steps."""
     from pathlib import Path
 
-    from ...levers.quantization import Stage, span_scores
+    from ...levers.quantization.stages import Stage, span_scores
     from .producer import carried_feeds, read_contract
 
     n = read_contract(onnx_path).params["codes_length"]
