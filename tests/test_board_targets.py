@@ -11,7 +11,7 @@ import pytest
 from rkstudy import targets
 from rkstudy.errors import UsageError
 from rkstudy.toolkit import build
-from rkstudy.toolkit.build import Calibration
+from rkstudy.toolkit.calibration import Calibration
 
 
 @pytest.mark.parametrize("target", targets.QUANTIZED_ONLY)

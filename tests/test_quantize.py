@@ -22,7 +22,7 @@ from rkstudy.levers.quantization.stages import Stage, evenly, span_scores
 from rkstudy.levers.quantization.tensors import IO_GROUP, config_groups, group_macs, quantized_tensors
 from rkstudy.toolkit import macs
 from rkstudy.toolkit import probes as toolchain
-from rkstudy.toolkit.build import Calibration
+from rkstudy.toolkit.calibration import Calibration
 from rkstudy.toolkit.log import Layer, layer_table
 
 FIXTURES = Path(__file__).parent / "fixtures" / "layer_tables"
@@ -287,7 +287,7 @@ def test_evenly_spreads_a_cut_calibration_set_over_every_source():
 def test_the_calibration_set_is_written_and_read_back_in_input_order(tmp_path):
     """What the toolkit loads: one dataset line per feed, that feed's .npy paths in the graph's
     input order, each array as given (int64 ids stay int64)."""
-    from rkstudy.toolkit.build import Calibration
+    from rkstudy.toolkit.calibration import Calibration
 
     feeds = [{"input_lengths": np.array([k + 2], np.int64), "input": np.arange(k, k + 4, dtype=np.int64)[None]}
              for k in range(3)]

@@ -227,7 +227,7 @@ def engine_key(onnx_path: Path | str, toolkit: str | None = None, quantize=None,
                input_names: Sequence[str] = ()) -> str:
     """The key in an engine's name (Contract.engine_name): the compiled graph's digest, the toolkit
     version when one is asked for, so one folder holds a graph's engines of two toolkits, and for a
-    quantized engine (a rkstudy.toolkit.build.Calibration) the digest of its settings and calibration,
+    quantized engine (a rkstudy.toolkit.calibration.Calibration) the digest of its settings and calibration,
     so it never takes an fp16 engine's name."""
     key = sha256_file(onnx_path)[:12]
     key = f"{key}-tk{toolkit}" if toolkit else key
@@ -254,10 +254,10 @@ def convert(onnx_path: Path | str, target: str, out: Path | str | None = None, *
     the engine and, in the same child, gate the simulator against fp32 on the probe inputs, then
     write the compiled contract (target, toolkit, graph and engine digests) beside the engine.
     `toolkit` ('2.3.2', for a board whose runtime is that version) builds in that version's
-    environment (rkstudy.toolkit.build.toolkit_env); the contract names the toolkit the build child imported.
+    environment (rkstudy.toolkit.envs.toolkit_env); the contract names the toolkit the build child imported.
     `shape_sets` ({input: shape} each, the contract's own shapes among them) makes one multi-shape
     engine (rkstudy.toolkit.build.shape_sets_for), probed at the contract's shapes; its contract lists the sets.
-    `quantize` (a rkstudy.toolkit.build.Calibration: any dtype, algorithm, method and float16 tensors notebook
+    `quantize` (a rkstudy.toolkit.calibration.Calibration: any dtype, algorithm, method and float16 tensors notebook
     08 measures) makes a quantized engine; its contract records what it computes in (`quantization`), and
     every walker and board run takes it as it takes an fp16 one (float32 in and out: the runtime casts)."""
     from .build import shape_sets_for

@@ -8,7 +8,8 @@ from tqdm.auto import tqdm
 from ... import gates
 from ...graph import REGISTER_FIELD_MAX
 from ...process import shows_progress
-from ...toolkit.build import BuildFailed, Calibration, build_engine
+from ...toolkit.build import BuildFailed, build_engine
+from ...toolkit.calibration import Calibration
 from ...toolkit.convert import simulator_vs_fp32
 from ...toolkit.probes import long_axis_probe, save_probe, vocoder_probe
 

@@ -15,7 +15,9 @@ import numpy as np
 
 from ... import atomic, cache, graph
 from ...runtime import OrtRunner
-from ...toolkit.build import BuildReport, Calibration, engine_key
+from ...toolkit.build import BuildReport
+from ...toolkit.calibration import Calibration
+from ...toolkit.engine_cache import engine_key
 from .shares import engine_shares
 from .stages import Stage, listening
 from .tensors import REFUSED_NAME, quantized_tensors
@@ -104,7 +106,8 @@ class Bench:
         """One engine built on its own (fp16 when `quantize` is None; auto-hybrid and the int16 overflow
         mode need their own build) and walked over the `which` items; a build the toolkit refuses or dies
         in is a row with its status and error, never an exception."""
-        from ...toolkit.build import BuildFailed, default_engine_path, record_report
+        from ...toolkit.build import BuildFailed, record_report
+        from ...toolkit.engine_cache import default_engine_path
         from ...toolkit.simulator import SimulatorRunner
 
         key = self._key(quantize, which)
@@ -138,7 +141,8 @@ class Bench:
 
     def report(self, quantize: Calibration | None = None) -> BuildReport | None:
         """The recorded report of a build this bench (or an earlier run) made on its own, log included."""
-        from ...toolkit.build import cached_report, default_engine_path
+        from ...toolkit.build import cached_report
+        from ...toolkit.engine_cache import default_engine_path
 
         build, _ = engine_key(self.stage.onnx, self.target, quantize=quantize)
         return cached_report(default_engine_path(self.stage.onnx, self.target, build), build, verbose=True)
@@ -221,7 +225,7 @@ class Session:
             return {**self.failed, "setting": setting, "fp16_groups": groups, "scored_on": which}
         b.say(f"{b.stage.name}, {b.target}: {setting} ({which} evaluation)")
         build, _ = engine_key(b.stage.onnx, b.target, quantize=quantize)
-        from ...toolkit.build import default_engine_path
+        from ...toolkit.engine_cache import default_engine_path
 
         variant = self._child.variant(sorted(keep), default_engine_path(b.stage.onnx, b.target, build))
         tests = None

@@ -11,9 +11,10 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from ... import cache, gates, graph
+from ...contract import QUANTIZED_DTYPES
 from ...runtime import OrtRunner
 from ...targets import ALL_TARGETS
-from ...toolkit.build import QUANTIZED_DTYPES, Calibration
+from ...toolkit.calibration import Calibration
 from .bench import outcome
 
 

@@ -14,7 +14,7 @@ import numpy as np
 from ... import cache, graph
 from ...graph.index import Index
 from ...toolkit import macs
-from ...toolkit.build import Calibration
+from ...toolkit.calibration import Calibration
 from .stages import Stage, evenly
 from .tensors import ANALYSIS_IO_OPS
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ...toolkit.build import QUANTIZED_DTYPES, Calibration
+from ...contract import QUANTIZED_DTYPES
+from ...toolkit.calibration import Calibration
 from .bench import Bench
 from .curves import FP16_LIKE_PESQ, GOOD_PESQ, cheapest
 from .isolation import isolation

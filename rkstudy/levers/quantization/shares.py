@@ -11,7 +11,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ...toolkit import macs
-from ...toolkit.build import BuildReport, Calibration
+from ...toolkit.build import BuildReport
+from ...toolkit.calibration import Calibration
 from ...toolkit.log import IO_OPS, WEIGHT_BITS, Layer, layer_table, weight_dtypes
 from .stages import Stage
 from .tensors import CONVERT_OPS
