@@ -169,7 +169,8 @@ def stage2(onnx_path: Path, target: str | list[str], out: Path | None, *, descri
     the failure (exit 1) naming the targets that failed once the others are done."""
     from . import graph
     from .contract import from_metadata
-    from .toolkit.convert import ALIVE_GATE, convert, engine_key
+    from .toolkit.convert import ALIVE_GATE, convert
+    from .toolkit.engine_cache import name_key
 
     targets = [target] if isinstance(target, str) else list(target)
     out, folder = engine_out(out, targets)
@@ -185,7 +186,7 @@ def stage2(onnx_path: Path, target: str | list[str], out: Path | None, *, descri
         if out is not None:
             if folder:
                 out.mkdir(parents=True, exist_ok=True)
-            engine = out / contract.engine_name(t, engine_key(onnx_path, toolkit)) if folder else out
+            engine = out / contract.engine_name(t, name_key(onnx_path, toolkit)) if folder else out
         try:
             done = convert(onnx_path, t, engine, probe=probe, gate=gate, remake=remake, toolkit=toolkit)
         except Failed as exc:

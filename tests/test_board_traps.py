@@ -311,6 +311,7 @@ def test_a_target_that_fails_does_not_stop_the_others(port_set, tmp_path, monkey
     from rkstudy import cliutil, gates
     from rkstudy.errors import Failed
     from rkstudy.toolkit import convert
+    from rkstudy.toolkit.engine_cache import name_key
 
     _, _, graph = port_set
     built = []
@@ -328,7 +329,7 @@ def test_a_target_that_fails_does_not_stop_the_others(port_set, tmp_path, monkey
                                      r"simulator vs fp32 on the probe: 3.0 dB < 15 dB$"):
         cliutil.stage2(graph, ["rk3588", "rk3576", "rk3562"], tmp_path / "set", describe=str, remake="x",
                        as_json=True, toolkit="2.3.2")
-    key = convert.engine_key(graph, "2.3.2")
+    key = name_key(graph, "2.3.2")
     assert built == [("rk3588", f"port-w48-rk3588-{key}.rknn", "2.3.2"), ("rk3562", f"port-w48-rk3562-{key}.rknn",
                                                                             "2.3.2")]
     assert key.endswith("-tk2.3.2") and "rk3576: rk3576 simulator vs fp32" in capsys.readouterr().err

@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 
 from .. import gates, graph
-from ..cache import sha256_file
 from ..contract import Contract, from_metadata
 from ..runtime import OrtRunner
 from .build import BuildReport
+from .engine_cache import name_key
 from .log import parse_accuracy_analysis
 from .simulator import SimulatorRunner
 
@@ -82,8 +82,8 @@ def simulator_vs_fp32(onnx_path: Path | str, target: str, items: Iterable, *,
     `gate`, the worst row's `snr_db` is checked (GateFailed names both numbers). `build_kwargs` go to
     the build (rkstudy.toolkit.build.EngineProcess: shapes, verbose for the layer table, regtask_limit, ...).
 
-    With `cache` (plain items only, no `run`): the build is the engine cache's own (rkstudy.toolkit.build.
-    engine_key; the engine, its log and its report land where build_engine reads them), and the
+    With `cache` (plain items only, no `run`): the build is the engine cache's own (rkstudy.toolkit.
+    engine_cache.engine_key; the engine, its log and its report land where build_engine reads them), and the
     simulator outputs are kept by the engine key and the items' bytes, so the same graph, target and
     inputs are built and simulated once, whoever asks (only the onnxruntime side runs again).
     """
@@ -223,21 +223,6 @@ def probe_feeds(contract: Contract, seed: int = 0) -> list[dict]:
     return [feed]
 
 
-def engine_key(onnx_path: Path | str, toolkit: str | None = None, quantize=None,
-               input_names: Sequence[str] = ()) -> str:
-    """The key in an engine's name (Contract.engine_name): the compiled graph's digest, the toolkit
-    version when one is asked for, so one folder holds a graph's engines of two toolkits, and for a
-    quantized engine (a rkstudy.toolkit.calibration.Calibration) the digest of its settings and calibration,
-    so it never takes an fp16 engine's name."""
-    key = sha256_file(onnx_path)[:12]
-    key = f"{key}-tk{toolkit}" if toolkit else key
-    if quantize is not None:
-        from ..cache import digest
-
-        key = f"{key}-q{digest(quantize.key(list(input_names)))[:8]}"
-    return key
-
-
 @dataclass
 class Converted:
     engine: Path
@@ -268,7 +253,7 @@ def convert(onnx_path: Path | str, target: str, out: Path | str | None = None, *
     if sets:
         contract = contract.with_shapes([[s[n] for n in contract.input_names] for s in sets])
     engine = Path(out) if out else onnx_path.parent / contract.engine_name(
-        target, engine_key(onnx_path, toolkit, quantize, contract.input_names))
+        target, name_key(onnx_path, toolkit, quantize, contract.input_names))
     items = (probe or probe_feeds)(contract)
     extra = {**({"shape_sets": sets} if sets else {}), **({"quantize": quantize} if quantize else {})}
     simulated = simulator_vs_fp32(onnx_path, target, items, run=run, out=engine, toolkit=toolkit, **extra)

@@ -1,5 +1,6 @@
 """The keys and names of engines (host): the content key that finds a build in the cache, whoever asks for
-it (build_engine, a simulator child, lint, the lever studies), and the path the cache keeps it at.
+it (build_engine, a simulator child, lint, the lever studies), the path the cache keeps it at, and the
+short key a stage-2 engine's file name carries for a person to read.
 
 Kept apart from the build so that a caller can find an engine, or name one, without starting anything.
 """
@@ -10,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from .. import cache, graph
+from ..cache import sha256_file
 from .calibration import Calibration
 from .envs import toolkit_env
 
@@ -50,3 +52,19 @@ def engine_key(onnx_path, target: str, shapes: Mapping[str, Sequence[int]] | Non
                        *([quantize.key(list(shapes))] if quantize else []),
                        *([("shape_sets", list(shape_sets))] if shape_sets else []))
     return key, shapes
+
+
+def name_key(onnx_path, toolkit: str | None = None, quantize: Calibration | None = None,
+             input_names: Sequence[str] = ()) -> str:
+    """The key in a stage-2 engine's file name (Contract.engine_name: `<family>-w<width>-<target>-<key>.rknn`):
+    12 hex of the compiled graph's sha256, `-tk<version>` when a toolkit version is asked for, so one folder
+    holds a graph's engines of two toolkits, and for a quantized engine `-q` and 8 hex of its calibration's
+    key (settings and arrays, in `input_names` order), so it never takes an fp16 engine's name.
+
+    It names, it does not find: the target stands beside it in the name, and a build is found in the cache
+    by engine_key, which covers everything that made the engine (shapes, optimization level, toolkit)."""
+    key = sha256_file(onnx_path)[:12]
+    key = f"{key}-tk{toolkit}" if toolkit else key
+    if quantize is not None:
+        key = f"{key}-q{cache.digest(quantize.key(list(input_names)))[:8]}"
+    return key

@@ -23,6 +23,7 @@ from ...process import shows_progress
 from ...runtime import OrtRunner
 from ...tables.results import HOST
 from ...toolkit.build import build_engine
+from ...toolkit.engine_cache import name_key
 from ...toolkit.simulator import SimulatorRunner
 from ..piper import voice as piper
 from .producer import SIM_GATE, EncoderSlice, both, counts_for, produce
@@ -165,7 +166,7 @@ def simulate_width(voice: piper.Voice, frames: int, target: str = "rk3588",
     """
     product = produce(voice, frames, mode=mode)
     refs = refs or Reference(voice)
-    engine = cache_dir("engines") / product.contract.engine_name(target, sha256_file(product.path)[:12])
+    engine = cache_dir("engines") / product.contract.engine_name(target, name_key(product.path))
     sim = simulator(product, target, out=engine)
     fid, outputs = [], {}
     try:
