@@ -459,11 +459,8 @@ def _run(args, debug: bool) -> int:
         if isinstance(exc, (FileNotFoundError, IsADirectoryError, PermissionError)):
             _error(f"{exc.strerror or exc}: {exc.filename}; check the path")
             return 2
-        from .board.runner import BoardUnavailable, RknnError
+        from .board.dmesg import RknnError
 
-        if isinstance(exc, BoardUnavailable):
-            _error(str(exc))
-            return 2
         if isinstance(exc, RknnError):
             _error(str(exc))
             return 1

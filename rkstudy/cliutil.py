@@ -162,8 +162,8 @@ def stage2(onnx_path: Path, target: str | list[str], out: Path | None, *, descri
            gate=None, probed_on: str = "white noise", as_json: bool = False, toolkit: str | None = None) -> int:
     """Stage 2 of every family, for each target: read the contract back out of the graph and say in one
     line what it is (`describe(contract)`), build the engine and gate the simulator against fp32 on
-    `probe`'s inputs in the same child (rkstudy.toolkit.convert.convert; white noise and engine.ALIVE_GATE
-    when not given), write the compiled contract beside the engine, and print the summary line a person
+    `probe`'s inputs in the same child (rkstudy.toolkit.convert.convert; white noise and that module's
+    ALIVE_GATE when not given), write the compiled contract beside the engine, and print the summary line a person
     reads, or with `as_json` the row alone (a list of rows for several targets). `toolkit` builds with that
     rknn-toolkit2 version's environment. Every target is built even when one fails; returns 0, or raises
     the failure (exit 1) naming the targets that failed once the others are done."""

@@ -40,6 +40,13 @@ class NeedsConverter(UsageError):
     environment is not installed, such as on a board."""
 
 
+class BoardUnavailable(RkstudyError, RuntimeError):
+    """No RKNNLite runtime, no NPU driver or no librknnrt here, or a board that does not say its SoC: the
+    message names what to install or where to run instead. Exit 2."""
+
+    exit_code = 2
+
+
 class Failed(RkstudyError):
     """A gate or a build said no. Exit 1."""
 

@@ -30,12 +30,12 @@ import numpy as np
 from .. import atomic
 from ..cache import sha256_file
 from ..contract import Contract, beside, for_engine
-from ..errors import InputError, Interrupted, UsageError
+from ..errors import BoardUnavailable, InputError, Interrupted, UsageError
 from ..process import peak_rss_kb
 from ..tables import results
 from ..targets import BOARD_SOCS
 from . import compat, load, sysfs
-from .runner import BoardUnavailable, after_init, board_available
+from .runner import after_init, board_available
 
 NO_BOARD = (f"`rkstudy board run` runs on an RKNPU2 board ({BOARD_SOCS}) with "
             "rknn-toolkit-lite2 and the rknpu driver, and this machine has {why}; on the host use the simulator "
@@ -279,8 +279,6 @@ def child_failure(exc: BaseException) -> tuple[str, int]:
         return text, exc.exit_code
     if isinstance(exc, RknnError):
         return text, 1
-    if isinstance(exc, BoardUnavailable):
-        return text, 2
     if isinstance(exc, ImportError):
         return (f"the board child cannot import {exc.name or text} ({text}): reinstall the board environment "
                 "(make board-env, or pip install -e '.[board]'), then rkstudy doctor --board"), 2

@@ -531,6 +531,12 @@ def ladder_engines(voice: piper.Voice, widths: Sequence[int], target: str = "rk3
     return [LadderEngine(runner, product.contract.with_shapes([(tuple(s["input"]), (1,)) for s in sets]))]
 
 
+def ladder_graph(mode: str) -> str:
+    """The encoder's row label in the multi-shape tables (rkstudy.levers.multi_shape, which the lever study
+    fills from this family's `shape_ladder`): one per relative-shift rewrite."""
+    return f"piper encoder ({mode} rewrite)"
+
+
 def run_ladder(voice: piper.Voice, widths: Sequence[int], chunks: Sequence[tuple[str, Sequence[int]]],
                target: str = "rk3588", seed: int = 1234, mode: str = GATHER,
                choice: Mapping | None = None) -> list[dict]:
@@ -539,7 +545,6 @@ def run_ladder(voice: piper.Voice, widths: Sequence[int], chunks: Sequence[tuple
     multi-shape engine when `choice` (the encoder's rkstudy.levers.multi_shape summary row; default: the
     committed one for this rewrite, notebook 08's) says so, else one engine per width."""
     from ...levers import multi_shape as ms
-    from .levers import ladder_graph
 
     choice = choice if choice is not None else ms.measured(ladder_graph(mode))
     runners = []
