@@ -10,7 +10,7 @@ from rkstudy import targets as soc
 from rkstudy.families.port import targets
 
 
-@pytest.mark.parametrize("target", ["rv1103", "rv1106"])
+@pytest.mark.parametrize("target", soc.QUANTIZED_ONLY)
 def test_an_rv110x_part_gets_the_toolkits_refusal_as_its_row(target):
     (row,) = targets.field_probe_rows([target])
     assert row["status"] == "refused" and row["regtask"] == 0 and row["engine_bytes"] == 0
