@@ -19,6 +19,7 @@ from pathlib import Path
 from . import __version__
 from .cliutil import Parser, positive
 from .errors import RkstudyError, UsageError, one_line
+from .targets import BOARD_SOCS
 
 # What a board does not have: a host command that needs one of these says so instead of a traceback.
 HOST_MODULES = ("onnx", "onnxslim", "onnxruntime", "torch", "rknn", "matplotlib", "scipy", "piper")
@@ -286,7 +287,7 @@ def _add_board_kit(board_cmds) -> None:
 
 
 def _add_core(sub) -> None:
-    from .contract import TARGETS
+    from .targets import TARGETS
 
     d = sub.add_parser("doctor", help="environment versions, board presence, and what to fix")
     d.add_argument("--board", action="store_true", help="check the board side instead of the converter")
@@ -395,7 +396,7 @@ def parser() -> Parser:
     p.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
     sub = p.add_subparsers(dest="command", required=True)
     _add_core(sub)
-    board = sub.add_parser("board", help="run on an RKNPU2 board: RK3588, RK3576, RK3566/RK3568, RK3562 (RKNNLite)")
+    board = sub.add_parser("board", help=f"run on an RKNPU2 board: {BOARD_SOCS} (RKNNLite)")
     board_cmds = board.add_subparsers(dest="board_command", required=True)
     run = board_cmds.add_parser("run", help="a family's sidecar on the NPU: audio and one results row")
     _add_families(sub, run.add_subparsers(dest="family", required=True))
@@ -458,11 +459,8 @@ def _run(args, debug: bool) -> int:
         if isinstance(exc, (FileNotFoundError, IsADirectoryError, PermissionError)):
             _error(f"{exc.strerror or exc}: {exc.filename}; check the path")
             return 2
-        from .board.runner import BoardUnavailable, RknnError
+        from .board.dmesg import RknnError
 
-        if isinstance(exc, BoardUnavailable):
-            _error(str(exc))
-            return 2
         if isinstance(exc, RknnError):
             _error(str(exc))
             return 1

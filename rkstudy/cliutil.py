@@ -10,8 +10,8 @@ import json
 import sys
 from pathlib import Path
 
-from .contract import ALL_TARGETS, TARGETS
 from .errors import Failed, InputError, UsageError
+from .targets import ALL_TARGETS, TARGETS
 
 
 class Parser(argparse.ArgumentParser):
@@ -162,14 +162,15 @@ def stage2(onnx_path: Path, target: str | list[str], out: Path | None, *, descri
            gate=None, probed_on: str = "white noise", as_json: bool = False, toolkit: str | None = None) -> int:
     """Stage 2 of every family, for each target: read the contract back out of the graph and say in one
     line what it is (`describe(contract)`), build the engine and gate the simulator against fp32 on
-    `probe`'s inputs in the same child (rkstudy.toolkit.convert.convert; white noise and engine.ALIVE_GATE
-    when not given), write the compiled contract beside the engine, and print the summary line a person
+    `probe`'s inputs in the same child (rkstudy.toolkit.convert.convert; white noise and that module's
+    ALIVE_GATE when not given), write the compiled contract beside the engine, and print the summary line a person
     reads, or with `as_json` the row alone (a list of rows for several targets). `toolkit` builds with that
     rknn-toolkit2 version's environment. Every target is built even when one fails; returns 0, or raises
     the failure (exit 1) naming the targets that failed once the others are done."""
     from . import graph
     from .contract import from_metadata
-    from .toolkit.convert import ALIVE_GATE, convert, engine_key
+    from .toolkit.convert import ALIVE_GATE, convert
+    from .toolkit.engine_cache import name_key
 
     targets = [target] if isinstance(target, str) else list(target)
     out, folder = engine_out(out, targets)
@@ -185,7 +186,7 @@ def stage2(onnx_path: Path, target: str | list[str], out: Path | None, *, descri
         if out is not None:
             if folder:
                 out.mkdir(parents=True, exist_ok=True)
-            engine = out / contract.engine_name(t, engine_key(onnx_path, toolkit)) if folder else out
+            engine = out / contract.engine_name(t, name_key(onnx_path, toolkit)) if folder else out
         try:
             done = convert(onnx_path, t, engine, probe=probe, gate=gate, remake=remake, toolkit=toolkit)
         except Failed as exc:

@@ -28,39 +28,10 @@ from typing import Any
 from . import atomic
 from .cache import sha256_file
 from .errors import EngineMismatch
+from .targets import TARGETS, runs_engine_for
 
 SCHEMA = 1
 METADATA_KEY = "rkstudy.contract"
-# The RKNPU2 targets rknn-toolkit2 2.5.0 builds for and this project accepts; rk3588s runs rk3588
-# engines. The RV110x parts are MCU-class NPUs: the toolkit refuses an fp16 build for them
-# ("not support do_quantization = False"), so only a quantized build reaches them (QUANTIZED_ONLY).
-TARGETS = ("rk3588", "rk3566", "rk3568", "rk3576", "rk3562", "rv1103", "rv1106")
-QUANTIZED_ONLY = ("rv1103", "rv1106")
-# Device-tree chip -> the toolkit's target name (rkstudy.board.sysfs reads the chip). rk3588s is an rk3588
-# in a smaller package.
-SOC_TARGETS = {"rk3588": "rk3588", "rk3588s": "rk3588", "rk3576": "rk3576", "rk3568": "rk3568",
-               "rk3566": "rk3566", "rk3562": "rk3562"}
-# Targets whose engines run on one another: rk3566 and rk3568 carry the same NPU.
-SAME_NPU = ({"rk3566", "rk3568"},)
-# `--target all`: one engine for every RKNPU2 board a board run serves, one per NPU (rk3568 runs rk3566's;
-# the RV110x parts take only quantized builds).
-ALL_TARGETS = ("rk3588", "rk3576", "rk3566", "rk3562")
-
-
-def runs_engine_for(soc_name: str, target: str) -> bool:
-    """Whether a board with this SoC runs an engine compiled for `target` (same chip, or same NPU)."""
-    return soc_name == target or any({soc_name, target} <= group for group in SAME_NPU)
-
-# The REGTASK register field per target, in bits, as rknn-toolkit2 2.5.0 prints it ("REGTASK: The bit
-# width of field value exceeds the limit, ..., limit: 0x3fff, value: 0x4000") for one 64-channel k=7
-# Conv1d at 16384 frames (probes.long_axis_probe(16384, channels=64); fp16, int8 w8a8 on the RV110x
-# parts). rk3576 logs 14 such lines: a 14-bit field. The other targets log none for that conv up to
-# 131072 frames (and rk3588, rk3566, rk3562 none in the [1, C, 1, T] form at 16384): no field limit
-# a long conv axis meets, recorded as None (the 13-bit 0x1fff of rkstudy.graph.REGISTER_FIELD_MAX
-# is met by other ops' fields, not by this probe).
-# tests/test_board_targets.py rebuilds the rk3576 and rk3588 probes and checks both entries.
-REGISTER_FIELD_BITS = {"rk3588": None, "rk3566": None, "rk3568": None, "rk3576": 14, "rk3562": None,
-                       "rv1103": None, "rv1106": None}
 # walked: sliced per window along `axis` at `rate` elements per latent frame (+ `extra`);
 # padded: right-padded to the compiled width; mask: 1 over real frames, 0 over padding, made by
 # the walker at its rate; length: the real count of a padded input; constant: the same every step

@@ -2,13 +2,16 @@
 
 Exit 0: everything passed. Exit 1: a gate or a build failed (the measurement is the answer, and it
 says no). Exit 2: bad usage or input that cannot be used (a missing or corrupt file, a wrong name, a
-shape that does not parse, an engine that does not match). Exit 130: interrupted (Ctrl-C). Every
-message is one line naming the fix.
+shape that does not parse, an engine that does not match). Exit 128 + N: stopped by signal N (130:
+Ctrl-C; while a measured child runs, 129 for SIGHUP and 143 for SIGTERM too). Every message is one line
+naming the fix.
 
 Board side: standard library only.
 """
 
 from __future__ import annotations
+
+import signal
 
 
 class RkstudyError(Exception):
@@ -40,6 +43,13 @@ class NeedsConverter(UsageError):
     environment is not installed, such as on a board."""
 
 
+class BoardUnavailable(RkstudyError, RuntimeError):
+    """No RKNNLite runtime, no NPU driver or no librknnrt here, or a board that does not say its SoC: the
+    message names what to install or where to run instead. Exit 2."""
+
+    exit_code = 2
+
+
 class Failed(RkstudyError):
     """A gate or a build said no. Exit 1."""
 
@@ -47,9 +57,15 @@ class Failed(RkstudyError):
 
 
 class Interrupted(RkstudyError):
-    """The user stopped the command (Ctrl-C): exit 130, the shell's code for SIGINT."""
+    """The command was stopped by a signal: Ctrl-C (SIGINT), or while a measured child runs SIGHUP (the terminal
+    or the SSH connection went away) or SIGTERM (`kill`, `timeout`, a service stop). Exit 128 + the signal's
+    number, the shell's code for a process that signal ended: 130 for Ctrl-C."""
 
     exit_code = 130
+
+    def __init__(self, message: str, signum: int = signal.SIGINT):
+        super().__init__(message)
+        self.exit_code = 128 + int(signum)
 
 
 def one_line(text: str, limit: int = 400) -> str:

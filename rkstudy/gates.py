@@ -447,11 +447,12 @@ _MAX_ABS = ("sim_max_abs", "gen_max_abs")
 
 def field_limit(target: str | None) -> int:
     """The register field's largest value for `target`: the width the long-axis probe measured
-    (rkstudy.contract.REGISTER_FIELD_BITS: rk3576's 14 bits), else the 13-bit limit other ops'
+    (rkstudy.targets.Target.register_field_bits: rk3576's 14 bits), else the 13-bit limit other ops'
     REGTASK lines print."""
-    from .contract import REGISTER_FIELD_BITS
+    from .targets import record
 
-    bits = REGISTER_FIELD_BITS.get(target or "")
+    soc = record(target)
+    bits = soc.register_field_bits if soc else None
     return (1 << bits) - 1 if bits else FIELD_LIMIT
 
 

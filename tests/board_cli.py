@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from rkstudy.paths import REPO
 
@@ -33,3 +34,41 @@ def run_cli(*argv, board=None, env=None, check: int | None = 0, timeout: float =
     if check is not None:
         assert proc.returncode == check, proc.stdout[-2000:] + proc.stderr[-3000:]
     return proc
+
+
+def signal_while_the_child_runs(argv, *, board, env: dict, child_module: str, signum: int, tmp: Path,
+                                after: float = 1.0, ignore: tuple = ()):
+    """Start the command line on `argv` as a terminal starts a command (SIGINT, SIGHUP and SIGTERM at their
+    defaults, whatever this test run inherited; `ignore`d as nohup leaves SIGHUP), with its temporary folders
+    under `tmp`; once its measured
+    child (`python -m child_module`) has run `after` seconds, send the parent `signum`. Returns the parent
+    (ended), its stdout and stderr, and the child as psutil saw it."""
+    import signal
+    import time
+
+    import psutil
+
+    full = {**os.environ, "RKSTUDY_SYSROOT": str(BOARDS / board), "TMPDIR": str(tmp),
+            "PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "doubles"), str(REPO)])}
+    for key in BOARD_VARIABLES:
+        full.pop(key, None)
+    full.update(env)
+
+    def as_a_terminal_starts_it():
+        for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN if sig in ignore else signal.SIG_DFL)
+
+    parent = subprocess.Popen([sys.executable, "-m", "rkstudy", *map(str, argv)], env=full, cwd=REPO,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              preexec_fn=as_a_terminal_starts_it)
+    deadline = time.monotonic() + 300
+    children = []
+    while not children and time.monotonic() < deadline and parent.poll() is None:
+        time.sleep(0.2)
+        children = [c for c in psutil.Process(parent.pid).children(recursive=True)
+                    if child_module in " ".join(c.cmdline())]
+    assert children, "the measured child never started: " + "".join(parent.communicate(timeout=60))[-3000:]
+    time.sleep(after)
+    parent.send_signal(signum)
+    out, err = parent.communicate(timeout=60)
+    return parent, out, err, children[0]

@@ -9,7 +9,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from rkstudy.toolkit import build
+from rkstudy.toolkit import build, envs
 
 # The fast tier (`make test-fast`, `-m "not simulator ..."`) stays fast only if every test that starts a
 # toolkit child says so. A test without the `simulator` mark that reaches EngineProcess fails, cold cache
@@ -23,7 +23,7 @@ BUILDERS = ("simulator",)
 
 
 def _guarded_start(self, *args, **kwargs):
-    if not _engine_allowed["now"] and build.toolkit_available():  # without a toolkit it only says so
+    if not _engine_allowed["now"] and envs.toolkit_available():  # without a toolkit it only says so
         pytest.fail(UNMARKED, pytrace=False)
     _start_engine(self, *args, **kwargs)
 

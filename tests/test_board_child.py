@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from rkstudy.board import run
+from rkstudy.board import child
 from rkstudy.board.dmesg import RknnError
 from rkstudy.contract import Contract, Digest, Tensor
 from rkstudy.errors import InputError
@@ -54,57 +54,61 @@ def spec(tmp_path, monkeypatch):
                  source=Digest("v.onnx", "a" * 64), producer="rkstudy piper decoder --skip-rknn")
     c = c.compiled(target="rk3588", toolkit="rknn-toolkit2 2.5.0", onnx_path=slice_, engine_path=engine)
     c.write_beside(engine)
-    (tmp_path / "work").mkdir()
 
     def make(job):
         return {"job": f"board_jobs:{job}", "engine": str(engine), "cores": "0_1_2", "payload": {}}
-    return make, tmp_path / "work"
+    return make
+
+
+def run_child(spec, **kw):
+    """The board run's child, as `rkstudy board run` starts it."""
+    return child.run_child("rkstudy.board.run", spec, label="the board run of e.rknn", prefix="rkstudy-board-", **kw)
 
 
 def test_a_child_that_works_hands_back_its_result(spec):
-    make, work = spec
-    result, arrays = run.run_child(make("works"), work)
+    make = spec
+    result, arrays = run_child(make("works"))
     assert result["cores"] == "0_1_2" and result["npu_load"]["npu_load_samples"] == 0
     assert result["npu_clock"] == {"npu_governor": "", "npu_freq_hz": ""}  # no init ran, nothing sampled
     assert arrays["audio"].tolist() == [0.0, 0.5]
 
 
 def test_an_unexpected_child_error_is_one_line(spec, capfd):
-    make, work = spec
+    make = spec
     with pytest.raises(RknnError) as err:
-        run.run_child(make("broken"), work)
+        run_child(make("broken"))
     assert str(err.value) == ("unexpected ValueError in the board child: an output of rank 2 where the walker wants "
                               "3 (rerun with --debug for the traceback, and please report it)")
     assert "Traceback" not in capfd.readouterr().err
 
 
 def test_debug_shows_the_childs_traceback(spec, capfd, monkeypatch):
-    make, work = spec
+    make = spec
     monkeypatch.setenv("RKSTUDY_DEBUG", "1")
     with pytest.raises(RknnError):
-        run.run_child(make("broken"), work)
+        run_child(make("broken"))
     err = capfd.readouterr().err
     assert "Traceback" in err and "ValueError: an output of rank 2" in err
 
 
 def test_an_import_error_names_the_board_environment(spec):
-    make, work = spec
+    make = spec
     with pytest.raises(InputError, match=r"cannot import rknnlite_helper_that_is_not_installed .*make board-env"):
-        run.run_child(make("missing"), work)
+        run_child(make("missing"))
 
 
 def test_an_input_error_keeps_its_message_and_exit_code(spec):
-    make, work = spec
+    make = spec
     with pytest.raises(InputError, match=r"^--latents x.npz is not a latents file; make one with") as err:
-        run.run_child(make("refuses"), work)
+        run_child(make("refuses"))
     assert err.value.exit_code == 2
 
 
 def test_a_hung_child_is_killed_at_its_timeout(spec):
-    make, work = spec
+    make = spec
     t0 = time.monotonic()
     with pytest.raises(RknnError, match=r"did not finish in 2 s and was killed .*RKSTUDY_BOARD_TIMEOUT"):
-        run.run_child(make("hangs"), work, timeout=2)
+        run_child(make("hangs"), timeout=2)
     assert time.monotonic() - t0 < 20
 
 
@@ -119,8 +123,8 @@ def test_a_child_that_ignores_sigterm_is_killed_past_the_grace():
     proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True, stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "up"
     t0 = time.monotonic()
-    assert run.stop_child(proc, grace=1) == ("its child process was killed, as it did not stop (a wedged NPU? "
+    assert child.stop_child(proc, grace=1) == ("its child process was killed, as it did not stop (a wedged NPU? "
                                              "dmesg | tail says)")
     assert proc.returncode == -9 and time.monotonic() - t0 < 20
     quick = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
-    assert run.stop_child(quick, grace=10) == "its child process stopped with it" and quick.returncode == -15
+    assert child.stop_child(quick, grace=10) == "its child process stopped with it" and quick.returncode == -15

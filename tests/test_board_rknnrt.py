@@ -85,7 +85,7 @@ def test_versions_from_one_engine_stamp_a_later_failure(lib):
 
 
 def test_missing_file_and_library(tmp_path, monkeypatch):
-    from rkstudy.board.runner import BoardUnavailable
+    from rkstudy.errors import BoardUnavailable
 
     with pytest.raises(FileNotFoundError):
         rknnrt.engine_memory(tmp_path / "none.rknn", lib=object())

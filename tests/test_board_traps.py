@@ -18,20 +18,17 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
-import time
 
 import numpy as np
 import onnx
 import psutil
 import pytest
-from board_cli import BOARDS, run_cli
+from board_cli import BOARDS, run_cli, signal_while_the_child_runs
 
-from rkstudy.contract import ALL_TARGETS, Contract, Digest, Tensor
+from rkstudy.contract import Contract, Digest, Tensor
 from rkstudy.families.port import architectures, producer
-from rkstudy.paths import REPO
 from rkstudy.tables import results
+from rkstudy.targets import ALL_TARGETS
 
 FRAMES = 48
 
@@ -125,31 +122,39 @@ def test_an_init_failure_is_one_line_without_the_runtimes_traceback(port_set, tm
 
 
 # --- Ctrl-C and sudo ---------------------------------------------------------------------------------------------
-def test_ctrl_c_stops_the_measured_child_and_says_so_in_one_line(port_set, tmp_path):
+# Ctrl-C, a closed terminal (SIGHUP) and `kill`/`timeout`/a service stop (SIGTERM) to the parent: what a terminal's
+# Ctrl-C sends the foreground group reaches the parent only, as the child runs in its own session
+@pytest.mark.parametrize("signum,code,said", [(signal.SIGINT, 130, "interrupted"),
+                                              (signal.SIGHUP, 129, "stopped by SIGHUP"),
+                                              (signal.SIGTERM, 143, "stopped by SIGTERM")])
+def test_a_stop_signal_stops_the_measured_child_and_says_so_in_one_line(port_set, tmp_path, signum, code, said):
     d, _, _ = port_set
-    env = {**os.environ, "RKSTUDY_SYSROOT": str(BOARDS / "rk3576"), "RKNNLITE_REPLAY_INIT_SECONDS": "120",
-           "PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "doubles"), str(REPO)])}
-    # started as a terminal starts a command, with SIGINT at its default: a test run launched in the background
-    # of a shell without job control inherits SIGINT ignored, and Python then leaves Ctrl-C ignored too
-    parent = subprocess.Popen([sys.executable, "-m", "rkstudy", "board", "run", "port", "--engine", str(d / "engines"),
-                               "--inputs", str(d / "in.npz"), "--results", str(tmp_path / "results")],
-                              env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    deadline = time.monotonic() + 120
-    children = []
-    while not children and time.monotonic() < deadline:
-        time.sleep(0.2)
-        children = [c for c in psutil.Process(parent.pid).children(recursive=True)
-                    if "rkstudy.board.run" in " ".join(c.cmdline())]
-    assert children, "the board child never started"
-    time.sleep(1)
-    parent.send_signal(signal.SIGINT)  # what a terminal's Ctrl-C sends the foreground group: the parent only
-    out, err = parent.communicate(timeout=60)
-    assert parent.returncode == 130
-    assert one_line(err) == ("rkstudy: error: interrupted: the board run of port-w48-rk3576-k.rknn wrote nothing; its "
+    (tmp_path / "tmp").mkdir()
+    parent, out, err, child = signal_while_the_child_runs(
+        ["board", "run", "port", "--engine", d / "engines", "--inputs", d / "in.npz",
+         "--results", tmp_path / "results"],
+        board="rk3576", env={"RKNNLITE_REPLAY_INIT_SECONDS": "120"}, child_module="rkstudy.board.run",
+        signum=signum, tmp=tmp_path / "tmp")
+    assert parent.returncode == code
+    assert one_line(err) == (f"rkstudy: error: {said}: the board run of port-w48-rk3576-k.rknn wrote nothing; its "
                              "child process stopped with it")
-    assert not children[0].is_running() or children[0].status() == psutil.STATUS_ZOMBIE
+    assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
     assert not (tmp_path / "results").exists()
+    assert list((tmp_path / "tmp").iterdir()) == []  # the run's spec folder is gone with it
+
+
+def test_a_run_under_nohup_outlives_a_hang_up(port_set, tmp_path):
+    """A parent that ignores SIGHUP (`nohup rkstudy board run ...`) keeps ignoring it: the run ends as it would."""
+    d, _, _ = port_set
+    (tmp_path / "tmp").mkdir()
+    parent, out, err, _ = signal_while_the_child_runs(
+        ["board", "run", "port", "--engine", d / "engines", "--inputs", d / "in.npz",
+         "--results", tmp_path / "results"],
+        board="rk3576", env={"RKNNLITE_REPLAY_INIT_SECONDS": "3"},
+        child_module="rkstudy.board.run", signum=signal.SIGHUP, tmp=tmp_path / "tmp", ignore=(signal.SIGHUP,))
+    assert parent.returncode == 0, err[-3000:]
+    assert (tmp_path / "results" / "board" / "port.csv").is_file()
+    assert list((tmp_path / "tmp").iterdir()) == []
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="a run under sudo is a run as root")
@@ -310,6 +315,7 @@ def test_a_target_that_fails_does_not_stop_the_others(port_set, tmp_path, monkey
     from rkstudy import cliutil, gates
     from rkstudy.errors import Failed
     from rkstudy.toolkit import convert
+    from rkstudy.toolkit.engine_cache import name_key
 
     _, _, graph = port_set
     built = []
@@ -327,7 +333,7 @@ def test_a_target_that_fails_does_not_stop_the_others(port_set, tmp_path, monkey
                                      r"simulator vs fp32 on the probe: 3.0 dB < 15 dB$"):
         cliutil.stage2(graph, ["rk3588", "rk3576", "rk3562"], tmp_path / "set", describe=str, remake="x",
                        as_json=True, toolkit="2.3.2")
-    key = convert.engine_key(graph, "2.3.2")
+    key = name_key(graph, "2.3.2")
     assert built == [("rk3588", f"port-w48-rk3588-{key}.rknn", "2.3.2"), ("rk3562", f"port-w48-rk3562-{key}.rknn",
                                                                             "2.3.2")]
     assert key.endswith("-tk2.3.2") and "rk3576: rk3576 simulator vs fp32" in capsys.readouterr().err

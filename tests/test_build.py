@@ -11,8 +11,10 @@ import pytest
 
 from rkstudy import graph
 from rkstudy.errors import InputError, UsageError
-from rkstudy.toolkit import build
+from rkstudy.paths import REPO
+from rkstudy.toolkit import build, envs, forkserver
 from rkstudy.toolkit import probes as toolchain
+from rkstudy.toolkit.calibration import Calibration
 
 pytestmark = pytest.mark.simulator
 
@@ -144,7 +146,7 @@ def test_a_build_forked_from_the_fork_server_is_the_fresh_interpreters_build(pro
     forked = build.build_engine(probe, "rk3588", out=tmp_path / "forked.rknn", reuse=False)
     monkeypatch.setenv("RKNN_LOG_LEVEL", "5")  # the toolkit reads it: a chattier build log
     chatty = build.build_engine(probe, "rk3588", out=tmp_path / "chatty.rknn", reuse=False)
-    monkeypatch.setenv(build.FORK_SERVER_ENV, "0")
+    monkeypatch.setenv(forkserver.FORK_SERVER_ENV, "0")
     monkeypatch.delenv("RKNN_LOG_LEVEL")
     fresh = build.build_engine(probe, "rk3588", out=tmp_path / "fresh.rknn", reuse=False)
     assert forked.status == fresh.status == "ok" and forked.toolkit_version == fresh.toolkit_version
@@ -195,22 +197,22 @@ def test_the_peak_rss_is_the_childs_own_not_the_callers(probe, tmp_path):
 
 def _calibration(reference, **settings):
     rng = [np.random.default_rng(s) for s in reference]
-    return build.Calibration([{"x": r.standard_normal((1, 16, 1, 64)).astype(np.float32)} for r in rng], **settings)
+    return Calibration([{"x": r.standard_normal((1, 16, 1, 64)).astype(np.float32)} for r in rng], **settings)
 
 
 def test_calibration_writes_the_dataset_the_toolkit_reads(tmp_path):
-    two = build.Calibration([{"b": np.ones(2), "a": np.zeros(3)}, {"a": np.ones(3), "b": np.zeros(2)}])
+    two = Calibration([{"b": np.ones(2), "a": np.zeros(3)}, {"a": np.ones(3), "b": np.zeros(2)}])
     dataset = two.write(tmp_path / "cal", ["a", "b"])
     lines = dataset.read_text().splitlines()
     assert len(lines) == 2  # one line per sample, its arrays in input order
     first = [np.load(p) for p in lines[0].split()]
     assert [a.shape for a in first] == [(3,), (2,)] and first[0].sum() == 0
-    assert two.label == "int8 w8a8" and build.Calibration(two.feeds, dtype="w16a16i_dfp").label.startswith("int16")
-    assert build.Calibration(two.feeds, algorithm="mmse").label == "int8 w8a8 mmse"
+    assert two.label == "int8 w8a8" and Calibration(two.feeds, dtype="w16a16i_dfp").label.startswith("int16")
+    assert Calibration(two.feeds, algorithm="mmse").label == "int8 w8a8 mmse"
     with pytest.raises(UsageError, match="no array for b"):
-        build.Calibration([{"a": np.ones(3)}]).write(tmp_path / "bad", ["a", "b"])
+        Calibration([{"a": np.ones(3)}]).write(tmp_path / "bad", ["a", "b"])
     with pytest.raises(UsageError, match="at least one calibration feed"):
-        build.Calibration([])
+        Calibration([])
 
 
 def test_an_int8_build_is_quantized_and_keyed_by_its_calibration(probe, tmp_path):
@@ -298,12 +300,12 @@ def _fake_environment(root, version, marker):
 @pytest.mark.simulator
 def test_a_build_runs_in_the_chosen_environments_interpreter(probe, tmp_path, monkeypatch):
     monkeypatch.setenv("RKSTUDY_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(build, "REPO", tmp_path)
+    monkeypatch.setattr(envs, "REPO", tmp_path)
     marker = tmp_path / "ran"
     python = _fake_environment(tmp_path, "9.9.9", marker)
-    env = build.toolkit_env("9.9.9")
-    assert env == build.Toolkit(str(python), "rknn-toolkit2 9.9.9")  # read from the environment's metadata
-    assert build.toolkit_env("2.5.0").python == sys.executable  # the version installed here is this one
+    env = envs.toolkit_env("9.9.9")
+    assert env == envs.Toolkit(str(python), "rknn-toolkit2 9.9.9")  # read from the environment's metadata
+    assert envs.toolkit_env("2.5.0").python == sys.executable  # the version installed here is this one
     here = build.build_engine(probe, "rk3588")
     there = build.build_engine(probe, "rk3588", toolkit="9.9.9")
     assert "rkstudy.toolkit._child" in marker.read_text()  # the child ran under the chosen interpreter
@@ -317,14 +319,14 @@ def test_a_missing_toolkit_environment_names_the_command_that_makes_it(probe, ca
     from rkstudy.errors import NeedsConverter
 
     with pytest.raises(NeedsConverter, match=r"make toolkit-venv TOOLKIT=0\.0\.1"):
-        build.toolkit_env("0.0.1")
+        envs.toolkit_env("0.0.1")
     assert cli.main(["build", str(probe), "--toolkit", "0.0.1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "make toolkit-venv TOOLKIT=0.0.1" in err[0]
 
 
 @pytest.mark.simulator
-@pytest.mark.skipif(not (build.REPO / ".venv-rknn-2.3.2").is_dir(),
+@pytest.mark.skipif(not (REPO / ".venv-rknn-2.3.2").is_dir(),
                     reason="no 2.3.2 environment: make toolkit-venv TOOLKIT=2.3.2 (make test makes it)")
 def test_toolkit_2_3_2_builds_and_simulates_in_its_own_environment(probe, tmp_path, capsys):
     import json

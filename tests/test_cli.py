@@ -11,7 +11,7 @@ import pytest
 from rkstudy import graph
 from rkstudy.cli import main, parse_shapes
 from rkstudy.errors import UsageError
-from rkstudy.toolkit import build
+from rkstudy.toolkit import envs
 from rkstudy.toolkit.probes import long_axis_probe, vocoder_probe
 
 
@@ -113,7 +113,7 @@ def test_an_encoder_width_that_cannot_fit_is_refused_naming_the_widest_that_does
 
 
 def test_a_missing_toolkit_names_make_toolkit(files, capsys, monkeypatch, tmp_path):
-    monkeypatch.setattr(build, "toolkit_available", lambda: False)
+    monkeypatch.setattr(envs, "toolkit_available", lambda: False)
     monkeypatch.setenv("RKSTUDY_CACHE", str(tmp_path))  # an engine another test built would answer without a toolkit
     code, err = run(["build", str(files / "probe.onnx")], capsys)
     assert code == 2 and "run `make toolkit`" in err and err.count("\n") == 1

@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from rkstudy import contract
+from rkstudy import contract, targets
 from rkstudy.contract import Contract, Digest, Tensor, WindowShape
 from rkstudy.errors import EngineMismatch
 
@@ -189,7 +189,7 @@ def test_board_soc_from_the_device_tree(monkeypatch, tmp_path):
 
 def test_every_soc_is_checked_and_the_same_npu_runs_the_same_engine(engine, tmp_path):
     path, _, c = engine
-    assert contract.TARGETS == ("rk3588", "rk3566", "rk3568", "rk3576", "rk3562", "rv1103", "rv1106")
+    assert targets.TARGETS == ("rk3588", "rk3566", "rk3568", "rk3576", "rk3562", "rv1103", "rv1106")
     with pytest.raises(EngineMismatch, match="compiled for rk3588 and this board is rk3576; .* --target rk3576"):
         contract.for_engine(path, soc="rk3576")
     with pytest.raises(EngineMismatch, match="compiled for rk3588 and this board is rk3399, which rknn-toolkit2 "
@@ -215,8 +215,9 @@ def test_an_rk3588_engine_is_refused_on_the_recorded_rk3576_board(engine, monkey
 
 
 def test_the_register_field_is_recorded_for_every_target():
-    assert set(contract.REGISTER_FIELD_BITS) == set(contract.TARGETS)
-    assert contract.REGISTER_FIELD_BITS["rk3576"] == 14
+    assert [t.name for t in targets.RECORDS] == list(targets.TARGETS)
+    assert {t.name: t.register_field_bits for t in targets.RECORDS} == {
+        "rk3588": None, "rk3566": None, "rk3568": None, "rk3576": 14, "rk3562": None, "rv1103": None, "rv1106": None}
 
 
 class FakeRunner:

@@ -14,7 +14,7 @@ from onnx import TensorProto, helper
 from rkstudy import contract as contracts
 from rkstudy.contract import Contract, Digest, Tensor
 from rkstudy.errors import EngineMismatch, UsageError
-from rkstudy.families.piper_encoder.levers import ladder_graph
+from rkstudy.families.piper_encoder.study import ladder_graph
 from rkstudy.paths import REPO
 from rkstudy.toolkit.build import shape_sets_for
 

@@ -6,15 +6,16 @@ the window's own build on each target."""
 
 import pytest
 
+from rkstudy import targets as soc
 from rkstudy.families.port import targets
 
 
-@pytest.mark.parametrize("target", ["rv1103", "rv1106"])
+@pytest.mark.parametrize("target", soc.QUANTIZED_ONLY)
 def test_an_rv110x_part_gets_the_toolkits_refusal_as_its_row(target):
     (row,) = targets.field_probe_rows([target])
     assert row["status"] == "refused" and row["regtask"] == 0 and row["engine_bytes"] == 0
     assert f'"Current target_platform({target}) not support do_quantization = False"' in row["outcome"]
-    assert target not in targets.FP16_TARGETS
+    assert target not in soc.FP16_TARGETS
 
 
 @pytest.mark.simulator

@@ -13,10 +13,16 @@ import pytest
 from board_cli import run_cli
 
 from rkstudy import gates
-from rkstudy.levers import quantization as quantize
+from rkstudy.levers.quantization import search as qsearch
+from rkstudy.levers.quantization.bench import Bench
+from rkstudy.levers.quantization.curves import cheapest
+from rkstudy.levers.quantization.probe import builds, probe_dtypes
+from rkstudy.levers.quantization.shares import engine_shares, float16_layers, weight_bits
+from rkstudy.levers.quantization.stages import Stage, evenly, span_scores
+from rkstudy.levers.quantization.tensors import IO_GROUP, config_groups, group_macs, quantized_tensors
 from rkstudy.toolkit import macs
 from rkstudy.toolkit import probes as toolchain
-from rkstudy.toolkit.build import Calibration
+from rkstudy.toolkit.calibration import Calibration
 from rkstudy.toolkit.log import Layer, layer_table
 
 FIXTURES = Path(__file__).parent / "fixtures" / "layer_tables"
@@ -77,7 +83,7 @@ def test_the_low_bit_share_reads_what_the_weights_are_stored_in(dtype, stored, l
     assert len(convs) == 2 and {weight_dtypes(text)[layer.id] for layer in convs} == {stored}
     if dtype == "w4a16":
         assert {layer.dtype for layer in convs} == {"FLOAT16"}
-    shares = quantize.engine_shares(toolchain.dtype_probe(), text, Calibration([{"x": np.zeros(1)}], dtype=dtype))
+    shares = engine_shares(toolchain.dtype_probe(), text, Calibration([{"x": np.zeros(1)}], dtype=dtype))
     assert shares["low_bit_mac_share"] == low == shares["low_bit_weight_share"] and shares["mac_coverage"] == 1.0
     assert shares["fp16_convs"] == []
 
@@ -159,10 +165,10 @@ def test_the_layer_table_keeps_each_layers_dtype():
     layers = layer_table(log)
     assert [(x.node, x.dtype) for x in layers] == [("up", "FLOAT16"), ("h2__cvt_float16_int8", "FLOAT16"),
                                                     ("conv_post", "INT8")]
-    assert quantize.float16_layers(layers) == ["up"]  # the dtype cast is no layer's work
+    assert float16_layers(layers) == ["up"]  # the dtype cast is no layer's work
     w4 = Calibration([{"x": np.zeros(1)}], dtype="w4a16")
-    assert [quantize.weight_bits(x, w4) for x in layers] == [16, 16, 4]
-    assert [quantize.weight_bits(x, None) for x in layers] == [16, 16, 16]
+    assert [weight_bits(x, w4) for x in layers] == [16, 16, 4]
+    assert [weight_bits(x, None) for x in layers] == [16, 16, 16]
 
 
 def test_the_calibration_settings_are_the_ones_the_toolkit_documents():
@@ -207,7 +213,7 @@ def _probe_stage(tmp_path):
     path = tmp_path / "probe.onnx"
     onnx.save(toolchain.vocoder_probe(), str(path))
     noise = [np.random.default_rng(s).standard_normal((1, 16, 1, 64)).astype(np.float32) for s in (0, 1, 2, 3, 100)]
-    return quantize.Stage(name="probe", onnx=path, calibration=[{"x": x} for x in noise[:4]],
+    return Stage(name="probe", onnx=path, calibration=[{"x": x} for x in noise[:4]],
                           evaluation=[{"x": noise[4]}], walk=lambda runner, item: runner.run(item)[0],
                           score=lambda items, refs, tests: {"utterance_snr_db": gates.snr_db(refs[0], tests[0])})
 
@@ -221,7 +227,7 @@ def test_one_calibration_serves_every_hybrid_and_a_search_re_measures_each_choic
     measurement back without a toolkit child."""
     monkeypatch.setenv("RKSTUDY_CACHE", str(tmp_path / "cache"))
     stage = _probe_stage(tmp_path)
-    bench = quantize.Bench(stage, "rk3588", listen=False)
+    bench = Bench(stage, "rk3588", listen=False)
     fp16 = bench.build("fp16")
     plain_build = bench.build("int8 w8a8, built alone", Calibration(stage.calibration))
     with bench.session(Calibration(stage.calibration)) as session:
@@ -240,15 +246,15 @@ def test_one_calibration_serves_every_hybrid_and_a_search_re_measures_each_choic
             node, _ = macs.resolve(name, index, convs)
             (convs[node] if node else other).append(name)
         groups = {k: v for k, v in convs.items() if v} | ({"rest": other} if other else {})
-        rows = quantize.search(session, groups, budget=12)
+        rows = qsearch.search(session, groups, budget=12)
     assert fp16["low_bit_mac_share"] == 0.0 and fp16["utterance_snr_db"] > 55 and fp16["mac_coverage"] == 1.0
     assert plain["low_bit_mac_share"] == 1.0 == plain_build["low_bit_mac_share"] and 25 < plain["utterance_snr_db"] < 40
     assert every["low_bit_mac_share"] == 0.0 and every["utterance_snr_db"] > plain["utterance_snr_db"] + 15
-    on_path = quantize.path(rows)
+    on_path = qsearch.path(rows)
     shares = [r["low_bit_mac_share"] for r in on_path]
     assert shares == sorted(shares) and shares[0] == 0.0 and shares[-1] == 1.0
     assert all(r["scored_on"] == "search" and r["search"] == "search" for r in rows)
-    again = quantize.Bench(stage, "rk3588", listen=False)
+    again = Bench(stage, "rk3588", listen=False)
     with again.session(Calibration(stage.calibration)) as session:
         assert session.measure(names, "every tensor in float16")["utterance_snr_db"] == every["utterance_snr_db"]
         assert session._child is None  # read back: no toolkit child started
@@ -262,26 +268,26 @@ def test_the_dtype_probe_records_refusals_and_crashes_as_rows(tmp_path, monkeypa
     from the fork server and the crash is that child's exit status: a signal, SIGSEGV in most runs here and
     SIGABRT in some (the same build, where glibc catches the corrupted heap before the fault does)."""
     monkeypatch.setenv("RKSTUDY_CACHE", str(tmp_path / "cache"))
-    rows = {(r["target_soc"], r["dtype"]): r for r in quantize.probe_dtypes(("rk3588", "rk3562"), ("w8a8", "w8a16",
+    rows = {(r["target_soc"], r["dtype"]): r for r in probe_dtypes(("rk3588", "rk3562"), ("w8a8", "w8a16",
                                                                                                      "w16a16i_dfp"))}
     assert rows["rk3588", "w8a8"]["status"] == "ok" and 25 < rows["rk3588", "w8a8"]["snr_vs_fp32_db"] < 45
     assert rows["rk3588", "w16a16i_dfp"]["snr_vs_fp32_db"] > 60
     assert rows["rk3588", "w8a16"]["status"] == "refused at config"
     assert "'w8a16' not support in 'rk3588'" in rows["rk3588", "w8a16"]["error"]
     assert re.match(r"crashed \((SIGSEGV, exit 139|SIGABRT, exit 134)\) at build", rows["rk3562", "w8a16"]["status"])
-    assert quantize.builds(list(rows.values()), "rk3588") == ["w8a8", "w16a16i_dfp"]
+    assert builds(list(rows.values()), "rk3588") == ["w8a8", "w16a16i_dfp"]
 
 
 def test_evenly_spreads_a_cut_calibration_set_over_every_source():
     items = list(range(49))
-    assert quantize.evenly(items, None) == items and quantize.evenly(items, 60) == items
-    assert quantize.evenly(items, 5) == [0, 12, 24, 36, 48]
+    assert evenly(items, None) == items and evenly(items, 60) == items
+    assert evenly(items, 5) == [0, 12, 24, 36, 48]
 
 
 def test_the_calibration_set_is_written_and_read_back_in_input_order(tmp_path):
     """What the toolkit loads: one dataset line per feed, that feed's .npy paths in the graph's
     input order, each array as given (int64 ids stay int64)."""
-    from rkstudy.toolkit.build import Calibration
+    from rkstudy.toolkit.calibration import Calibration
 
     feeds = [{"input_lengths": np.array([k + 2], np.int64), "input": np.arange(k, k + 4, dtype=np.int64)[None]}
              for k in range(3)]
@@ -320,7 +326,7 @@ def test_span_scores_take_every_window_and_the_whole_utterance():
     ref = np.sin(np.arange(400) / 5.0)
     test = ref.copy()
     test[300:] += 0.1  # the last window alone is off
-    s = quantize.span_scores([ref], [test], [[(0, 100), (100, 200), (200, 300), (300, 400)]])
+    s = span_scores([ref], [test], [[(0, 100), (100, 200), (200, 300), (300, 400)]])
     assert s["windows"] == 4 and s["window_snr_db_median"] == np.inf
     assert s["window_snr_db_min"] == pytest.approx(gates.snr_db(ref[300:], test[300:]))
     assert s["window_snr_db_min"] < s["utterance_snr_db"] < np.inf
@@ -336,10 +342,10 @@ def test_the_cheapest_settings_are_read_from_full_evaluation_rows():
             {"stage": "s", "setting": "d", "pesq_wb": 4.6, "low_bit_mac_share": 0.99, "engine_bytes": 11,
              "scored_on": "search"}]  # a search-only score never concludes
     rows = [{"scored_on": "full", "dtype": "fp16" if r is fp16 else "int8 w8a8", **r} for r in rows]
-    like, good = quantize.cheapest(rows, fp16)
+    like, good = cheapest(rows, fp16)
     assert (like["setting"], like["pesq_wb_bar"], like["goal_share_met"]) == ("b", 4.5, False)
     assert (good["setting"], good["low_bit_mac_share"], good["goal_share_met"]) == ("c", 0.85, True)
-    (none, _) = quantize.cheapest([r for r in rows if r["setting"] in ("fp16", "c")], {**fp16, "pesq_wb": 4.64})
+    (none, _) = cheapest([r for r in rows if r["setting"] in ("fp16", "c")], {**fp16, "pesq_wb": 4.64})
     assert not none["found"] and "best quantized PESQ-WB is 3.60 (c)" in none["why_none"]
 
 
@@ -355,7 +361,7 @@ def test_the_stateful_steps_calibrate_on_the_state_an_fp32_walk_carries(voice):
     states = sorted(k for k in first if k.startswith("state_in"))
     assert states and all(not first[k].any() for k in states)  # the walk starts from a zeroed state
     assert any(second[k].any() for k in states)  # and the next step gets what the first one left
-    assert len(quantize.evenly(stage.calibration, 2)) == 2
+    assert len(evenly(stage.calibration, 2)) == 2
     with pytest.raises(ValueError, match="phone would both calibrate and score"):
         quantization_stage(voice, calibration_texts=("phone",), evaluation_texts=("phone",))
 
@@ -399,8 +405,8 @@ def test_a_step_window_is_a_whole_step_never_the_tail_past_the_last_one():
     rng = np.random.default_rng(0)
     ref = np.concatenate([rng.standard_normal(step), 1e-4 * rng.standard_normal(1024)])
     test = ref + 1e-3 * rng.standard_normal(ref.size)
-    fixed = quantize.span_scores([ref], [test], [[(0, step), (step, ref.size)]])
-    whole = quantize.span_scores([ref], [test], [step_spans(ref.size, step)])
+    fixed = span_scores([ref], [test], [[(0, step), (step, ref.size)]])
+    whole = span_scores([ref], [test], [step_spans(ref.size, step)])
     assert fixed["window_snr_db_min"] < 0 < 50 < whole["window_snr_db_min"]
     assert whole["window_snr_db_min"] == pytest.approx(whole["utterance_snr_db"])
     with pytest.raises(ValueError, match="both must be positive"):
@@ -422,7 +428,7 @@ def test_a_quantized_engine_converts_with_its_contract_and_a_board_run_takes_it(
     produced = produce_for_voice(voice, emit=16, context=8)
     path = produced.save(tmp_path / "decoder_z.onnx")
     feeds = walked_windows(voice, voice.latents(read_text("paragraph"))[:1], produced.contract)
-    calibration = Calibration(quantize.evenly(feeds, 4), algorithm="kl_divergence")
+    calibration = Calibration(evenly(feeds, 4), algorithm="kl_divergence")
     done = convert(path, "rk3588", tmp_path / "decoder_q.rknn", quantize=calibration,
                    gate=gates.Gate("alive", -100.0))  # the fidelity is notebook 08's to measure, not this test's
     assert done.contract.quantization == calibration.record() and done.contract.dtype == "int8 w8a8 kl_divergence"
@@ -452,17 +458,17 @@ def test_a_real_quantization_config_falls_into_the_decoders_blocks(voice, slice_
     tensors = json.loads((Path(__file__).parent / "fixtures" / "quantization" /
                           "piper_w93_w8a8_rk3588_tensors.json").read_text())
     stage = quantization_stage(voice, calibration_texts=("phone",), evaluation_texts=("short",))
-    names = quantize.quantized_tensors(tensors, stage.onnx)
+    names = quantized_tensors(tensors, stage.onnx)
     assert len(names) == 276 and not any(n.endswith("mul_i1") for n in names)
-    groups = quantize.config_groups(stage, names)
-    assert sorted(groups[quantize.IO_GROUP]) == ["audio_int8", "y_mask_int8", "y_mask_rs", "z_int8", "z_rs"]
+    groups = config_groups(stage, names)
+    assert sorted(groups[IO_GROUP]) == ["audio_int8", "y_mask_int8", "y_mask_rs", "z_int8", "z_rs"]
     assert "/dec/ups.0/ConvTranspose_output_0-rs_tile1_convtranspose" in groups["/dec stage 0"]
     assert "/dec/resblocks.5/convs.1/Conv_output_0-rs_tile0_conv" in groups["/dec stage 1"]
     assert "/dec/resblocks.8/LeakyRelu_output_0-rs_pad" in groups["/dec stage 2"]
     assert "onnx::Tanh_6911-rs" in groups["/flow/flows.6"]
-    weight = quantize.group_macs(stage, groups)
-    assert weight[quantize.IO_GROUP] == 0 and weight["/dec"] == 0  # activations only
+    weight = group_macs(stage, groups)
+    assert weight[IO_GROUP] == 0 and weight["/dec"] == 0  # activations only
     assert sum(weight.values()) == sum(macs.graph_convs(stage.onnx)[n]["macs"] for n in macs.graph_convs(stage.onnx))
     assert weight["/dec stage 1"] == weight["/dec stage 2"] == 2 * weight["/dec stage 0"]
-    refine = quantize.refiner(stage, groups)
+    refine = qsearch.refiner(stage, groups)
     assert sorted(refine("/dec stage 1")) == ["/dec/resblocks.3", "/dec/resblocks.4", "/dec/resblocks.5", "/dec/ups.1"]

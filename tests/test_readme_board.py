@@ -95,7 +95,7 @@ def test_the_board_section_has_the_steps_the_walk_runs():
 def _host(argv, work):
     """One host step: `rkstudy ...` in the converter environment here, `make ...` checked (see the docstring)."""
     if argv[0] == "make" and argv[1] == "toolkit-venv":
-        from rkstudy.toolkit.build import toolkit_env
+        from rkstudy.toolkit.envs import toolkit_env
 
         version = argv[2].split("=", 1)[1]
         assert toolkit_env(version).version == f"rknn-toolkit2 {version}"  # what the make target makes

@@ -3,7 +3,8 @@ import onnx
 import pytest
 
 from rkstudy import gates, graph
-from rkstudy.board.runner import BoardRunner, BoardUnavailable, board_available
+from rkstudy.board.runner import BoardRunner, board_available
+from rkstudy.errors import BoardUnavailable
 from rkstudy.runtime import OrtRunner
 from rkstudy.toolkit import probes as toolchain
 from rkstudy.toolkit.build import BuildFailed

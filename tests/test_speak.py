@@ -8,10 +8,12 @@ fast tier. The simulator test at the end builds real engines."""
 
 import json
 import shutil
+import signal
 
 import numpy as np
+import psutil
 import pytest
-from board_cli import run_cli
+from board_cli import run_cli, signal_while_the_child_runs
 
 from rkstudy import atomic, gates
 from rkstudy.cli import parser
@@ -129,6 +131,26 @@ def test_443_characters_with_the_decoder_and_the_encoder_ladder_through_the_repl
     cpu_audio, _ = audio.read(tmp_path / "cpu.flac")
     assert rate == 22050 and npu_audio.size == cpu_audio.size == int(npu_row["frames"]) * 256
     assert gates.snr_db(cpu_audio, npu_audio) > 50  # both quantized to 16 bits on the way out
+
+
+@pytest.mark.parametrize("signum,code,said", [(signal.SIGINT, 130, "interrupted"),
+                                              (signal.SIGTERM, 143, "stopped by SIGTERM")])
+def test_a_stop_signal_stops_the_synthesis_child_and_says_so_in_one_line(piper_engines, tmp_path, signum, code, said):
+    """Ctrl-C or SIGTERM to `rkstudy speak` while its child holds the NPU (an init the double makes last 120 s): the
+    child stops with the parent, nothing is written, and no temporary folder is left behind."""
+    (tmp_path / "tmp").mkdir()
+    parent, _, err, child = signal_while_the_child_runs(
+        ["speak", "piper", "--plan", plan_with(piper_engines["decoder"]), "--text", SHORT,
+         "--results", tmp_path / "results", "--audio", tmp_path / "out.wav"],
+        board="rk3588", env={"RKNNLITE_REPLAY_INIT_SECONDS": "120"}, child_module="rkstudy.plan.speak",
+        signum=signum, tmp=tmp_path / "tmp")
+    assert parent.returncode == code
+    lines = err.splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    assert lines[0] == f"rkstudy: error: {said}: the synthesis wrote nothing; its child process stopped with it"
+    assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
+    assert not (tmp_path / "results").exists() and not (tmp_path / "out.wav").exists()
+    assert list((tmp_path / "tmp").iterdir()) == []
 
 
 def test_an_engine_for_another_soc_is_refused_before_a_child_starts(piper_engines, tmp_path):

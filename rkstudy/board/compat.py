@@ -24,11 +24,11 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..contract import Contract, beside, for_engine, from_json, help_for, runs_engine_for
-from ..errors import EngineMismatch, InputError
+from ..contract import Contract, beside, for_engine, from_json, help_for
+from ..errors import BoardUnavailable, EngineMismatch, InputError
 from ..paths import REPO
+from ..targets import runs_engine_for
 from . import check, sysfs
-from .runner import BoardUnavailable
 
 # Where the runtime a fix names comes from (the SDK's own copy; its release must be the toolkit's)
 RUNTIME_DIR = "rknn-toolkit2's rknpu2/runtime/Linux/librknn_api/aarch64/"

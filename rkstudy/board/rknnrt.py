@@ -42,10 +42,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import BoardUnavailable
 from .check import LIBRKNNRT_ENV, LIBRKNNRT_PATHS
 from .dmesg import InitRefused, Versions, read_dmesg, refused_bytes, remember_versions
 from .memory import Admission, Budget, EngineCost, check_set, fmt_bytes
-from .runner import BoardUnavailable
 
 RKNN_FLAG_COLLECT_MODEL_INFO_ONLY = 0x00000100
 RKNN_QUERY_SDK_VERSION = 5

@@ -1,9 +1,10 @@
 """`rkstudy board run <family>`: a family's sidecar on RKNNLite, measured in a dedicated child process.
 
 The parent checks that this is a board, validates the engine's contract (engine bytes unchanged,
-compiled for this SoC, carved from the same source as the inputs), starts a child that loads the
-engine and runs the family's job; the child reports its own peak RSS (VmHWM: the sidecar, its
-runtime and its engine), comparable with the reference documents' process figure and not the notebook kernel's.
+compiled for this SoC, carved from the same source as the inputs), starts a child (rkstudy.board.child,
+the launcher `rkstudy speak` uses too) that loads the engine and runs the family's job; the child reports
+its own peak RSS (VmHWM: the sidecar, its runtime and its engine), comparable with the reference documents'
+process figure and not the notebook kernel's.
 While the job runs, the child samples the driver's per-core NPU load in a background thread
 (rkstudy.board.load; the reference documents read that file to find that the AUTO mask leaves two cores idle).
 The parent then writes the audio and appends one results row: wall time, audio seconds, RTF, peak
@@ -17,10 +18,7 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
-import tempfile
 import wave
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,13 +28,14 @@ import numpy as np
 from .. import atomic
 from ..cache import sha256_file
 from ..contract import Contract, beside, for_engine
-from ..errors import InputError, Interrupted, UsageError
-from ..process import peak_rss_kb
+from ..errors import BoardUnavailable, InputError
 from ..tables import results
-from . import compat, load, sysfs
-from .runner import BoardUnavailable, after_init, board_available
+from ..targets import BOARD_SOCS
+from . import compat, sysfs
+from .child import child_main, job_named, measured, run_child, write_child_result
+from .runner import board_available
 
-NO_BOARD = ("`rkstudy board run` runs on an RKNPU2 board (RK3588, RK3576, RK3566/RK3568, RK3562) with "
+NO_BOARD = (f"`rkstudy board run` runs on an RKNPU2 board ({BOARD_SOCS}) with "
             "rknn-toolkit-lite2 and the rknpu driver, and this machine has {why}; on the host use the simulator "
             "(the study notebooks)")
 
@@ -148,7 +147,8 @@ def measure(family: str, *, engine: Path, job: str, payload: dict, cores: str = 
     engines the job loads (a ladder's rungs, a streaming first step), checked like `engine` (family, bytes,
     SoC, a librknnrt that runs them, source) before the child starts; `remake` is the command a refusal
     names (default: the family's `--help`); `timeout` bounds the child (default $RKSTUDY_BOARD_TIMEOUT or
-    CHILD_TIMEOUT_S).
+    rkstudy.board.child.CHILD_TIMEOUT_S). Ctrl-C, SIGHUP or SIGTERM stop the child and write nothing
+    (rkstudy.board.child.run_child).
     """
     require_board()
     soc = board_soc()
@@ -160,10 +160,10 @@ def measure(family: str, *, engine: Path, job: str, payload: dict, cores: str = 
     outputs = [table_csv, table_csv.with_suffix(".md")] + [Path(p) for p in (audio_out, outputs_out) if p is not None]
     require_writable(outputs)
     created = sorted({d for p in outputs for d in _missing_dirs(p)[0]})
-    with tempfile.TemporaryDirectory(prefix="rkstudy-board-") as tmp:
-        spec = {"job": job, "engine": str(Path(engine).resolve()), "cores": cores, "payload": payload}
-        result, arrays = run_child(spec, Path(tmp), timeout=timeout)
-        pcm = arrays.pop("audio", np.zeros(0, np.float32))
+    spec = {"job": job, "engine": str(Path(engine).resolve()), "cores": cores, "payload": payload}
+    result, arrays = run_child("rkstudy.board.run", spec, label=f"the board run of {Path(engine).name}",
+                               prefix="rkstudy-board-", timeout=timeout)
+    pcm = arrays.pop("audio", np.zeros(0, np.float32))
     try:  # what is written is handed back under sudo even when a later write fails or is interrupted
         return _write(family, engine, contract, result, arrays, pcm, extra, audio_out, outputs_out, root)
     finally:
@@ -202,150 +202,10 @@ def _write(family, engine, contract, result, arrays, pcm, extra, audio_out, outp
     return row
 
 
-CHILD_TIMEOUT_S = 1800.0  # a wedged NPU never returns from inference; no board run here takes minutes
-
-
-def run_child(spec: dict, folder: Path, *, timeout: float | None = None) -> tuple[dict, dict]:
-    """Run a board job in a child process (`python -m rkstudy.board.run`), bounded by `timeout`
-    seconds; return its result and arrays. A child that fails raises its own one-line error here
-    (RknnError for a failed run, exit 1; BoardUnavailable or the input error it met, exit 2); one
-    that outlives the timeout is killed with its process group."""
-    from .dmesg import RknnError
-
-    timeout = timeout or float(os.environ.get("RKSTUDY_BOARD_TIMEOUT") or CHILD_TIMEOUT_S)
-    spec = {**spec, "result": str(folder / "result.json"), "arrays": str(folder / "arrays.npz"),
-            "error": str(folder / "error.json")}
-    spec_path = folder / "spec.json"
-    spec_path.write_text(json.dumps(spec))
-    engine = Path(spec["engine"]).name
-    # its own session: the timeout kills its whole group, and a terminal's Ctrl-C reaches the parent only,
-    # which stops the child itself (stop_child) rather than leave it holding the NPU
-    proc = subprocess.Popen([sys.executable, "-m", "rkstudy.board.run", str(spec_path)], env=os.environ.copy(),
-                            start_new_session=True)
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        raise RknnError(f"the board run of {engine} did not finish in {timeout:.0f} s and was killed (a wedged NPU? "
-                        "dmesg | tail names it); reboot the board if the NPU stays busy, or set "
-                        "RKSTUDY_BOARD_TIMEOUT=<seconds> for a longer run") from None
-    except KeyboardInterrupt:
-        how = stop_child(proc)
-        raise Interrupted(f"interrupted: the board run of {engine} wrote nothing; {how}") from None
-    error = Path(spec["error"])
-    if error.is_file():
-        failure = json.loads(error.read_text())
-        raise (RknnError if failure["exit"] == 1 else InputError)(failure["message"])
-    if proc.returncode != 0 or not Path(spec["result"]).is_file():
-        raise RknnError(f"the board run of {engine} ended with exit {proc.returncode} and no result (killed by "
-                        "the system? dmesg | tail says why)")
-    result = json.loads(Path(spec["result"]).read_text())
-    with np.load(spec["arrays"]) as data:
-        return result, {k: data[k] for k in data.files}
-
-
-STOP_GRACE_S = 10.0  # a wedged NPU can hold the child in the driver past SIGTERM
-
-
-def stop_child(proc: subprocess.Popen, grace: float = STOP_GRACE_S) -> str:
-    """End a board child and its process group: SIGTERM (at once, wherever it is: still importing, or inside
-    an init; the driver releases its contexts as the process goes), then SIGKILL past `grace` seconds or at
-    a second Ctrl-C. Says how it ended."""
-    def signal_group(sig: int) -> None:
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:  # it ended on its own meanwhile
-            pass
-
-    signal_group(signal.SIGTERM)
-    try:
-        proc.wait(timeout=grace)
-        return "its child process stopped with it"
-    except (subprocess.TimeoutExpired, KeyboardInterrupt):
-        signal_group(signal.SIGKILL)
-        proc.wait()
-        return "its child process was killed, as it did not stop (a wedged NPU? dmesg | tail says)"
-
-
-def child_failure(exc: BaseException) -> tuple[str, int]:
-    """A child's error as one line naming the fix, and the exit code it stands for."""
-    from ..errors import RkstudyError
-    from .dmesg import RknnError
-
-    text = " ".join(str(exc).split())
-    if isinstance(exc, RkstudyError):
-        return text, exc.exit_code
-    if isinstance(exc, RknnError):
-        return text, 1
-    if isinstance(exc, BoardUnavailable):
-        return text, 2
-    if isinstance(exc, ImportError):
-        return (f"the board child cannot import {exc.name or text} ({text}): reinstall the board environment "
-                "(make board-env, or pip install -e '.[board]'), then rkstudy doctor --board"), 2
-    return (f"unexpected {type(exc).__name__} in the board child: {text} (rerun with --debug for the traceback, "
-            "and please report it)"), 1
-
-
-def report_child_failure(exc: BaseException, spec_path: str, command: str) -> int:
-    """A measured child's error handed to its parent: one line (child_failure) in the error file the spec
-    names, or on stderr when it names none; the traceback only with RKSTUDY_DEBUG=1. Its exit code."""
-    if os.environ.get("RKSTUDY_DEBUG") == "1":
-        import traceback
-
-        traceback.print_exc()
-    message, code = child_failure(exc)
-    error = json.loads(Path(spec_path).read_text()).get("error")
-    if error:
-        Path(error).write_text(json.dumps({"message": message, "exit": code}))
-    else:
-        print(f"{command}: error: {message}", file=sys.stderr)
-    return code
-
-
-def measured(run, sample_npu: bool = True) -> dict:
-    """`run()`'s result dict with what the board saw while it ran: per-core NPU load and the NPU clock
-    (sampling starts after the first engine's init, so the row measures the work, not the init) and the
-    process's peak RSS. Shared by every measured child (a stage's board run, a whole text's synthesis)."""
-    sampler = load.board_sampler() if sample_npu else None
-    governor: list[str] = []
-
-    def begin_sampling() -> None:
-        governor.append(sysfs.npu_clock()["governor"] or "")
-        if sampler is not None:
-            try:
-                sampler.start()
-            except OSError as exc:
-                print(f"NPU load not sampled: {exc}", file=sys.stderr)
-
-    after_init(begin_sampling)
-    try:
-        out = run()
-    finally:
-        if sampler is not None:
-            sampler.stop()
-    out["npu_load"] = load.row_fields(sampler.summary() if sampler and sampler.path else None)
-    out["npu_clock"] = {"npu_governor": governor[0] if governor else "",
-                        "npu_freq_hz": sampler.clock_field() if sampler else ""}
-    out["peak_rss_kb"] = peak_rss_kb()
-    return out
-
-
-def write_child_result(spec: dict, out: dict) -> None:
-    """A measured child's audio and arrays to the spec's .npz and the rest of its result to its JSON,
-    for the parent to read back."""
-    arrays = {"audio": np.asarray(out.pop("audio"), np.float32), **out.pop("arrays", {})}
-    np.savez(spec["arrays"], **arrays)
-    Path(spec["result"]).write_text(json.dumps(out))
-
-
 def _child(spec_path: str) -> int:
     """The child: run the job, write its audio and its result, with its own peak RSS."""
-    import importlib
-
     spec = json.loads(Path(spec_path).read_text())
-    module, _, attr = spec["job"].partition(":")
-    job = getattr(importlib.import_module(module), attr)
+    job = job_named(spec["job"])
     contract: Contract = for_engine(spec["engine"])  # already validated by the parent; re-read here
     out = measured(lambda: job(contract=contract, engine=Path(spec["engine"]), cores=spec["cores"],
                                payload=spec["payload"]))
@@ -354,17 +214,8 @@ def _child(spec_path: str) -> int:
 
 
 def main(argv=None) -> int:
-    """The child's entry: every failure becomes one line in the spec's error file for the parent to
-    raise (the traceback too, on stderr, under RKSTUDY_DEBUG=1, which `--debug` sets)."""
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1:
-        raise UsageError("usage: python -m rkstudy.board.run SPEC_JSON (started by `rkstudy board run`)")
-    try:
-        return _child(argv[0])
-    except KeyboardInterrupt:  # a Ctrl-C sent to the child itself: the parent says what happened
-        return 130
-    except Exception as exc:  # noqa: BLE001 - every child error reaches the parent as one line
-        return report_child_failure(exc, argv[0], "rkstudy board run")
+    """The child's entry (rkstudy.board.child.child_main)."""
+    return child_main(argv, _child, "rkstudy board run")
 
 
 if __name__ == "__main__":

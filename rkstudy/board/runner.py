@@ -41,16 +41,14 @@ from typing import Any
 import numpy as np
 
 from ..contract import refuse_unlisted
+from ..errors import BoardUnavailable
 from ..runtime.base import Runner
 from . import dmesg, sysfs
+from .compat import missing_runtime
 from .dmesg import InitRefused, RknnError, Versions  # noqa: F401  (RknnError re-exported)
 
 CORE_MASKS = ("0_1_2", "0", "auto")
 DRIVER_REFUSALS = (-4, -6)  # the driver said no: another core mask cannot help
-
-
-class BoardUnavailable(RuntimeError):
-    """No RKNNLite runtime or no NPU driver here."""
 
 
 def rknnlite_problem() -> str | None:
@@ -185,8 +183,6 @@ class BoardRunner(Runner):
             said = dmesg.runtime_said(text)
             code = rc if rc != -1 else (failures[-1].code if failures else None)
             if dmesg.NO_LIBRKNNRT in text:
-                from .compat import missing_runtime  # compat reads this module's errors: imported here
-
                 note = missing_runtime()
             else:
                 note = "; ".join(n for n in (

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import re
 
-from ..contract import SOC_TARGETS
 from ..paths import on_board
+from ..targets import CHIP_TARGETS, record
 
 COMPATIBLE = "/proc/device-tree/compatible"
 MODEL = "/proc/device-tree/model"
@@ -18,11 +18,6 @@ DRM = "/sys/class/drm"
 DEVFREQ = "/sys/class/devfreq"
 # The driver's per-core load (rknpu_debugger.c, rknpu_load_show); debugfs, so root only.
 NPU_LOAD = "/sys/kernel/debug/rknpu/load"
-# Each SoC's NPU devfreq node, named by the NPU's unit address in the vendor kernel's device tree
-# (rk3588.dtsi, rk3568.dtsi, rk3576.dtsi, rk3562.dtsi); npu_devfreq() still takes whatever *.npu
-# node the board has, this only names the one that is missing.
-NPU_DEVFREQ = {"rk3588": "fdab0000.npu", "rk3568": "fde40000.npu", "rk3566": "fde40000.npu",
-               "rk3576": "27700000.npu", "rk3562": "ff300000.npu"}
 _CHIP = re.compile(r"^(r[kv]\d{4}[a-z]?)$")
 _VERSION = re.compile(r"v?(\d+\.\d+\.\d+)")
 
@@ -56,8 +51,8 @@ def soc() -> str | None:
     chips = [chip for vendor, _, chip in (e.strip().partition(",") for e in compatible())
              if vendor == "rockchip" and _CHIP.match(chip)]
     for chip in chips:
-        if chip in SOC_TARGETS:
-            return SOC_TARGETS[chip]
+        if chip in CHIP_TARGETS:
+            return CHIP_TARGETS[chip]
     return chips[0] if chips else None
 
 
@@ -84,8 +79,11 @@ def npu_devfreq() -> str | None:
 
 
 def expected_npu_devfreq(soc_name: str | None) -> str | None:
-    """Where this SoC's NPU devfreq node should be, or None for an SoC whose node is not recorded."""
-    node = NPU_DEVFREQ.get(soc_name or "")
+    """Where this SoC's NPU devfreq node should be (rkstudy.targets.Target.npu_devfreq), or None for an SoC
+    whose node is not recorded. npu_devfreq() still takes whatever *.npu node the board has: this only names
+    the one that is missing."""
+    target = record(soc_name)
+    node = target.npu_devfreq if target else None
     return f"{DEVFREQ}/{node}" if node else None
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 @dataclass
 class QuantizationPlan:
-    """One stage for the quantization lever: `make()` builds its rkstudy.levers.quantization.Stage (made
+    """One stage for the quantization lever: `make()` builds its rkstudy.levers.quantization.stages.Stage (made
     only when the sweep reaches it, so one stage's model and calibration set go before the next is made),
     and `settings` are the sweep's keyword arguments for it (hybrid counts, layer groups, thresholds)."""
 

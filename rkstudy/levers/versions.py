@@ -5,7 +5,7 @@ Why: the reference documents built with 2.3.2 and their boards run librknnrt 2.3
 builds with 2.5.0. Where our build logs differ from theirs (REGTASK lines on the Piper 93-frame window,
 the widest Kokoro window the 13-bit field allows), building the same bytes with both versions says
 whether the version explains the difference. Each build runs in its version's own environment
-(rkstudy.toolkit.build.toolkit_env), and every row names the toolkit its build child imported.
+(rkstudy.toolkit.envs.toolkit_env), and every row names the toolkit its build child imported.
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ from ..errors import NeedsConverter
 from ..gates import board_risk
 from ..paths import REPO
 from ..tables.results import reference
-from ..toolkit.build import BuildFailed, Toolkit, toolkit_env
+from ..toolkit.build import BuildFailed
 from ..toolkit.convert import simulator_vs_fp32
+from ..toolkit.envs import Toolkit, toolkit_env
 
 VERSIONS = ("2.5.0", "2.3.2")  # when pyproject.toml is not beside the code (an installed package)
 

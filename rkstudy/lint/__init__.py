@@ -28,10 +28,10 @@ import onnx
 from onnx import shape_inference
 
 from .. import graph
-from ..contract import TARGETS
 from ..errors import InputError, UsageError, one_line
 from ..graph.index import Index
 from ..tables.results import reference_figure
+from ..targets import TARGETS
 
 SEVERITIES = ("error", "warning", "info")
 FP16_MAX = 65504.0  # the largest finite float16

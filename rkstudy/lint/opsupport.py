@@ -310,15 +310,14 @@ def lookup(key: str, target: str, table: dict | None = None) -> dict | None:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    from ..contract import QUANTIZED_ONLY, TARGETS
+    from ..targets import FP16_TARGETS  # the probes are fp16 builds, which RV110x refuses
 
-    fp16 = [t for t in TARGETS if t not in QUANTIZED_ONLY]  # the probes are fp16 builds, which RV110x refuses
     p = argparse.ArgumentParser(prog=COMMAND, description="Probe operator support with the installed compiler "
                                 "and rewrite rkstudy/lint/op_support.json.")
-    p.add_argument("--target", action="append", choices=fp16, help="repeat; default: every fp16 target")
+    p.add_argument("--target", action="append", choices=FP16_TARGETS, help="repeat; default: every fp16 target")
     p.add_argument("--key", action="append", help="probe only these keys (the rest of the table is kept)")
     args = p.parse_args(argv)
-    targets = args.target or fp16
+    targets = args.target or list(FP16_TARGETS)
     fresh = probe_all(targets, args.key)
     old = load()["targets"] if TABLE.is_file() and args.key else {}
     merged = {t: {**old.get(t, {}), **fresh.get(t, {})} for t in sorted(set(old) | set(fresh))}

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..board import sysfs
-from ..board.runner import BoardRunner, BoardUnavailable, board_available
+from ..board.runner import BoardRunner, board_available
 from ..cache import sha256_file
 from ..contract import Contract, for_engine
-from ..errors import EngineMismatch, UsageError
+from ..errors import BoardUnavailable, EngineMismatch, UsageError
 
 BOARD, SIMULATOR, ONNX = "rknnlite", "simulator", "onnx"
 RUNTIMES = (BOARD, SIMULATOR, ONNX)

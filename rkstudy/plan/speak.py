@@ -4,10 +4,11 @@ each component on its plan's implementation, measured in a dedicated child proce
 The parent reads the plan strictly (rkstudy.plan.validate), picks the runtime of its NPU components
 (rkstudy.plan.engines), and lets the model's speaker prepare the run: its inputs read, the plan's
 artifacts found in the model's folder, every engine checked against its contract. Anything wrong ends
-there in one line, exit 2, before anything is written. A child then runs the model's job: it loads
-every component, speaks, and reports its own peak RSS (VmHWM: the whole synthesis, comparable between
-plans, not the notebook kernel's), the time per component and, on a board, the per-core NPU load while
-it ran. The parent writes the audio and one row.
+there in one line, exit 2, before anything is written. A child (rkstudy.board.child, the launcher
+`rkstudy board run` uses too: Ctrl-C, SIGHUP and SIGTERM stop it with the parent) then runs the model's
+job: it loads every component, speaks, and reports its own peak RSS (VmHWM: the whole synthesis,
+comparable between plans, not the notebook kernel's), the time per component and, on a board, the
+per-core NPU load while it ran. The parent writes the audio and one row.
 
 A model's speaker is a module (ModelPlan.speaker) with:
 * add_args(parser): the model's own inputs (text, voice, codes, ...);
@@ -24,16 +25,13 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
-import signal
-import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from ..board.child import CHILD_TIMEOUT_S, child_main, job_named, measured, run_child, write_child_result
 from ..errors import InputError, UsageError
 from ..tables import results
 from . import audio as audio_files
@@ -41,7 +39,6 @@ from .engines import Engine, choose_runtime
 from .schema import ModelPlan, schema
 from .validate import Plan, validate
 
-CHILD_TIMEOUT_S = 1800.0      # on a board a wedged NPU never returns (as rkstudy board run)
 HOST_CHILD_TIMEOUT_S = 4 * 3600.0  # the simulator builds every engine of the plan first
 BOARD_WHERE = ("board", "replay")
 
@@ -131,9 +128,8 @@ def speak(model: str, plan_text, args, *, runtime: str | None = None, cores: str
         print(note, flush=True)
     payload = payload_of(prepared, runtime, cores)
     timeout = CHILD_TIMEOUT_S if runtime == "rknnlite" and prepared.plan.on_npu else HOST_CHILD_TIMEOUT_S
-    with tempfile.TemporaryDirectory(prefix="rkstudy-speak-") as tmp:
-        result, arrays = run_child({"job": f"{model_plan.speaker}:job", "payload": payload}, Path(tmp),
-                                   timeout=float(os.environ.get("RKSTUDY_BOARD_TIMEOUT") or timeout))
+    result, arrays = run_child("rkstudy.plan.speak", {"job": f"{model_plan.speaker}:job", "payload": payload},
+                               label="the synthesis", prefix="rkstudy-speak-", default_timeout=timeout)
     pcm = arrays.pop("audio")
     row = compose(prepared, runtime, result, pcm)
     study, table = table_for(model_plan, row["where"])
@@ -203,60 +199,17 @@ def summary_line(spoken: Spoken, table: Path) -> str:
             f"{first}; {parts} -> {table}")
 
 
-# --- the measured child -----------------------------------------------------------------------------
-def run_child(spec: dict, folder: Path, *, timeout: float) -> tuple[dict, dict]:
-    """Run the job in a child (`python -m rkstudy.plan.speak SPEC`), bounded by `timeout`; its result and
-    arrays, or the one-line error it met (RknnError exit 1, input errors exit 2)."""
-    from ..board.dmesg import RknnError
-
-    spec = {**spec, "result": str(folder / "result.json"), "arrays": str(folder / "arrays.npz"),
-            "error": str(folder / "error.json")}
-    spec_path = folder / "spec.json"
-    spec_path.write_text(json.dumps(spec))
-    proc = subprocess.Popen([sys.executable, "-m", "rkstudy.plan.speak", str(spec_path)], env=os.environ.copy(),
-                            start_new_session=True)
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        raise RknnError(f"the synthesis did not finish in {timeout:.0f} s and was killed (a wedged NPU? dmesg | tail "
-                        "names it); set RKSTUDY_BOARD_TIMEOUT=<seconds> for a longer run") from None
-    error = Path(spec["error"])
-    if error.is_file():
-        failure = json.loads(error.read_text())
-        if failure["exit"] == 1:
-            raise RknnError(failure["message"])
-        raise InputError(failure["message"])
-    if proc.returncode != 0 or not Path(spec["result"]).is_file():
-        raise RknnError(f"the synthesis ended with exit {proc.returncode} and no result (killed by the system? "
-                        "dmesg | tail says why)")
-    result = json.loads(Path(spec["result"]).read_text())
-    with np.load(spec["arrays"]) as data:
-        return result, {k: data[k] for k in data.files}
-
-
 def _child(spec_path: str) -> int:
-    from ..board.run import measured, write_child_result
-
+    """The child: run the model's job, write its audio and its result, with its own peak RSS."""
     spec = json.loads(Path(spec_path).read_text())
-    module, _, attr = spec["job"].partition(":")
-    job = getattr(importlib.import_module(module), attr)
+    job = job_named(spec["job"])
     write_child_result(spec, measured(lambda: job(spec["payload"]), sample_npu=bool(spec["payload"].get("sample_npu"))))
     return 0
 
 
 def main(argv=None) -> int:
-    """The child's entry: every failure becomes one line in the spec's error file for the parent."""
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1:
-        raise UsageError("usage: python -m rkstudy.plan.speak SPEC_JSON (started by `rkstudy speak`)")
-    try:
-        return _child(argv[0])
-    except Exception as exc:  # noqa: BLE001 - every child error reaches the parent as one line
-        from ..board.run import report_child_failure
-
-        return report_child_failure(exc, argv[0], "rkstudy speak")
+    """The child's entry (rkstudy.board.child.child_main)."""
+    return child_main(argv, _child, "rkstudy speak")
 
 
 if __name__ == "__main__":

@@ -25,14 +25,14 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from .. import __version__, atomic, contract
+from .. import __version__, atomic, targets
 from ..paths import REFERENCE_FIGURES, REPO, results_root  # noqa: F401  (results_root re-exported for notebooks)
 
 # fp32: onnxruntime on the host CPU; simulator: the toolkit's PC simulator; board: RKNNLite on a
 # real board; replay: the test double of RKNNLite (never a board number); host: a build, a census
 # or a timing on the host that is not a decode.
 WHERE = ("fp32", "simulator", "board", "replay", "host")
-TARGETS = (*contract.TARGETS, "none")
+TARGETS = (*targets.TARGETS, "none")  # a stamp's target: an SoC, or none (fp32 on the host)
 STAMP = ("rkstudy_version", "commit", "toolkit_version", "target", "where", "date")
 # The column a row carried from an earlier run names that run's table in (empty for a measured row).
 CARRIED = "carried_from"

@@ -1,7 +1,7 @@
 """Child side of rkstudy.toolkit.build: runs the toolkit in its own process.
 
 `python -m rkstudy.toolkit._child SPEC_JSON CONTROL_FD` (or `forked`, the same in a process forked from
-the fork server that imported the toolkit once: rkstudy.toolkit.build.start_child) runs config (with the spec's
+the fork server that imported the toolkit once: rkstudy.toolkit.forkserver.start_child) runs config (with the spec's
 `dynamic_input` shape sets, when it has them) -> load_onnx -> build (fp16, or
 quantized on the spec's calibration dataset, or hybrid_quantization_step1 -> step2 when layers are to
 stay float16) ->
@@ -171,7 +171,7 @@ def main(spec_path: str, fd: str) -> int:
             raise RuntimeError(f"rknn.{name} returned {rc}")
 
     try:
-        # this interpreter's toolkit, which may not be the parent's (rkstudy.toolkit.build.toolkit_env)
+        # this interpreter's toolkit, which may not be the parent's (rkstudy.toolkit.envs.toolkit_env)
         _send(conn, {"event": "start", "step": step, "toolkit": toolkit_version()})
         from rknn.api import RKNN
 
@@ -256,7 +256,7 @@ def forked(spec_path: str, conn_fd: int, out_fd: int, workdir: str) -> int:
 
 
 def fork_server(control_fd: int) -> int:
-    """The fork server (rkstudy.toolkit.build.ForkServer): import the toolkit once, then fork one child
+    """The fork server (rkstudy.toolkit.forkserver.ForkServer): import the toolkit once, then fork one child
     per request. A request is a JSON line {spec, workdir, env} with two fds (the child's control socket and
     its output socket); the reply is {"pid"}, and every child the server reaps is reported as {"pid",
     "status"}. It exits when the parent closes the control socket (the children, each in its own

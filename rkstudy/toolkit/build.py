@@ -10,24 +10,23 @@ Why a child process:
 * a build that floods REGTASK lines (the reference documents saw ~800k for one engine) is killed once it passes
   the limit, instead of running for minutes to produce an engine that voices clipped noise.
 
-A child is forked from a fork server that has imported the toolkit once (ForkServer): importing torch,
-onnx and rknn.api is most of a small build's time, and the studies build hundreds of one-op probes. A
-build with another toolkit version's environment (or with RKSTUDY_FORK_SERVER=0) starts a fresh interpreter.
+How the child starts (forked from a fork server that imported the toolkit once, or a fresh interpreter of
+another toolkit's environment) is rkstudy.toolkit.forkserver's; which environment builds,
+rkstudy.toolkit.envs'; what a quantized build is, rkstudy.toolkit.calibration's; how an engine is keyed and
+found in the cache, rkstudy.toolkit.engine_cache's. This module is the build itself and its report.
 
 The same child can stay alive after the build and serve simulator inference (see
-rkstudy.runtime.SimulatorRunner), because the toolkit's simulator only runs a model built in the
+rkstudy.toolkit.simulator.SimulatorRunner), because the toolkit's simulator only runs a model built in the
 same process.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -41,13 +40,16 @@ from pathlib import Path
 import numpy as np
 
 from .. import atomic, cache, graph
-from ..contract import QUANTIZED_DTYPES, QUANTIZED_ONLY, TARGETS
-from ..errors import Failed, NeedsConverter, UsageError, one_line
+from ..errors import Failed, UsageError, one_line
 from ..gates import board_risk
 from ..paths import REPO
-from ..tables.results import toolkit_version
+from ..targets import TARGETS, record
 from . import log as toolkit_log
 from ._child import VARIANT_MARK
+from .calibration import Calibration
+from .engine_cache import default_engine_path, engine_key
+from .envs import require_toolkit, toolkit_env
+from .forkserver import start_child
 
 REGTASK_LIMIT = 100_000  # past this, the overflow is the ~800k-line regime that ruins an engine
 BUILD_TIMEOUT_S = 3 * 3600  # generous: the widest encoder builds here took ~25 min on 2 cores
@@ -55,130 +57,6 @@ BUILD_TIMEOUT_S = 3 * 3600  # generous: the widest encoder builds here took ~25 
 # fast test tier sets it for every test not marked `simulator` (tests/conftest.py).
 NO_CHILD_ENV = "RKSTUDY_NO_TOOLKIT_CHILD"
 TAIL_LINES = 30
-# Set to 0 to start every toolkit child as a fresh interpreter instead of forking it from the fork server.
-FORK_SERVER_ENV = "RKSTUDY_FORK_SERVER"
-
-
-class _Exec:
-    """A toolkit child started as a fresh interpreter (another toolkit version's environment, or with
-    the fork server turned off): `python -m rkstudy.toolkit._child SPEC FD`."""
-
-    def __init__(self, python: str, spec: str, conn_sock: socket.socket, workdir: str, env: dict):
-        child_fd = conn_sock.detach()
-        self._proc = subprocess.Popen([python, "-m", "rkstudy.toolkit._child", spec, str(child_fd)],
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                      pass_fds=(child_fd,), env=env, cwd=workdir, start_new_session=True)
-        os.close(child_fd)
-        self.pid = self._proc.pid
-        self.stdout = self._proc.stdout
-
-    def alive(self) -> bool:
-        return self._proc.poll() is None
-
-    def wait(self, timeout: float | None) -> int | None:
-        """Its exit code (negative: the signal that ended it), or None when `timeout` passed first."""
-        try:
-            return self._proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            return None
-
-
-class ForkServer:
-    """One long-lived toolkit process per interpreter that has imported the toolkit (torch, onnx, rknn.api:
-    about 2.5 s here) and forks a child per build on request (rkstudy.toolkit._child.fork_server). The
-    server reaps its children and reports each exit status; a reader thread here hands them to whoever
-    waits. Started on first use, in this process only (a forked copy of this process starts its own)."""
-
-    _instances: dict[int, ForkServer] = {}
-    _lock = threading.Lock()
-
-    def __init__(self):
-        # datagram-like: one request (its JSON and its two fds) per message, never split or merged
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        fd = theirs.detach()
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self._server = subprocess.Popen([sys.executable, "-m", "rkstudy.toolkit._child", "--fork-server", str(fd)],
-                                        stdin=subprocess.DEVNULL, pass_fds=(fd,), env=env, start_new_session=True)
-        os.close(fd)
-        self._sock = ours
-        self._replies = ours.makefile("rb")
-        self._cond = threading.Condition()
-        self._pids: list[int] = []          # replies to requests, in order
-        self._status: dict[int, int] = {}   # exit statuses reported, by pid
-        self._closed = False
-        threading.Thread(target=self._read, daemon=True).start()
-
-    @classmethod
-    def get(cls) -> ForkServer:
-        with cls._lock:
-            server = cls._instances.get(os.getpid())
-            if server is None or server._closed:
-                server = cls._instances[os.getpid()] = ForkServer()
-            return server
-
-    def _read(self) -> None:
-        for line in self._replies:
-            msg = json.loads(line)
-            with self._cond:
-                if "status" in msg:
-                    self._status[msg["pid"]] = msg["status"]
-                else:
-                    self._pids.append(msg["pid"])
-                self._cond.notify_all()
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-
-    def fork(self, spec: str, workdir: str, conn_fd: int, out_fd: int) -> int:
-        """Start a child running `spec` in `workdir`; its pid."""
-        with self._lock:
-            request = {"spec": spec, "workdir": workdir, "env": {**os.environ, "PYTHONUNBUFFERED": "1"}}
-            socket.send_fds(self._sock, [json.dumps(request).encode()], [conn_fd, out_fd])
-            with self._cond:
-                if not self._cond.wait_for(lambda: self._pids or self._closed, timeout=120) or not self._pids:
-                    raise Failed("the toolkit fork server did not answer; set RKSTUDY_FORK_SERVER=0 to start each "
-                                 "build in a fresh interpreter instead")
-                return self._pids.pop(0)
-
-    def wait(self, pid: int, timeout: float | None) -> int | None:
-        """`pid`'s exit code once the server has reaped it, or None when `timeout` passed first."""
-        with self._cond:
-            self._cond.wait_for(lambda: pid in self._status or self._closed, timeout=timeout)
-            return self._status.pop(pid, None)
-
-
-class _Forked:
-    """A toolkit child forked from the ForkServer: the same child as _Exec, without importing torch,
-    onnx and the toolkit again."""
-
-    def __init__(self, spec: str, conn_sock: socket.socket, workdir: str):
-        out_parent, out_child = socket.socketpair()
-        self._server = ForkServer.get()
-        try:
-            self.pid = self._server.fork(spec, workdir, conn_sock.fileno(), out_child.fileno())
-        finally:
-            conn_sock.close()
-            out_child.close()
-        self.stdout = out_parent.makefile("rb")
-        out_parent.close()  # the file object keeps the socket open
-        self._rc: int | None = None
-
-    def alive(self) -> bool:
-        return self.wait(0) is None
-
-    def wait(self, timeout: float | None) -> int | None:
-        if self._rc is None:
-            self._rc = self._server.wait(self.pid, timeout)
-        return self._rc
-
-
-def start_child(toolkit: Toolkit, spec: str, conn_sock: socket.socket, workdir: str, env: dict):
-    """A toolkit child running `spec`: forked from the fork server when it builds with this interpreter's
-    toolkit (a one-op probe then takes a third of the time: the imports are the server's), else a fresh
-    interpreter of the toolkit's own environment."""
-    if toolkit.python == sys.executable and os.environ.get(FORK_SERVER_ENV, "1") != "0":
-        return _Forked(spec, conn_sock, workdir)
-    return _Exec(toolkit.python, spec, conn_sock, workdir, env)
 
 
 class BuildFailed(Failed):
@@ -186,177 +64,6 @@ class BuildFailed(Failed):
     `report` is the BuildReport of the failed build (None when the child died serving inference)."""
 
     report: BuildReport | None = None
-
-
-def toolkit_available() -> bool:
-    """rknn-toolkit2 is importable here (checked without importing it: it pulls torch)."""
-    try:
-        return importlib.util.find_spec("rknn") is not None and importlib.util.find_spec("rknn.api") is not None
-    except (ImportError, ValueError):
-        return False
-
-
-def require_toolkit() -> None:
-    if not toolkit_available():
-        raise NeedsConverter("the RKNN toolkit (rknn-toolkit2) is not installed here: run `make toolkit` "
-                             "(or pip install --no-deps rknn-toolkit2==2.5.0) on the host")
-
-
-@dataclass(frozen=True)
-class Toolkit:
-    """A converter environment: the interpreter a build child runs, and the toolkit it imports
-    ('rknn-toolkit2 2.3.2'; what keys the engine cache and what BuildReport.toolkit_version says)."""
-
-    python: str
-    version: str
-
-
-def toolkit_env(version: str | None = None) -> Toolkit:
-    """The environment that builds with rknn-toolkit2 `version`: this one when it is None or the
-    version installed here, else `.venv-rknn-<version>` beside the code (made by `make toolkit-venv
-    TOOLKIT=<version>`), whose toolkit is read from its installed metadata, not assumed from its name."""
-    here = toolkit_version()
-    if version is None or here == f"rknn-toolkit2 {version}":
-        return Toolkit(sys.executable, here)
-    venv = REPO / f".venv-rknn-{version}"
-    found = sorted(venv.glob("lib/python*/site-packages/rknn_toolkit2-*.dist-info"))
-    python = venv / "bin" / "python"
-    if not found or not python.exists():
-        raise NeedsConverter(f"rknn-toolkit2 {version} has no environment here ({venv.name} is missing): run "
-                             f"`make toolkit-venv TOOLKIT={version}` ([tool.rkstudy] toolkits lists the versions)")
-    return Toolkit(str(python), f"rknn-toolkit2 {found[-1].name.removesuffix('.dist-info').split('-', 1)[1]}")
-
-
-ALGORITHMS = ("normal", "mmse", "kl_divergence")  # min/max, minimum mean squared error, KL divergence
-METHODS = ("channel", "layer")  # one weight scale per output channel, or one per layer
-
-
-@dataclass(frozen=True, eq=False)
-class Calibration:
-    """What makes a quantized build: the calibration feeds ({input name: array}, one dict per sample)
-    the toolkit runs to find each tensor's range, and the toolkit's quantization settings.
-
-    The defaults are the toolkit's own (rknn.config: quantized_dtype w8a8, i.e. 8-bit asymmetric
-    weights and activations; algorithm normal, i.e. min/max; per-channel weights), so `label` names
-    exactly what was built. `dtype` is any of QUANTIZED_DTYPES (w8a16: 8-bit weights, 16-bit
-    activations; w16a16i_dfp: 16-bit dynamic fixed point; w4a16: 4-bit weights), `algorithm` any of
-    ALGORITHMS, `method` any of METHODS. The feeds are written as .npy files plus the dataset .txt the
-    toolkit reads (one line per sample: that sample's .npy paths in input order).
-
-    Two ways to keep part of the graph in float16, because plain int8 can lose a decoder whole:
-    `keep_fp16` (tensor names of the toolkit's quantization config: its layers as accuracy_analysis
-    names them, and also the casts at the graph's inputs and outputs and the tensors the compiler
-    inserts, e.g. a tiled conv's `_tile0_conv`, which that report does not list) runs the toolkit's
-    hybrid_quantization_step1 / step2 with those tensors set to float16; `auto_hybrid_cos` runs
-    rknn.build(auto_hybrid=True) with that cosine threshold (config's auto_hybrid_cos_thresh), letting
-    the toolkit choose.
-
-    `int16_overflow` makes it a float build instead (rknn.build(do_quantization=False, dataset=...,
-    auto_hybrid=True), rknn-toolkit2 >= 2.3.2): the toolkit runs the feeds to find each layer's range
-    and computes in int16 the layers whose range exceeds float16's; the rest stays float16."""
-
-    feeds: Sequence[Mapping[str, object]]
-    dtype: str = "w8a8"
-    algorithm: str = "normal"
-    method: str = "channel"
-    keep_fp16: Sequence[str] = ()
-    auto_hybrid_cos: float | None = None
-    int16_overflow: bool = False
-
-    def __post_init__(self):
-        if not self.feeds:
-            raise UsageError("a quantized build needs at least one calibration feed; pass Calibration([{name: array}])")
-        for what, value, known in (("dtype", self.dtype, tuple(QUANTIZED_DTYPES)),
-                                   ("algorithm", self.algorithm, ALGORITHMS), ("method", self.method, METHODS)):
-            if value not in known:
-                raise UsageError(f"quantized {what} {value!r} is not one rknn.config documents; use one of "
-                                 f"{', '.join(known)}")
-        if self.keep_fp16 and self.auto_hybrid_cos is not None:
-            raise UsageError("keep_fp16 and auto_hybrid_cos are two ways to choose the float16 layers; pass one")
-        if self.int16_overflow and (self.keep_fp16 or self.auto_hybrid_cos is not None):
-            raise UsageError("int16_overflow is a float build (nothing quantized to int8); drop keep_fp16 and "
-                             "auto_hybrid_cos, or drop int16_overflow for an int8 build")
-        object.__setattr__(self, "keep_fp16", tuple(dict.fromkeys(self.keep_fp16)))
-
-    @property
-    def weight_bits(self) -> int:
-        """The bits of the weights a quantized layer of this build computes with (float16 layers: 16)."""
-        return 16 if self.int16_overflow else QUANTIZED_DTYPES[self.dtype][0]
-
-    @property
-    def settings(self) -> str:
-        """The quantizer's settings in one phrase, defaults included: 'w8a8 normal channel'."""
-        return f"{self.dtype} {self.algorithm} {self.method}"
-
-    @property
-    def label(self) -> str:
-        """The dtype column of a quantized build: 'int8 w8a8' (the bits of the weights name it), then the
-        calibration algorithm and the per-layer method unless they are the defaults ('int8 w8a8 mmse',
-        'int8 w8a8 layer'), then ' hybrid (12 layers fp16)' or ' auto-hybrid cos 0.99' when part of it
-        stays float16."""
-        if self.int16_overflow:
-            return "fp16 auto-hybrid int16"
-        label = f"int{QUANTIZED_DTYPES[self.dtype][0]} {self.dtype}"
-        if self.algorithm != "normal":  # the toolkit's min/max default goes unnamed
-            label += f" {self.algorithm}"
-        if self.method != "channel":
-            label += f" {self.method}"
-        if self.keep_fp16:
-            n = len(self.keep_fp16)
-            label += f" hybrid ({n} layer{'s' if n != 1 else ''} fp16)"
-        elif self.auto_hybrid_cos is not None:
-            label += f" auto-hybrid cos {self.auto_hybrid_cos:g}"
-        return label
-
-    def with_fp16(self, keep: Sequence[str]) -> Calibration:
-        """The same calibration and settings with `keep` (config tensor names) in float16."""
-        from dataclasses import replace
-
-        return replace(self, keep_fp16=tuple(keep), auto_hybrid_cos=None)
-
-    def key(self, names: Sequence[str]) -> str:
-        """Digest of the settings and every calibration array (by content, in input order)."""
-        arrays = [np.ascontiguousarray(feed[n]) for feed in self.feeds for n in names]
-        hybrid = [("keep_fp16", sorted(self.keep_fp16))] if self.keep_fp16 else []
-        hybrid += [("auto_hybrid_cos", float(self.auto_hybrid_cos))] if self.auto_hybrid_cos is not None else []
-        hybrid += [("int16_overflow", True)] if self.int16_overflow else []
-        return cache.digest(self.dtype, self.algorithm, self.method, *hybrid,  # plain int8 keys stay as they were
-                            [(str(a.dtype), a.shape) for a in arrays], *[a.tobytes() for a in arrays])
-
-    def data_key(self, names: Sequence[str]) -> str:
-        """Digest of what the toolkit's calibration pass sees (settings and arrays, no hybrid choice):
-        one hybrid_quantization_step1 serves every keep_fp16 choice with this key."""
-        arrays = [np.ascontiguousarray(feed[n]) for feed in self.feeds for n in names]
-        return cache.digest(self.dtype, self.algorithm, self.method,
-                            [(str(a.dtype), a.shape) for a in arrays], *[a.tobytes() for a in arrays])
-
-    def write(self, folder: Path, names: Sequence[str]) -> Path:
-        """The .npy files and the dataset .txt under `folder`; the .txt's path."""
-        folder.mkdir(parents=True, exist_ok=True)
-        lines = []
-        for i, feed in enumerate(self.feeds):
-            missing = [n for n in names if n not in feed]
-            if missing:
-                raise UsageError(f"calibration feed {i} has no array for {', '.join(missing)}; give every "
-                                 f"feed one array per graph input ({', '.join(names)})")
-            paths = []
-            for j, name in enumerate(names):
-                paths.append(folder / f"{i}_{j}.npy")
-                np.save(paths[-1], np.asarray(feed[name]))
-            lines.append(" ".join(str(p) for p in paths))
-        dataset = folder / "dataset.txt"
-        dataset.write_text("\n".join(lines) + "\n")
-        return dataset
-
-    def record(self) -> dict:
-        """What a compiled contract records of this build (rkstudy.contract.QUANTIZATION_FIELDS)."""
-        return {"dtype": self.dtype, "algorithm": self.algorithm, "method": self.method, "label": self.label,
-                "calibration_samples": len(self.feeds), "fp16_tensors": len(self.keep_fp16)}
-
-    def spec(self, dataset: Path) -> dict:
-        return {"dataset": str(dataset), "quantized_dtype": self.dtype, "quantized_algorithm": self.algorithm,
-                "quantized_method": self.method, "keep_fp16": list(self.keep_fp16),
-                "auto_hybrid_cos": self.auto_hybrid_cos, "int16_overflow": self.int16_overflow}
 
 
 @dataclass
@@ -418,7 +125,7 @@ def check_target(target: str, quantize: Calibration | None = None) -> None:
     if target not in TARGETS:
         raise UsageError(f"target {target!r} is not one this project builds for; use one of "
                          f"{', '.join(TARGETS)}")
-    if target in QUANTIZED_ONLY and quantize is None:
+    if not record(target).fp16 and quantize is None:
         raise UsageError(f"rknn-toolkit2 builds no fp16 engine for {target} (\"Current target_platform({target}) "
                          "not support do_quantization = False\"): make a quantized build, "
                          "quantize=Calibration(feeds) (int8 w8a8)")
@@ -751,44 +458,6 @@ def shape_sets_for(shape_sets: Sequence[Mapping[str, Sequence[int]]], names: Seq
             raise UsageError(f"shape set {s} does not keep each input's rank of {sets[0]} with positive sizes")
     order = sorted(sets, key=lambda s: -sum(int(np.prod(s[n])) for n in names))
     return [{n: s[n] for n in names} for s in order]
-
-
-def default_engine_path(onnx_path: Path, target: str, key: str) -> Path:
-    """The one naming scheme for engines in the cache: derived from the stage contract in the ONNX
-    metadata when there is one (family, compiled width, target), from the file name otherwise,
-    and keyed by everything that made the engine; an engine already built under that key is found
-    whatever its name."""
-    from .. import contract as contracts
-
-    props = graph.metadata(onnx_path)
-    if contracts.METADATA_KEY in props:
-        name = contracts.from_metadata(props, where=onnx_path.name, remake="its producer").engine_name(target, key)
-    else:
-        name = f"{onnx_path.stem}-{target}-{key}.rknn"
-    path = cache.cache_dir("engines") / name
-    if not path.exists():
-        # the key is over the graph's bytes: the same graph saved under another name (a lint probe of the
-        # toolchain's conv) is the same engine
-        path = next(iter(sorted(path.parent.glob(f"*-{target}-{key}.rknn"))), path)
-    return path
-
-
-def engine_key(onnx_path, target: str, shapes: Mapping[str, Sequence[int]] | None = None, *,
-               optimization_level: int = 3, quantize: Calibration | None = None,
-               toolkit: str | None = None, shape_sets: Sequence[Mapping[str, Sequence[int]]] = ()
-               ) -> tuple[str, dict[str, list[int]]]:
-    """The content key of an engine (ONNX bytes, target, shapes, level, toolkit, calibration, and the
-    shape sets of a multi-shape engine) and the shapes it was built at: one key, whoever builds it
-    (build_engine, a simulator child, lint)."""
-    onnx_path = Path(onnx_path)
-    shapes = {k: [int(d) for d in v] for k, v in
-              (shapes if shapes is not None else graph.input_shapes(onnx_path)).items()}
-    env = toolkit_env(toolkit)
-    key = cache.digest(onnx_path, target, shapes, optimization_level, env.version,
-                       # an fp16 key has no calibration term, nor a single-shape key a sets term
-                       *([quantize.key(list(shapes))] if quantize else []),
-                       *([("shape_sets", list(shape_sets))] if shape_sets else []))
-    return key, shapes
 
 
 def cached_report(out: Path, key: str, *, verbose: bool = False) -> BuildReport | None:

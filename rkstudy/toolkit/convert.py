@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 
 from .. import gates, graph
-from ..cache import sha256_file
 from ..contract import Contract, from_metadata
 from ..runtime import OrtRunner
 from .build import BuildReport
+from .engine_cache import name_key
 from .log import parse_accuracy_analysis
 from .simulator import SimulatorRunner
 
@@ -82,8 +82,8 @@ def simulator_vs_fp32(onnx_path: Path | str, target: str, items: Iterable, *,
     `gate`, the worst row's `snr_db` is checked (GateFailed names both numbers). `build_kwargs` go to
     the build (rkstudy.toolkit.build.EngineProcess: shapes, verbose for the layer table, regtask_limit, ...).
 
-    With `cache` (plain items only, no `run`): the build is the engine cache's own (rkstudy.toolkit.build.
-    engine_key; the engine, its log and its report land where build_engine reads them), and the
+    With `cache` (plain items only, no `run`): the build is the engine cache's own (rkstudy.toolkit.
+    engine_cache.engine_key; the engine, its log and its report land where build_engine reads them), and the
     simulator outputs are kept by the engine key and the items' bytes, so the same graph, target and
     inputs are built and simulated once, whoever asks (only the onnxruntime side runs again).
     """
@@ -223,21 +223,6 @@ def probe_feeds(contract: Contract, seed: int = 0) -> list[dict]:
     return [feed]
 
 
-def engine_key(onnx_path: Path | str, toolkit: str | None = None, quantize=None,
-               input_names: Sequence[str] = ()) -> str:
-    """The key in an engine's name (Contract.engine_name): the compiled graph's digest, the toolkit
-    version when one is asked for, so one folder holds a graph's engines of two toolkits, and for a
-    quantized engine (a rkstudy.toolkit.build.Calibration) the digest of its settings and calibration,
-    so it never takes an fp16 engine's name."""
-    key = sha256_file(onnx_path)[:12]
-    key = f"{key}-tk{toolkit}" if toolkit else key
-    if quantize is not None:
-        from ..cache import digest
-
-        key = f"{key}-q{digest(quantize.key(list(input_names)))[:8]}"
-    return key
-
-
 @dataclass
 class Converted:
     engine: Path
@@ -254,10 +239,10 @@ def convert(onnx_path: Path | str, target: str, out: Path | str | None = None, *
     the engine and, in the same child, gate the simulator against fp32 on the probe inputs, then
     write the compiled contract (target, toolkit, graph and engine digests) beside the engine.
     `toolkit` ('2.3.2', for a board whose runtime is that version) builds in that version's
-    environment (rkstudy.toolkit.build.toolkit_env); the contract names the toolkit the build child imported.
+    environment (rkstudy.toolkit.envs.toolkit_env); the contract names the toolkit the build child imported.
     `shape_sets` ({input: shape} each, the contract's own shapes among them) makes one multi-shape
     engine (rkstudy.toolkit.build.shape_sets_for), probed at the contract's shapes; its contract lists the sets.
-    `quantize` (a rkstudy.toolkit.build.Calibration: any dtype, algorithm, method and float16 tensors notebook
+    `quantize` (a rkstudy.toolkit.calibration.Calibration: any dtype, algorithm, method and float16 tensors notebook
     08 measures) makes a quantized engine; its contract records what it computes in (`quantization`), and
     every walker and board run takes it as it takes an fp16 one (float32 in and out: the runtime casts)."""
     from .build import shape_sets_for
@@ -268,7 +253,7 @@ def convert(onnx_path: Path | str, target: str, out: Path | str | None = None, *
     if sets:
         contract = contract.with_shapes([[s[n] for n in contract.input_names] for s in sets])
     engine = Path(out) if out else onnx_path.parent / contract.engine_name(
-        target, engine_key(onnx_path, toolkit, quantize, contract.input_names))
+        target, name_key(onnx_path, toolkit, quantize, contract.input_names))
     items = (probe or probe_feeds)(contract)
     extra = {**({"shape_sets": sets} if sets else {}), **({"quantize": quantize} if quantize else {})}
     simulated = simulator_vs_fp32(onnx_path, target, items, run=run, out=engine, toolkit=toolkit, **extra)

@@ -200,7 +200,7 @@ def _feed_digest(arrays: Sequence[np.ndarray]) -> str:
 
 def simulate(onnx_path, target: str, feeds: Sequence, *, verbose: bool = False, **build_kwargs) -> Simulated:
     """Build `onnx_path` for `target` and run the simulator on every feed ({name: array} or lists in
-    input order), once per content key: the engine's key (rkstudy.toolkit.build.engine_key), the
+    input order), once per content key: the engine's key (rkstudy.toolkit.engine_cache.engine_key), the
     REGTASK limit, verbosity and the feeds' bytes. Whoever asks again (another cell, another study)
     reads the recorded report and outputs instead of building again; the engine and its build record
     are written where rkstudy.toolkit.build.build_engine looks, so a plain build of the same graph is
@@ -211,7 +211,8 @@ def simulate(onnx_path, target: str, feeds: Sequence, *, verbose: bool = False, 
 
     from .. import atomic, cache
     from ..errors import one_line
-    from .build import REGTASK_LIMIT, BuildFailed, BuildReport, default_engine_path, engine_key, record_report
+    from .build import REGTASK_LIMIT, BuildFailed, BuildReport, record_report
+    from .engine_cache import default_engine_path, engine_key
 
     onnx_path = Path(onnx_path)
     build_key, shapes = engine_key(onnx_path, target, build_kwargs.pop("shapes", None),

@@ -11,7 +11,7 @@ import torch
 
 from ... import gates
 from ...runtime import OrtRunner, Recording
-from ...toolkit.build import Calibration
+from ...toolkit.calibration import Calibration
 from ...toolkit.simulator import Simulated, simulate
 from ...walk.window import Rate, walk
 from . import frontend, generator, head

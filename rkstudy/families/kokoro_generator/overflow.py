@@ -17,7 +17,7 @@ import numpy as np
 
 from ... import gates
 from ...runtime import OrtRunner
-from ...toolkit.build import Calibration
+from ...toolkit.calibration import Calibration
 from ...toolkit.simulator import simulate
 from . import frontend, generator
 from .compiler_sweep import SweepBuild, case_graph, probe_feed, simulate_case

@@ -25,7 +25,8 @@ def quantization_stage(model: KokoroModel | None = None, frames: int = DEFAULT_F
     (x, har and style from the shipped front end; `calibration_windows` of them evenly spread), the
     evaluation utterances are walked through the sidecar and scored on gen (conv_post's rows, what
     the host's iSTFT head turns into audio) per window's emitted frames and per utterance."""
-    from ...levers.quantization import Stage, evenly, first_levels, held_apart, recorded_feeds, span_scores
+    from ...levers.quantization.stages import Stage, evenly, held_apart, recorded_feeds, span_scores
+    from ...levers.quantization.tensors import first_levels
 
     held_apart(calibration_utterances, evaluation_utterances)
     model = model or load_model()

@@ -13,10 +13,11 @@ from ... import graph
 from ...levers import LeverGraphs, QuantizationPlan
 from ...levers.versions import Engine
 from ...lint.against_toolkit import TOOLKIT_FOLDS, Case
+from ...targets import ALL_TARGETS, STUDIED_TARGETS
 from .producer import DEFAULT_CONTEXT, DEFAULT_EMIT, decoder_graph, produce_for_voice, window_shapes
 
 
-def window_engine(targets: Sequence[str] = ("rk3588", "rk3566"), text: str = "short") -> Engine:
+def window_engine(targets: Sequence[str] = STUDIED_TARGETS, text: str = "short") -> Engine:
     """The joe voice's decoder pinned to the 93-frame window (45 emitted + 2 x 24 context), on the
     first 93 frames of the first sentence's real latent (zero-padded, mask off, where it is shorter)."""
     from ..piper.voice import Voice, read_text
@@ -53,7 +54,7 @@ def lever_graphs(quick: bool) -> LeverGraphs:
             {"samples": 4}, {"samples": 48})
     return LeverGraphs(versions=[window_engine()], quantization=[QuantizationPlan(
         lambda: quantization_stage(Voice()),
-        {"targets": ("rk3588", "rk3576", "rk3566", "rk3562"), "grid": grid,
+        {"targets": ALL_TARGETS, "grid": grid,
          "ranking": {"samples": 2, "counts": (64, 128, 192)}, "isolation": True,
          "search": {"budget": 24, "forward": 8},
          "auto_hybrid": (0.99,)})])

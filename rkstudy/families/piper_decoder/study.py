@@ -434,11 +434,11 @@ def walked_windows(model: DecoderModel, latents, contract) -> list[dict]:
 
 
 def decoder_groups(onnx_path) -> Callable[[str], str]:
-    """How a search moves the decoder's layers (rkstudy.levers.quantization.Stage.groups): each flow
+    """How a search moves the decoder's layers (rkstudy.levers.quantization.stages.Stage.groups): each flow
     coupling on its own, and each upsampling stage of the HiFi-GAN decoder as one group (the transposed
     conv `ups.k` with the resblocks that follow it, `resblocks.{k*n .. k*n+n-1}`, n resblocks per stage,
     counted in the graph); conv_pre, conv_post and the rest at their first two levels."""
-    from ...levers.quantization import first_levels, module_of
+    from ...levers.quantization.tensors import first_levels, module_of
 
     modules = {first_levels(module_of(n.name)) for n in graph.load(onnx_path, load_external_data=False).graph.node}
     ups = sum(m.startswith("/dec/ups.") for m in modules)
@@ -464,7 +464,7 @@ def quantization_stage(model: DecoderModel | None = None, calibration_texts: Seq
     scored per window and per utterance on the sidecar's walk, and by ear on its audio. `evaluation_frames`
     cuts each evaluation latent to its first frames (one window at the window's own length: a quick run);
     the search walks the last evaluation latent's first `search_frames` (three windows by default)."""
-    from ...levers.quantization import Stage, evenly, held_apart
+    from ...levers.quantization.stages import Stage, evenly, held_apart
     from ..piper.voice import read_text
 
     held_apart(calibration_texts, evaluation_texts)

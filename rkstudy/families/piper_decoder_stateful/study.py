@@ -437,7 +437,7 @@ def quantization_stage(voice: DecoderModel | None = None, emit: int = 45,
     of them evenly spread; the evaluation latents of `evaluation_texts` are walked with the engine
     carrying its own state, scored per step (E x hop samples, step_spans) and per utterance against the
     fp32 walk, and by ear on the audio; the search walks the last one's first `search_frames` (three steps)."""
-    from ...levers.quantization import Stage, evenly, held_apart, recorded_feeds, span_scores
+    from ...levers.quantization.stages import Stage, evenly, held_apart, recorded_feeds, span_scores
     from ..piper.voice import Voice, read_text
 
     held_apart(calibration_texts, evaluation_texts)

@@ -1,5 +1,6 @@
 """What the Piper duration encoder offers the shared studies that build graphs from every family (host): its
-width ladder for the multi-shape lever and the width-64 engine for the quantization lever.
+width ladder for the multi-shape lever and the width-64 engine for the quantization lever. It builds on the
+study (its widths, its quantization stage and the ladder's row label); the study never imports it.
 """
 
 from __future__ import annotations
@@ -11,11 +12,6 @@ from ...levers.multi_shape import ShapeLadder
 from ...runtime import OrtRunner
 
 
-def ladder_graph(mode: str) -> str:
-    """The encoder's row label in the multi-shape tables: one per relative-shift rewrite."""
-    return f"piper encoder ({mode} rewrite)"
-
-
 def shape_ladder(voice, widths: Sequence[int], mode: str | None = None) -> ShapeLadder:
     """The encoder ladder: a width-w engine is compiled from the width-w rewritten slice (its
     relative-shift chains rewritten at that width); the multi-shape engine from the widest one. Fed
@@ -23,6 +19,7 @@ def shape_ladder(voice, widths: Sequence[int], mode: str | None = None) -> Shape
     dynamic slice at exact length, as notebook 02 scores its widths."""
     from ..piper import voice as piper
     from .producer import DEFAULT_RELSHIFT, both, produce
+    from .study import ladder_graph
     from .tokens import pad_ids, real_tokens
 
     mode = mode or DEFAULT_RELSHIFT

@@ -18,11 +18,12 @@ from ... import fits, gates, graph
 from ...board.memory import smallest_rung
 from ...cache import cache_dir, sha256_file
 from ...graph.relshift import BANDED, GATHER
-from ...levers.quantization import evenly
+from ...levers.quantization.stages import evenly
 from ...process import shows_progress
 from ...runtime import OrtRunner
 from ...tables.results import HOST
 from ...toolkit.build import build_engine
+from ...toolkit.engine_cache import name_key
 from ...toolkit.simulator import SimulatorRunner
 from ..piper import voice as piper
 from .producer import SIM_GATE, EncoderSlice, both, counts_for, produce
@@ -165,7 +166,7 @@ def simulate_width(voice: piper.Voice, frames: int, target: str = "rk3588",
     """
     product = produce(voice, frames, mode=mode)
     refs = refs or Reference(voice)
-    engine = cache_dir("engines") / product.contract.engine_name(target, sha256_file(product.path)[:12])
+    engine = cache_dir("engines") / product.contract.engine_name(target, name_key(product.path))
     sim = simulator(product, target, out=engine)
     fid, outputs = [], {}
     try:
@@ -530,6 +531,12 @@ def ladder_engines(voice: piper.Voice, widths: Sequence[int], target: str = "rk3
     return [LadderEngine(runner, product.contract.with_shapes([(tuple(s["input"]), (1,)) for s in sets]))]
 
 
+def ladder_graph(mode: str) -> str:
+    """The encoder's row label in the multi-shape tables (rkstudy.levers.multi_shape, which the lever study
+    fills from this family's `shape_ladder`): one per relative-shift rewrite."""
+    return f"piper encoder ({mode} rewrite)"
+
+
 def run_ladder(voice: piper.Voice, widths: Sequence[int], chunks: Sequence[tuple[str, Sequence[int]]],
                target: str = "rk3588", seed: int = 1234, mode: str = GATHER,
                choice: Mapping | None = None) -> list[dict]:
@@ -538,7 +545,6 @@ def run_ladder(voice: piper.Voice, widths: Sequence[int], chunks: Sequence[tuple
     multi-shape engine when `choice` (the encoder's rkstudy.levers.multi_shape summary row; default: the
     committed one for this rewrite, notebook 08's) says so, else one engine per width."""
     from ...levers import multi_shape as ms
-    from .levers import ladder_graph
 
     choice = choice if choice is not None else ms.measured(ladder_graph(mode))
     runners = []
@@ -567,10 +573,10 @@ def run_ladder(voice: piper.Voice, widths: Sequence[int], chunks: Sequence[tuple
 
 # --- quantization: one width, calibrated on the ids of real text ----------------------------------
 def encoder_groups(module: str) -> str:
-    """How a search moves the encoder's layers (rkstudy.levers.quantization.Stage.groups): each transformer
+    """How a search moves the encoder's layers (rkstudy.levers.quantization.stages.Stage.groups): each transformer
     layer k (its attention, feed-forward and norms) as one block, the duration predictor as another, the
     rest at its first two levels."""
-    from ...levers.quantization import first_levels
+    from ...levers.quantization.tensors import first_levels
 
     parts = [p for p in module.split("/") if p]
     if parts[:2] == ["enc_p", "encoder"] and len(parts) > 2 and "." in parts[2]:
@@ -592,7 +598,7 @@ def quantization_stage(voice: piper.Voice | None = None, width: int = 64,
     evaluation chunks come from `evaluation_texts` (no text in both). Each chunk is scored on its
     real tokens, stats and cond each a window of its own (the durations come from cond, the
     decoder's latent from stats); the utterance column is every chunk's outputs back to back."""
-    from ...levers.quantization import Stage, held_apart, span_scores
+    from ...levers.quantization.stages import Stage, held_apart, span_scores
 
     held_apart(calibration_texts, evaluation_texts)
     voice = voice or piper.Voice()

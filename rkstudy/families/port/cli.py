@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ...cliutil import add_target_arg, add_toolkit_arg, command_line, positive
-from ...contract import TARGETS
+from ...targets import TARGETS
 
 SNR_TARGETS = (60.0, 80.0, 100.0)
 

@@ -18,23 +18,22 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ... import gates
-from ...contract import QUANTIZED_ONLY, REGISTER_FIELD_BITS, TARGETS
 from ...errors import UsageError
 from ...tables.results import HOST
+from ...targets import RK3562, RK3576, TARGETS, record
 from ...toolkit.build import build_engine, check_target
 from ...toolkit.log import field_limits
 from ...toolkit.simulator import SimulatorRunner
 
-FP16_TARGETS = tuple(t for t in TARGETS if t not in QUANTIZED_ONLY)
 PROBE_CHANNELS = 64
 PROBE_LENGTHS = (16384, 131072)  # one past rk3576's 14-bit field, and eight times that
 
 # The vendor's VITS demo (rknn_model_zoo examples/mms_tts, MMS-TTS English encoder + decoder, 200
 # tokens): its published board RTF per SoC. Theirs, on their boards; never a number measured here.
-PUBLISHED = ({"target": "rk3576", "their_figure": "VITS demo RTF (board)", "their_value": 0.069,
-              "their_source": "vendor VITS demo (rknn_model_zoo mms_tts)"},
-             {"target": "rk3562", "their_figure": "VITS demo RTF (board)", "their_value": 0.138,
-              "their_source": "vendor VITS demo (rknn_model_zoo mms_tts)"})
+PUBLISHED = {RK3576: {"their_figure": "VITS demo RTF (board)", "their_value": 0.069,
+                      "their_source": "vendor VITS demo (rknn_model_zoo mms_tts)"},
+             RK3562: {"their_figure": "VITS demo RTF (board)", "their_value": 0.138,
+                      "their_source": "vendor VITS demo (rknn_model_zoo mms_tts)"}}
 THEIRS = "differs: their board RTF of a whole VITS model; nothing here is a board time"
 
 
@@ -109,7 +108,6 @@ def summary_rows(probes: Sequence[dict], stages: Sequence[dict], budget_stage: s
     window plan starts from (the REGTASK lines and largest value of `budget_stage`'s own build on that
     target), the recorded field width it is checked against, and the vendor's published figure
     beside it where there is one, labelled as theirs."""
-    published = {p["target"]: p for p in PUBLISHED}
     rows = []
     for target in dict.fromkeys(r["target"] for r in probes):
         mine = [r for r in probes if r["target"] == target]
@@ -119,7 +117,7 @@ def summary_rows(probes: Sequence[dict], stages: Sequence[dict], budget_stage: s
         row = {"target": target, "fp16_build": "yes" if built else mine[0]["outcome"],
                "field_limit": next((r["limit"] for r in over), "none printed" if built else ""),
                "field_bits_measured": next((int(r["field_bits"]) for r in over), None) if built else None,
-               "field_bits_recorded": REGISTER_FIELD_BITS[target],
+               "field_bits_recorded": record(target).register_field_bits,
                "probe_lines": "; ".join(f"{r['frames']}: {r['regtask']}" for r in built),
                "probe_largest_value": max((r["regtask_max_value"] for r in built), default=0),
                "longest_clean_probe": max((r["frames"] for r in built if not r["regtask"]), default=0),
@@ -127,7 +125,7 @@ def summary_rows(probes: Sequence[dict], stages: Sequence[dict], budget_stage: s
                if budget else "", "budget_from": budget_stage if budget else "",
                "their_figure": "", "their_value": "", "their_source": "", "comparable": "",
                "where": HOST.where}
-        if target in published:
-            row.update({k: v for k, v in published[target].items() if k != "target"}, comparable=THEIRS)
+        if record(target) in PUBLISHED:
+            row.update(PUBLISHED[record(target)], comparable=THEIRS)
         rows.append(row)
     return rows

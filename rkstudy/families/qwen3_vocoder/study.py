@@ -171,7 +171,7 @@ def census_rows(products: dict, build_target: str | None = "rk3588", shapes: dic
 
 def engine_rows(onnx_path, targets, out_dir=None, steps: int = 3, keep_last: int | None = None,
                 quantize=None) -> list[dict]:
-    """The fp16 engine (or, with `quantize`, a rkstudy.toolkit.build.Calibration, the quantized one) for each
+    """The fp16 engine (or, with `quantize`, a rkstudy.toolkit.calibration.Calibration, the quantized one) for each
     target: REGTASK lines, size, and the simulator against onnxruntime fp32 on each step of a
     carried-cache stream (audio and cache_out SNR, non-finite counts; the step's audio by PESQ-WB, STOI and
     the log-mel distance, `heard`); with `keep_last`, only the
@@ -206,7 +206,7 @@ def calibration(onnx_path, steps: int = 4, seed: int = CALIBRATION_SEED):
     random-code stream (codes from `seed`, not the evaluation codes' seed), the cache carried by
     onnxruntime fp32, so the quantizer sees the ranges a stream feeds (a zeroed cache and real
     history), with the toolkit's default settings (w8a8, min/max, per-channel)."""
-    from ...toolkit.build import Calibration
+    from ...toolkit.calibration import Calibration
     from .producer import carried_feeds
 
     return Calibration(carried_feeds(onnx_path, steps, seed))
@@ -297,7 +297,7 @@ def quantization_stage(onnx_path, calibration_steps: int = 4, evaluation_steps: 
     the cache onnxruntime fp32 carried into it, scored on audio per step and over the steps."""
     from pathlib import Path
 
-    from ...levers.quantization import Stage, span_scores
+    from ...levers.quantization.stages import Stage, span_scores
     from .producer import carried_feeds, read_contract
 
     n = read_contract(onnx_path).params["codes_length"]

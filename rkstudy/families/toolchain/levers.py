@@ -11,9 +11,10 @@ import numpy as np
 from ...levers import LeverGraphs
 from ...levers.multi_shape import conv_ladder
 from ...levers.versions import Engine
+from ...targets import STUDIED_TARGETS
 
 
-def toolchain_probe(targets: Sequence[str] = ("rk3588", "rk3566"), frames: int = 64) -> Engine:
+def toolchain_probe(targets: Sequence[str] = STUDIED_TARGETS, frames: int = 64) -> Engine:
     """Notebook 00's vocoder probe (Conv1d, ConvTranspose1d, Snake with Sin) on seeded noise."""
     from ...toolkit.probes import save_probe, vocoder_probe
 

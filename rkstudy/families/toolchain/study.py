@@ -8,7 +8,8 @@ from tqdm.auto import tqdm
 from ... import gates
 from ...graph import REGISTER_FIELD_MAX
 from ...process import shows_progress
-from ...toolkit.build import BuildFailed, Calibration, build_engine
+from ...toolkit.build import BuildFailed, build_engine
+from ...toolkit.calibration import Calibration
 from ...toolkit.convert import simulator_vs_fp32
 from ...toolkit.probes import long_axis_probe, save_probe, vocoder_probe
 
@@ -138,14 +139,14 @@ def perceptual_calibration(quick: bool, target: str = CALIBRATION_TARGET, progre
     `phone` (int8 calibrated on 16 windows of `paragraph`), quick mode `phone` (int8 calibrated on `short`).
     Their renders are scored back to back, as one clip. An engine row carries its REGTASK count (and so its
     board risk); a degradation row has none (`not an engine row`)."""
-    from ...levers import quantization as quantize
+    from ...levers.quantization.bench import Bench
     from ..piper.voice import Voice
     from ..piper_decoder.study import quantization_stage
 
     voice = Voice()
     stage = (quantization_stage(voice, calibration_texts=("short",), evaluation_texts=("phone",)) if quick
              else quantization_stage(voice, calibration_windows=16))
-    bench = quantize.Bench(stage, target, listen=False, progress=(lambda say: tqdm.write(say)) if progress else None)
+    bench = Bench(stage, target, listen=False, progress=(lambda say: tqdm.write(say)) if progress else None)
     plain = Calibration(stage.calibration)  # every calibration window, min/max, per channel: the toolkit's defaults
     engine_rows = [bench.build("fp16"), bench.build(plain.label, plain)]
     ref = np.concatenate(stage.outputs["fp32"]).astype(np.float64)
