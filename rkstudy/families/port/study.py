@@ -156,35 +156,24 @@ def window_exactness(port: Port, window, utterance: Mapping[str, np.ndarray], ed
 
 
 def ops_handled(model) -> str:
-    """The ops of a folded graph by streaming-rule family (what the surgery had to handle), with the
-    pads' modes and the convs' strides and groups: "conv: Conv x49 (strided 24, grouped 24); ..."."""
+    """The ops of a folded graph by streaming-rule family (what the surgery had to handle), each with what
+    its rule notes about it (a Pad's mode, a strided or grouped conv): "conv: Conv x49 (strided 24, grouped
+    24); ..."; an op no rule covers is counted under "no rule"."""
     from collections import Counter
 
     from ...graph.streaming import RULES
-    from ...graph.streaming.core import attrs
 
     by_family: dict[str, Counter] = {}
     notes: dict[str, Counter] = {}
     for n in model.graph.node:
         rule = RULES.get(n.op_type)
-        family = rule.family if rule else "no rule"
-        by_family.setdefault(family, Counter())[n.op_type] += 1
-        a = attrs(n)
-        if n.op_type == "Pad":
-            mode = a.get("mode", b"constant")
-            notes.setdefault("Pad", Counter())[mode.decode() if isinstance(mode, bytes) else mode] += 1
-        elif n.op_type in ("Conv", "ConvTranspose"):
-            if a.get("strides", [1])[0] > 1 and n.op_type == "Conv":
-                notes.setdefault(n.op_type, Counter())["strided"] += 1
-            if a.get("group", 1) > 1:
-                notes.setdefault(n.op_type, Counter())["grouped"] += 1
-            if any(a.get("output_padding", [0])):
-                notes.setdefault(n.op_type, Counter())["output_padding"] += 1
+        by_family.setdefault(rule.family if rule else "no rule", Counter())[n.op_type] += 1
+        notes.setdefault(n.op_type, Counter()).update(rule.note(n) if rule else [])
     parts = []
     for family in sorted(by_family):
         ops = []
         for op, k in sorted(by_family[family].items()):
-            extra = ", ".join(f"{what} {c}" for what, c in sorted(notes.get(op, {}).items()))
+            extra = ", ".join(f"{what} {c}" for what, c in sorted(notes[op].items()))
             ops.append(f"{op} x{k}" + (f" ({extra})" if extra else ""))
         parts.append(f"{family}: " + ", ".join(ops))
     return "; ".join(parts)
