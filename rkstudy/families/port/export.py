@@ -30,13 +30,15 @@ from ...graph.pitfalls import random_nodes
 if TYPE_CHECKING:
     from .producer import Port
 
-DYNAMO = "torch.onnx.export(model, args, dynamo=True, dynamic_shapes=...)"
 
+def _reason(exc: Exception) -> str:
+    """onnxruntime's failure as the node that failed and what it says (its source paths dropped)."""
+    import re
 
-def _first_line(exc: Exception) -> str:
-    text = str(exc).strip().splitlines()
-    line = next((x for x in text if "Status Message" in x or "error" in x.lower()), text[0] if text else "")
-    return line.strip()[:200] or type(exc).__name__
+    text = " ".join(str(exc).split())
+    node = re.search(r"running (\w+) node\. Name:'([^']*)'", text)
+    said = text.rsplit(" was false. ", 1)[-1] if " was false. " in text else text.rsplit("Status Message: ", 1)[-1]
+    return ((f"{node.group(1)} {node.group(2)!r}: " if node else "") + said)[:140]
 
 
 def refuse_random(port: Port) -> None:
@@ -47,9 +49,8 @@ def refuse_random(port: Port) -> None:
     n = drawn[0]
     more = f" (and {len(drawn) - 1} more: {', '.join(sorted({d.op_type for d in drawn[1:]}))})" if drawn[1:] else ""
     raise InputError(f"{port.path.name}: {n.op_type} {n.name!r} draws new random numbers on every run{more}; folding "
-                     "would freeze one draw into the graph and no NPU engine runs it. Remove it from the export (a "
-                     "decoder's noise injection switched off for export), or feed the noise as a graph input "
-                     "(--static, or --walk at its rate)")
+                     "would freeze one draw into the graph. Remove it from the export (switch the noise off), or "
+                     "feed the noise as a graph input (--static, or --walk at its rate)")
 
 
 @dataclass(frozen=True)
@@ -98,19 +99,18 @@ def lengths(port: Port, frames: int, *, step: bool = False) -> Lengths:
         try:
             outs = session.run(keep, _feeds(port, n))
         except Exception as exc:   # onnxruntime's own error for this length: said in the refusal
-            failed[n] = _first_line(exc)
+            failed[n] = _reason(exc)
             continue
         ran[n] = {o: int(np.asarray(x).shape[-1]) for o, x in zip(keep, outs)}
     name = port.path.name
     if frames not in ran:
         if 2 * frames in ran or not _dynamic(port):
-            raise InputError(f"{name} does not run at {frames} frames (onnxruntime: {failed[frames]}); "
-                             + _reexport(frames, step))
-        raise InputError(f"{name} does not run at {frames} frames (onnxruntime: {failed[frames]}); check its inputs' "
-                         "shapes against --walk and --static")
+            raise InputError(f"{name} does not run at {frames} frames ({failed[frames]}); " + _reexport(frames, step))
+        raise InputError(f"{name} does not run at {frames} frames ({failed[frames]}); check its inputs' shapes against "
+                         "--walk and --static")
     if 2 * frames in failed:
         raise InputError(f"{name}'s frame axis is dynamic in name only: it runs at {frames} frames but not at "
-                         f"{2 * frames} (onnxruntime: {failed[2 * frames]}); " + _reexport(frames, step))
+                         f"{2 * frames} ({failed[2 * frames]}); " + _reexport(frames, step))
     counts = sorted(ran)
     samples = {o: tuple(ran[n][o] for n in counts) for o in keep}
     extra = {}
@@ -133,10 +133,8 @@ def lengths(port: Port, frames: int, *, step: bool = False) -> Lengths:
 
 
 def _reexport(frames: int, step: bool) -> str:
-    why = ("a legacy torch.onnx export (dynamo=False) bakes the length it traced into constants wherever the model "
-           "computes with a tensor's size (a reshape into attention windows, a view to the traced size). ")
-    if step:
-        return why + ("A stateful step re-pins the graph at its step size: re-export it with the dynamo exporter "
-                      f"({DYNAMO})")
-    return why + (f"Re-export it with the dynamo exporter ({DYNAMO}), or export it at the {frames} frames you compile, "
-                  "with a fixed frame axis")
+    why = "a legacy torch.onnx export bakes its traced length into constants. "
+    if step:   # a step re-pins the graph at its step size: only a truly dynamic export serves
+        return why + "Re-export it with the dynamo exporter (torch.onnx.export(..., dynamo=True))"
+    return why + (f"Re-export it with the dynamo exporter (torch.onnx.export(..., dynamo=True)), or export it at the "
+                  f"{frames} frames you compile")

@@ -274,9 +274,8 @@ def refuse_attention(port: Port, model: onnx.ModelProto, frames: int) -> None:
             else f"over all {a.span} frames" if a.span == frames else f"over spans of {a.span} positions")
     more = f" ({len(found)} attention blocks)" if len(found) > 1 else ""
     raise NotStreamable(f"{port.path.name} attends {span}: MatMul {a.scores!r} -> Softmax {a.softmax!r} -> MatMul "
-                        f"{a.values!r}{more}. Each output frame reads its whole window, so no stateful step with a "
-                        "fixed lookahead reproduces it at a window's edges; walk it in windows (rkstudy port fold) "
-                        "or cut the graph after the attention and run that part on the CPU")
+                        f"{a.values!r}{more}; no stateful step reproduces it at a window's edges. Walk it in windows "
+                        "(rkstudy port fold), or cut the graph after the attention and run that part on the CPU")
 
 
 def read_contract(model) -> Contract:
