@@ -11,6 +11,7 @@ k is `channels x rate` consecutive values, and the planner's hop is that product
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -226,3 +227,83 @@ def input_probe(utterances: Sequence[Mapping[str, np.ndarray]], limit: int = 8):
         return [feeds[i] for i in keep]
 
     return probe
+
+
+def codec_rows(decoders, workdir, frames: int, context: int, emit: int, utterance: Mapping[str, np.ndarray]) -> list:
+    """What `port fold` and `port step` say and do for each real codec decoder (rkstudy.families.port.packages:
+    a Vocoder with its torch module): the refusal (one line) where a command refuses, the output's remainder
+    over rate x frames where it takes the graph, and where the step streams its exactness (step_exactness)
+    and its fp32 walk against the package's own decode (the torch module) on `utterance`."""
+    import onnx
+    import torch
+
+    from ...errors import InputError
+    from ...runtime import OrtRunner
+    from ...walk.stateful import StatefulWalker
+    from .producer import port_from_flags, produce_step
+
+    rows = []
+    for name, v in decoders.items():
+        path = Path(workdir) / f"{name}.onnx"
+        onnx.save(v.model, path)
+        row = {"decoder": name, "source": v.source, "exporter": v.exporter, "hop": v.hop}
+        try:
+            port = port_from_flags(path, [f"{w}:2:1" for w in utterance], output=[f"audio:{v.hop}"])
+        except InputError as exc:
+            rows.append({**row, "fold": "refused", "step": "refused", "says": str(exc)})
+            continue
+        try:
+            window = produce_window(port, frames, context)
+            row.update(fold="ok", output_extra=window.contract.outputs[0].extra)
+        except InputError as exc:
+            row.update(fold="refused", says=str(exc))
+        try:
+            step = produce_step(port, emit, frames)
+        except InputError as exc:
+            rows.append({**row, "step": "refused", "says": row.get("says") or str(exc)})
+            continue
+        exact = step_exactness(port, step, utterance)
+        with torch.no_grad():
+            own = v.module(*(torch.from_numpy(x) for x in utterance.values())).numpy()[0]
+        (walked,) = StatefulWalker(OrtRunner(step.model), step.contract).decode(
+            {k: x[0] for k, x in utterance.items()})
+        extra = step.contract.params["output_extra"]["audio"]
+        rows.append({**row, "step": "ok", "says": "", "step_output_extra": extra,
+                     "samples": walked.shape[-1], "package_samples": own.shape[-1],
+                     "step_vs_package_fp32_db": gates.snr_db(own, walked) if own.shape == walked.shape else None,
+                     **{k: exact[k] for k in ("frames", "step_vs_full_f64_db", "first_frames_db", "last_frames_db",
+                                               "step_vs_full_fp32_db", "first_frames_fp32_db", "last_frames_fp32_db")}})
+    return rows
+
+
+def lint_vs_build(v, workdir, frames: Sequence[int], target: str = "rk3588") -> list:
+    """For one decoder (a packages.Vocoder) at each window length: what `port lint` predicts of its dilated
+    convs' register field (RK305: REGTASK lines, severity, the lint exit code, whether the compiler decides)
+    beside what the window graph's real build logged (rkstudy.toolkit.build.build_engine)."""
+    import onnx
+
+    from ...lint import lint
+    from ...toolkit.build import build_engine
+    from .producer import port_from_flags
+
+    path = Path(workdir) / f"{v.name}_lint.onnx"
+    onnx.save(v.model, path)
+    port = port_from_flags(path, ["z:2:1"], output=[f"audio:{v.hop}"])
+    rows = []
+    for n in frames:
+        report = lint(path, {k: list(s) for k, s in port.shapes(n).items()}, target=target, time_inputs=["z"])
+        found = [f for f in report.findings if f.code == "RK305"]
+        window = produce_window(port, n, max(1, n // 4)).save(Path(workdir) / f"{v.name}_w{n}.onnx")
+        built = build_engine(window, target)
+        predicted = sum(f.detail.get("predicted_lines", 0) for f in found)
+        # the lines a finished build logged, or lint's error where the build was killed past the REGTASK limit
+        held = (built.regtask == predicted if built.ok else
+                built.status == "regtask-limit" and any("the build is killed" in f.message for f in found))
+        rows.append({"decoder": v.name, "window": n, "target": target, "lint_exit": report.exit_code,
+                     "rk305": max((f.severity for f in found), key=("warning", "error").index, default="none"),
+                     "compiler_decides": bool(report.undecided),
+                     "predicted_regtask": predicted, "prediction_held": held,
+                     "largest_predicted_value": max((f.detail["field_value"] for f in found), default=0),
+                     **{k: built.row()[k] for k in ("status", "regtask", "regtask_max_value", "build_s",
+                                                    "board_risk")}})
+    return rows
