@@ -91,21 +91,28 @@ def _package_dir(name: str) -> Path:
 
 
 @contextmanager
+def _bare(packages: dict[str, Path]):
+    """Each of `packages` (name -> folder) importable as a package whose __init__ is not run, for as long
+    as the block runs."""
+    saved = {name: sys.modules.get(name) for name in packages}
+    for name, folder in packages.items():
+        bare = types.ModuleType(name)
+        bare.__path__, bare.__package__ = [str(folder)], name
+        sys.modules[name] = bare
+    try:
+        yield
+    finally:   # the bare modules out, what was there before back
+        for name in packages:
+            sys.modules.pop(name, None)
+        sys.modules.update({name: old for name, old in saved.items() if old is not None})
+
+
+@contextmanager
 def _bare_package(name: str):
     """`name` importable as a package whose __init__ is not run, for as long as its submodules load."""
     folder = _package_dir(name)
-    saved = sys.modules.get(name)
-    bare = types.ModuleType(name)
-    bare.__path__ = [str(folder)]
-    bare.__package__ = name
-    sys.modules[name] = bare
-    try:
+    with _bare({name: folder}):
         yield folder
-    finally:
-        if saved is None:
-            sys.modules.pop(name, None)
-        else:
-            sys.modules[name] = saved
 
 
 def _load_without(package: str, module: str, folder: Path, absent: tuple[str, ...]) -> types.ModuleType:
@@ -150,22 +157,11 @@ def dac_modules() -> types.ModuleType:
     """The decoder classes of `dac.model.dac` (Decoder, DecoderBlock, ResidualUnit) over `dac.nn.layers`
     (WNConv1d, WNConvTranspose1d, Snake1d), from the installed package without audiotools (see the
     module)."""
-    with _bare_package("dac") as folder:
-        saved = {k: sys.modules.get(k) for k in ("dac.nn", "dac.model")}
-        for sub in saved:
-            bare = types.ModuleType(sub)
-            bare.__path__, bare.__package__ = [str(folder / sub.split(".")[1])], sub
-            sys.modules[sub] = bare
-        try:
-            importlib.import_module("dac.nn.layers")
-            return _load_definitions("dac.model.dac", folder / "model" / "dac.py",
-                                     ("ResidualUnit", "DecoderBlock", "Decoder"), ("audiotools", "dac.nn.quantize"))
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    sys.modules.pop(k, None)
-                else:
-                    sys.modules[k] = v
+    folder = _package_dir("dac")
+    with _bare({"dac": folder, "dac.nn": folder / "nn", "dac.model": folder / "model"}):
+        importlib.import_module("dac.nn.layers")
+        return _load_definitions("dac.model.dac", folder / "model" / "dac.py",
+                                 ("ResidualUnit", "DecoderBlock", "Decoder"), ("audiotools", "dac.nn.quantize"))
 
 
 def snac_layers() -> types.ModuleType:
