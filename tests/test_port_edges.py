@@ -203,6 +203,21 @@ def test_the_cli_steps_an_odd_stride_decoder(odd, tmp_path):
     assert producer.read_contract(tmp_path / "s.onnx").params["output_extra"] == {"audio": -4}
 
 
+def test_the_window_plan_walks_an_odd_stride_decoder(odd, tmp_path):
+    """`port plan` compares the window walk with the full decode frame by frame, the short tail included."""
+    from rkstudy.families.port.study import plan_target
+    from rkstudy.walk import planner
+
+    path, _ = odd
+    port = producer.port_from_flags(path, ["z:2:1"], [], ["audio:20"])
+    pt = plan_target(port, [{"z": z(40)}], 24, 6)
+    (rf,) = planner.receptive_field_rows(pt)
+    assert 0 < rf["left_frames"] <= 6 and 0 < rf["right_frames"] <= 6   # a few frames each side, as its convs reach
+    (row,) = planner.context_sweep(pt.decode, pt.latents, pt.hop, [8], pt.default_emit, "speech", walk=pt.walk,
+                                   n_frames=pt.n_frames)
+    assert row["worst_interior_snr_db"] > 100.0   # context past the receptive field: the walk is the decode
+
+
 def test_a_remainder_that_changes_with_the_length_is_refused_naming_the_cause(tmp_path):
     export(OddStride(strides=(4, 5), first_stride=2), tmp_path / "half.onnx")
     port = producer.port_from_flags(tmp_path / "half.onnx", ["z:2:1"], [], ["audio:10"])

@@ -28,9 +28,15 @@ EXACT_GATE = gates.Gate("port_step_vs_full_decode_float64", 250.0)
 FP32_GATE = gates.Gate("port_step_vs_full_decode_fp32", 90.0)
 
 
-def _frame_major(out: np.ndarray) -> np.ndarray:
-    """[1, C, T] -> frame-major flat (T x C values, time slowest)."""
-    return np.ascontiguousarray(np.asarray(out)[0].reshape(-1, out.shape[-1]).T).reshape(-1)
+def _frame_major(out: np.ndarray, length: int | None = None) -> np.ndarray:
+    """[1, C, T] -> frame-major flat (T x C values, time slowest), first cut or zero-padded to `length`
+    samples on time: an output a fixed few samples off rate x frames compares frame by frame like any other
+    (its decode and its walk are cut or padded alike)."""
+    out = np.asarray(out)
+    if length is not None:
+        out = out[..., :length]
+        out = np.pad(out, [(0, 0)] * (out.ndim - 1) + [(0, length - out.shape[-1])])
+    return np.ascontiguousarray(out[0].reshape(-1, out.shape[-1]).T).reshape(-1)
 
 
 def _dynamic(port: Port) -> None:
@@ -51,14 +57,16 @@ def plan_target(port: Port, utterances: Sequence[Mapping[str, np.ndarray]], fram
     """The planner's view of the user's model: decode and walk through onnxruntime on the dynamic
     graph, the engine at each window from produce_window (cached), the user's utterances as latents."""
     from ...runtime import OrtRunner
+    from .export import lengths
 
     _dynamic(port)
+    extra = lengths(port, frames).extra[port.outputs[0][0]]
     runner = OrtRunner(port.model)
     out_index = [o.name for o in port.model.graph.output].index(port.outputs[0][0])
     channels = int(np.prod(runner.run(dict(utterances[0]))[out_index].shape[1:-1]))
 
     def decode(u):
-        return _frame_major(runner.run(dict(u))[out_index])
+        return _frame_major(runner.run(dict(u))[out_index], n_frames(port, u) * port.hop)
 
     def walked(u, emit, ctx):
         static = {s: u[s] for s in port.static}
@@ -69,8 +77,8 @@ def plan_target(port: Port, utterances: Sequence[Mapping[str, np.ndarray]], fram
 
         (out,) = walk(n_frames(port, u), one_window, emit=emit, context=ctx,
                       walked={w.name: (u[w.name][0], Rate(w.rate)) for w in port.walked},
-                      outputs=[Rate(port.hop)], progress=False)
-        return _frame_major(out[None])
+                      outputs=[Rate(port.hop, extra)], progress=False)
+        return _frame_major(out[None], n_frames(port, u) * port.hop)
 
     def perturb(u, k, rng):
         moved = {name: np.array(v) for name, v in u.items()}
