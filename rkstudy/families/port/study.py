@@ -312,6 +312,6 @@ def lint_vs_build(v, workdir, frames: Sequence[int], target: str = "rk3588") -> 
                      "compiler_decides": bool(report.undecided),
                      "predicted_regtask": predicted, "prediction_held": held,
                      "largest_predicted_value": max((f.detail["field_value"] for f in found), default=0),
-                     **{k: built.row()[k] for k in ("status", "regtask", "regtask_max_value", "build_s",
+                     **{k: built.row()[k] for k in ("status", "regtask", "regtask_max_value", "build_s", "where",
                                                     "board_risk")}})
     return rows
