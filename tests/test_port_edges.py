@@ -89,9 +89,9 @@ class Noisy(nn.Module):
 class Attending(nn.Module):
     """conv, then self-attention over windows of `window` frames (the whole utterance when None), conv."""
 
-    def __init__(self, window: int | None):
+    def __init__(self, window: int | None, baked: bool = False):
         super().__init__()
-        self.window = window
+        self.window, self.baked = window, baked
         self.pre = nn.Conv1d(LATENT, 16, 3, padding=1)
         self.qkv = nn.Linear(16, 48, bias=False)
         self.post = nn.Conv1d(16, 1, 3, padding=1)
@@ -99,9 +99,11 @@ class Attending(nn.Module):
     def forward(self, z):
         x = self.pre(z).transpose(1, 2)                     # [1, T, C]
         q, k, v = self.qkv(x).chunk(3, dim=-1)
-        if self.window:
-            windows = x.shape[1] // self.window             # traced as a constant by the legacy exporter
-            q, k, v = (t.reshape(1, windows, self.window, 16) for t in (q, k, v))
+        if self.window and self.baked:   # the count read as a Python int: the legacy exporter bakes it
+            windows = int(x.shape[1]) // self.window
+            q, k, v = (t.reshape(1, windows, -1, 16) for t in (q, k, v))
+        elif self.window:
+            q, k, v = (t.reshape(1, -1, self.window, 16) for t in (q, k, v))
         att = torch.softmax(q @ k.transpose(-1, -2) / 4.0, dim=-1) @ v
         return self.post(att.reshape(1, -1, 16).transpose(1, 2) + x.transpose(1, 2))
 
@@ -268,6 +270,24 @@ def test_attention_over_time_is_named_with_its_window(tmp_path, window, says):
         producer.produce_step(port, 8, 32)
     message = str(exc.value)
     assert says in message and "MatMul" in message and "Softmax" in message and "\n" not in message
+
+
+def test_a_windowed_attention_needs_a_multiple_of_its_window(tmp_path):
+    export(Attending(8), tmp_path / "att.onnx", frames=32)
+    port = producer.port_from_flags(tmp_path / "att.onnx", ["z:2:1"], [], ["audio:1"])
+    assert producer.produce_window(port, 32, 8).contract.outputs[0].extra == 0   # the window walk takes it
+    with pytest.raises(InputError, match="runs at 40: its attention cuts time into windows; compile a multiple"):
+        producer.produce_window(port, 20, 4)
+
+
+def test_an_attention_whose_window_count_was_baked_is_refused_by_fold(tmp_path):
+    """A legacy export of windows = int(T) // 8 keeps 4 windows at any length: right at 32 frames only."""
+    export(Attending(8, baked=True), tmp_path / "baked_att.onnx", frames=32)
+    port = producer.port_from_flags(tmp_path / "baked_att.onnx", ["z:2:1"], [], ["audio:1"])
+    with pytest.raises(InputError) as exc:
+        producer.produce_window(port, 32, 8)
+    assert "attends over windows of 8 frames at 32 frames but of 16 at 64" in str(exc.value)
+    assert "export it at the 32 frames you compile" in str(exc.value)
 
 
 # --- a length-baked legacy export ---------------------------------------------------------------------

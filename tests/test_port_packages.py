@@ -96,9 +96,9 @@ def test_the_real_snac_decoder_is_refused_for_its_noise_then_for_its_attention(t
     noisy, quiet = study.codec_rows({"snac": packages.snac(), "quiet": packages.snac(noise=False)}, tmp_path, 64, 16,
                                     16, z)
     assert (noisy["fold"], noisy["step"]) == ("refused", "refused")
-    assert "RandomNormalLike" in noisy["says"] and "feed the noise as a graph input" in noisy["says"]
-    assert (quiet["fold"], quiet["step"]) == ("ok", "refused")
-    assert "attends over windows of 32 of its 64 frames" in quiet["says"] and "Softmax" in quiet["says"]
+    assert "RandomNormalLike" in noisy["step_says"] and "feed the noise as a graph input" in noisy["fold_says"]
+    assert (quiet["fold"], quiet["step"], quiet["output_extra"]) == ("ok", "refused", 0)
+    assert "attends over windows of 32 of its 64 frames" in quiet["step_says"] and "Softmax" in quiet["step_says"]
 
 
 def test_lint_predicts_the_wide_dac_44khz_decoders_flood_from_the_graph():

@@ -35,6 +35,8 @@ class Attention:
     values: str
     span: int
     shape: tuple[int, ...]
+    tensor: str = ""   # the softmax's input
+    axis: int = -1     # the axis it normalises over
 
 
 def random_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
@@ -94,5 +96,5 @@ def attention(model: onnx.ModelProto) -> list[Attention]:
         shape = tuple(idx.shapes.get(n.input[0]) or ())
         axis = next((a.i for a in n.attribute if a.name == "axis"), -1)
         span = shape[axis] if shape else 0
-        found.append(Attention(scores.name, n.name, values.name, int(span or 0), shape))
+        found.append(Attention(scores.name, n.name, values.name, int(span or 0), shape, n.input[0], axis))
     return found

@@ -23,9 +23,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
+import onnx
 
 from ...errors import InputError, UsageError
-from ...graph.pitfalls import random_nodes
+from ...graph.pitfalls import attention, random_nodes
 
 if TYPE_CHECKING:
     from .producer import Port
@@ -90,20 +91,31 @@ def lengths(port: Port, frames: int, *, step: bool = False) -> Lengths:
     model = port.model
     if keep != [o.name for o in model.graph.output]:
         model = slice_at(model, port.walked_names + list(port.static), keep)
+    attending = attention(model)
+    if attending:   # each attention's scores read out beside the outputs: the span it normalises over, per length
+        probed = onnx.ModelProto()
+        probed.CopyFrom(model)
+        probed.graph.output.extend(onnx.helper.make_tensor_value_info(a.tensor, onnx.TensorProto.FLOAT, None)
+                                   for a in attending)
+        model = probed
     opts = ort.SessionOptions()
     opts.log_severity_level = 4   # a length it fails at is reported in the refusal, not logged as well
     session = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     tried = [frames, 2 * frames, frames + 1] if _dynamic(port) else [frames]
-    ran, failed = {}, {}
+    ran, failed, spans = {}, {}, {}
     for n in tried:
         try:
-            outs = session.run(keep, _feeds(port, n))
+            outs = session.run(keep + [a.tensor for a in attending], _feeds(port, n))
         except Exception as exc:   # onnxruntime's own error for this length: said in the refusal
             failed[n] = _reason(exc)
             continue
         ran[n] = {o: int(np.asarray(x).shape[-1]) for o, x in zip(keep, outs)}
+        spans[n] = [int(np.asarray(x).shape[a.axis]) for a, x in zip(attending, outs[len(keep):])]
     name = port.path.name
     if frames not in ran:
+        if attending and 2 * frames in ran:
+            raise InputError(f"{name} does not run at {frames} frames ({failed[frames]}) but runs at {2 * frames}: its "
+                             f"attention cuts time into windows; compile a multiple of the window (--frames)")
         if 2 * frames in ran or not _dynamic(port):
             raise InputError(f"{name} does not run at {frames} frames ({failed[frames]}); " + _reexport(frames, step))
         raise InputError(f"{name} does not run at {frames} frames ({failed[frames]}); check its inputs' shapes against "
@@ -111,6 +123,8 @@ def lengths(port: Port, frames: int, *, step: bool = False) -> Lengths:
     if 2 * frames in failed:
         raise InputError(f"{name}'s frame axis is dynamic in name only: it runs at {frames} frames but not at "
                          f"{2 * frames} ({failed[2 * frames]}); " + _reexport(frames, step))
+    if attending and 2 * frames in ran:
+        _refuse_baked_windows(name, attending, frames, spans, step)
     counts = sorted(ran)
     samples = {o: tuple(ran[n][o] for n in counts) for o in keep}
     extra = {}
@@ -130,6 +144,17 @@ def lengths(port: Port, frames: int, *, step: bool = False) -> Lengths:
                          "tiles it. Make the export's length rate x frames plus a constant (pad its input to a "
                          "multiple of the strides inside the model, or give the upsamplers output_padding)")
     return Lengths(tuple(counts), samples, extra)
+
+
+def _refuse_baked_windows(name: str, attending, frames: int, spans: dict, step: bool) -> None:
+    """InputError where an attention's span grows with the length while it attends over more than one window:
+    a fixed count of windows, which a legacy export bakes from T // window at its traced length."""
+    for k, a in enumerate(attending):
+        short, long = spans[frames][k], spans[2 * frames][k]
+        if short != long and short < frames:
+            raise InputError(f"{name} attends over windows of {short} frames at {frames} frames but of {long} at "
+                             f"{2 * frames} (Softmax {a.softmax!r}): a fixed count of windows, right at one length "
+                             "only; " + _reexport(frames, step))
 
 
 def _reexport(frames: int, step: bool) -> str:

@@ -254,21 +254,22 @@ def codec_rows(decoders, workdir, frames: int, context: int, emit: int, utteranc
     for name, v in decoders.items():
         path = Path(workdir) / f"{name}.onnx"
         onnx.save(v.model, path)
-        row = {"decoder": name, "source": v.source, "exporter": v.exporter, "hop": v.hop}
+        row = {"decoder": name, "source": v.source, "exporter": v.exporter, "hop": v.hop,
+               **dict.fromkeys(CODEC_COLUMNS)}
         try:
             port = port_from_flags(path, [f"{w}:2:1" for w in utterance], output=[f"audio:{v.hop}"])
-        except InputError as exc:
-            rows.append({**row, "fold": "refused", "step": "refused", "says": str(exc)})
+        except InputError as exc:   # every command starts here
+            rows.append({**row, "fold": "refused", "step": "refused", "fold_says": str(exc), "step_says": str(exc)})
             continue
         try:
             window = produce_window(port, frames, context)
-            row.update(fold="ok", output_extra=window.contract.outputs[0].extra)
+            row.update(fold="ok", fold_says="", output_extra=window.contract.outputs[0].extra)
         except InputError as exc:
-            row.update(fold="refused", says=str(exc))
+            row.update(fold="refused", fold_says=str(exc))
         try:
             step = produce_step(port, emit, frames)
         except InputError as exc:
-            rows.append({**row, "step": "refused", "says": row.get("says") or str(exc)})
+            rows.append({**row, "step": "refused", "step_says": str(exc)})
             continue
         exact = step_exactness(port, step, utterance)
         with torch.no_grad():
@@ -276,12 +277,17 @@ def codec_rows(decoders, workdir, frames: int, context: int, emit: int, utteranc
         (walked,) = StatefulWalker(OrtRunner(step.model), step.contract).decode(
             {k: x[0] for k, x in utterance.items()})
         extra = step.contract.params["output_extra"]["audio"]
-        rows.append({**row, "step": "ok", "says": "", "step_output_extra": extra,
+        rows.append({**row, "step": "ok", "step_says": "", "step_output_extra": extra,
                      "samples": walked.shape[-1], "package_samples": own.shape[-1],
                      "step_vs_package_fp32_db": gates.snr_db(own, walked) if own.shape == walked.shape else None,
-                     **{k: exact[k] for k in ("frames", "step_vs_full_f64_db", "first_frames_db", "last_frames_db",
-                                               "step_vs_full_fp32_db", "first_frames_fp32_db", "last_frames_fp32_db")}})
+                     **{k: exact[k] for k in CODEC_COLUMNS[-7:]}})
     return rows
+
+
+# every codec row's columns after its name, source, exporter and hop (None where a command refused)
+CODEC_COLUMNS = ("fold", "fold_says", "output_extra", "step", "step_says", "step_output_extra", "samples",
+                 "package_samples", "step_vs_package_fp32_db", "frames", "step_vs_full_f64_db", "first_frames_db",
+                 "last_frames_db", "step_vs_full_fp32_db", "first_frames_fp32_db", "last_frames_fp32_db")
 
 
 def lint_vs_build(v, workdir, frames: Sequence[int], target: str = "rk3588") -> list:
