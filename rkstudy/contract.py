@@ -56,7 +56,8 @@ DEFAULT_REMAKE = "the family's producer (rkstudy <family> <stage> --help)"
 @dataclass(frozen=True)
 class Tensor:
     """One graph input or output. For walked, padded and mask tensors `axis` is the frame axis and
-    its length is `rate * frames + extra` (Kokoro's harmonic input: rate 60, extra 1)."""
+    its length is `rate * frames + extra` (Kokoro's harmonic input: rate 60, extra 1; a decoder whose
+    odd-stride upsampler has no output_padding: rate 320, extra -8)."""
 
     name: str
     shape: tuple[int, ...]
@@ -354,6 +355,13 @@ def _int(value, what: str, remake: str, minimum: int = 0) -> int:
     return value
 
 
+def _signed(value, what: str, remake: str) -> int:
+    """An integer of either sign: a walked output may end a fixed few samples short of rate x frames."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise _refuse(f"{what} is {value!r}, not an integer", remake)
+    return value
+
+
 def _tensor(d, where: str, remake: str) -> Tensor:
     d = _keys(d, TENSOR_FIELDS, where, remake)
     name = d["name"]
@@ -375,7 +383,7 @@ def _tensor(d, where: str, remake: str) -> Tensor:
         raise _refuse(f"{where} ({name}) is {d['role']} and cannot have a frame axis", remake)
     t = Tensor(name=name, shape=shape, dtype=d["dtype"], role=d["role"], axis=axis,
                rate=_int(d["rate"], f"{where} ({name}) rate", remake, 1),
-               extra=_int(d["extra"], f"{where} ({name}) extra", remake, 0))
+               extra=_signed(d["extra"], f"{where} ({name}) extra", remake))
     if t.axis is not None and (shape[t.axis] - t.extra) % t.rate:
         raise _refuse(f"{where} ({name}) length {shape[t.axis]} is not {t.rate} x frames + {t.extra}", remake)
     return t

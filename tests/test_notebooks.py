@@ -131,7 +131,7 @@ EXPECT = {
         "stand-in converter peak RSS, largest build": (200, 8000),
         "DRAM read on this host, 1 thread, wall clock (host, not a board)": (0.05, 200)}),
     "lint": ("06_lint.ipynb", {
-        "rules registered": (14, 14),
+        "rules registered": (15, 15),
         "rows disagreeing without a reason, rk3588": (0, 0),
         "op probes holding against the committed table (fraction)": (1, 1),
         "fp16: first node past 65504 = first q_inf layer (fraction)": (1, 1),
@@ -194,7 +194,14 @@ EXPECT = {
         "register field, rk3576 (64-ch probe, bits)": (14, 14),
         "REGTASK lines, 64-ch probe at 16384 frames, rk3576": (14, 14),
         "REGTASK lines, 64-ch probe at 16384 frames, rk3588": (0, 0),
-        "targets refusing an fp16 build": (1, 1)}),
+        "targets refusing an fp16 build": (1, 1),
+        # the real codec decoders (measured 2026-12-06: dac 24 kHz 308 dB float64, 131 dB against its own torch
+        # decode, 8 samples short; lint's RK305 lines equal to the build's at 4 and 5 frames: 0 and 17,914)
+        "dac 24 kHz decoder: step vs full decode, float64, worst at either end": (250, math.inf),
+        "dac 24 kHz decoder: step vs the package's own decode, fp32": (100, math.inf),
+        "dac 24 kHz decoder: samples past rate x frames, carried": (-8, -8),
+        "snac decoders refused with their cause (noise, attention)": (2, 2),
+        "lint RK305 predicted minus built REGTASK lines, dac 44.1 kHz windows, worst": (0, 0)}),
     # quick mode: the toolchain probe with both toolkit versions (`make test` makes the 2.3.2 environment)
     "toolkit_levers": ("08_toolkit_levers.ipynb", {
         "toolkit versions compared": (2, 2),

@@ -125,7 +125,7 @@ def rkstudy(*argv, board=None, check=True):
     (["--walk", "spec:2:1", "--output", "audio:16"], "the graph has no input 'spec'; its inputs: mel"),
     (["--walk", "mel:2:1", "--output", "wave:16"], "the graph has no output 'wave'; its outputs: audio"),
     (["--walk", "mel:2:1", "--output", "audio:16", "--static", "g"], "--static g: the graph has no input 'g'"),
-    (["--walk", "mel:2:1", "--output", "audio:8"], "the graph makes 16 samples per input frame; give that rate"),
+    (["--walk", "mel:2:1", "--output", "audio:8"], "16 samples per frame, not 8; give --output audio:16"),
     (["--walk", "mel:2:1"], "name the walked output: --output NAME:RATE"),
 ])
 def test_cli_refuses_bad_flags_in_one_line(models, args, says):

@@ -92,9 +92,22 @@ def pad(g, x, lo, hi, mode):
 
 # --- one rule at a time ----------------------------------------------------------------------------
 
-def test_every_op_family_has_its_rule_registered():
-    families = {r.family for r in RULES.values()}
-    assert families == {"conv", "resample", "pad", "pointwise", "layout", "norm"}
+def test_every_rule_module_is_imported_and_registers_its_ops():
+    """Each module of rkstudy/graph/streaming that defines a rule is imported by the package (the one
+    import line a new op needs), and every rule it defines is registered for its ops."""
+    import importlib
+    import pkgutil
+
+    from rkstudy.graph import streaming
+    from rkstudy.graph.streaming import Rule
+
+    for info in pkgutil.iter_modules(streaming.__path__):
+        module = importlib.import_module(f"rkstudy.graph.streaming.{info.name}")
+        rules = [v for v in vars(module).values()
+                 if isinstance(v, type) and issubclass(v, Rule) and v is not Rule and v.__module__ == module.__name__]
+        for rule in rules:
+            assert rule.ops and all(type(RULES[op]) is rule for op in rule.ops), rule.__name__
+    assert {r.family for r in RULES.values()} >= {"conv", "resample", "pad", "pointwise", "layout", "norm"}
     for op in ("Conv", "ConvTranspose", "Pad", "Transpose", "Reshape", "LayerNormalization", "MatMul", "Gemm",
                "Softmax", "ReduceMean", "Slice", "Mul", "InstanceNormalization"):
         assert op in RULES

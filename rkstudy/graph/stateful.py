@@ -43,7 +43,7 @@ before).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
@@ -108,6 +108,10 @@ class StepGraph:
     masks: tuple[str, ...] = ()      # time inputs the surgery added: frame masks the walker makes (validity.py)
     rewritten: tuple[str, ...] = ()  # the graph's pads the boundary pass rewrote (validity.py)
     masked: tuple[str, ...] = ()     # the nodes whose input the boundary pass multiplied by a length mask
+    # each output's length over a whole utterance past rate x frames (an odd-stride upsampler without
+    # output_padding ends short): the step emits rate x emit every step, the walker keeps this many more
+    # (or fewer) samples at the end
+    extents: dict[str, int] = field(default_factory=dict)
 
     @property
     def state_floats(self) -> int:
@@ -272,14 +276,11 @@ def make_step(model: onnx.ModelProto, time_inputs: Sequence[str], emit: int, lay
     if dm.output_delay < 0:
         raise NotStreamable(f"the graph's outputs run {-dm.output_delay} samples ahead of its inputs; "
                             "nothing to stream")
-    for o in out_names:
-        if dm.outputs[o].extent:
-            raise NotStreamable(f"graph output {o!r} is {dm.outputs[o].extent:+d} samples off {dm.outputs[o].rate} per "
-                                "frame; a walker needs outputs exactly rate x frames long")
     _check_output_lengths(step, out_names, emit * dm.output_rate, {o: dm.axis(o) for o in out_names})
     return StepGraph(model=step, delays=dm, emit=emit, time_inputs=tuple(time_inputs), static_inputs=static,
                      outputs=tuple(out_names), output_rate=dm.output_rate, delay=dm.output_delay, layout=layout,
-                     groups=groups, buffers=buffers, masks=masks, rewritten=rewritten, masked=masked)
+                     groups=groups, buffers=buffers, masks=masks, rewritten=rewritten, masked=masked,
+                     extents={o: dm.outputs[o].extent for o in out_names})
 
 
 def _rename(nodes: list[onnx.NodeProto], old: str, new: str) -> None:

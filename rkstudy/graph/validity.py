@@ -13,10 +13,11 @@ accept:
 
 * every input the full graph reads past its ends as zeros (the rule's `reads_outside`) is multiplied
   by its length mask (1 on its samples, 0 elsewhere), unless it is already zero there;
-* every Pad that is not a zero pad (edge, reflect, a constant other than 0) is rewritten into a zero
-  pad plus the first / last sample (or its mirror) placed by the first- and last-sample indicators
-  (rkstudy.graph.streaming.pad), so the step replicates the first frame before the start and the last
-  real frame past the end, as the full decode does.
+* every node whose rule asks for it (`needs_rewrite`) is replaced by the rule's `rewrite`: a Pad that
+  is not a zero pad (edge, reflect, a constant other than 0) becomes a zero pad plus the first / last
+  sample (or its mirror) placed by the first- and last-sample indicators (rkstudy.graph.streaming.pad),
+  so the step replicates the first frame before the start and the last real frame past the end, as
+  the full decode does.
 
 All the signals come from one new graph input, a frame mask at one sample per frame (1 on real frames,
 0 on padding or flush frames, as the walkers already make for a mask input), brought to each
@@ -45,7 +46,6 @@ from onnx import helper
 from .delays import delay_map, name_nodes
 from .streaming import Builder, NotStreamable, rule_for
 from .streaming.masks import Masks
-from .streaming.pad import Pad
 
 VALID = "valid"
 
@@ -71,16 +71,15 @@ def mask_boundaries(model: onnx.ModelProto, time_inputs: Sequence[str], name: st
     frames = dm.context.frames
     opset = dm.context.opset
     masks = Masks(name, opset)
-    pad = rule_for(helper.make_node("Pad", ["x"], ["y"]))
-    assert isinstance(pad, Pad)
 
-    # 1. rewrite the pads that are not zero pads of the time axis
+    # 1. rewrite what the rules say cannot read the boundary as it is (pads that are not zero pads of time)
     b = Builder("/boundary")
     nodes, rewritten = [], []
     placed = 0   # the mask constants already in the graph
     for n in g.node:
-        if n.op_type == "Pad" and n.input[0] in dm.timing and pad.needs_rewrite(n, dm.context):
-            nodes += pad.rewrite(n, dm.context, masks, b)
+        rule = rule_for(n) if dm.context.time_ins(n) else None
+        if rule is not None and rule.needs_rewrite(n, dm.context):
+            nodes += rule.rewrite(n, dm.context, masks, b)
             rewritten.append(n.name)
         else:
             nodes.append(n)

@@ -372,10 +372,18 @@ class Report:
                 "sampled": self.sampled, "counts": self.counts, "exit_code": self.exit_code,
                 "findings": [f.to_json() for f in self.findings]}
 
+    @property
+    def undecided(self) -> list[Finding]:
+        """Findings whose outcome lint cannot predict (a rule marks them `decides`): only a build tells."""
+        return [f for f in self.findings if f.detail.get("decides")]
+
     def text(self) -> str:
         c = self.counts
         head = (f"{self.model} ({self.target}): {c['error']} error(s), {c['warning']} warning(s), "
                 f"{c['info']} info")
+        if self.undecided:
+            codes = ", ".join(sorted({f.code for f in self.undecided}))
+            head += f"; the compiler decides {len(self.undecided)} finding(s) ({codes}): build it to know"
         return "\n".join([head] + [f.text() for f in self.findings])
 
 

@@ -50,6 +50,8 @@ class StatefulWalker:
         if missing:
             raise EngineMismatch(f"the {c.family} contract's params have no {', '.join(missing)}" + fix)
         self.emit, self.delay = c.params["emit"], c.params["lookahead_samples"]
+        # an output ends this many samples past rate x frames over a whole utterance (negative: short of it)
+        self.extra = dict(c.params.get("output_extra") or {})
         odd = [t.name for t in c.inputs if t.role not in WALKER_ROLES]
         if odd:
             raise EngineMismatch(f"a stateful walker feeds walked, mask, constant and state inputs, not {odd}" + fix)
@@ -184,24 +186,27 @@ class StatefulWalker:
 
     def flush(self) -> list[np.ndarray]:
         """End the utterance: run the pending frames, then zero frames with mask 0, until every real
-        output sample is out; return them (nothing past the last real frame)."""
+        output sample is out; return them (nothing past the last real sample: rate x frames plus the
+        output's `output_extra`)."""
         e, hop = self.emit, self.hop
         emitted = max(self.steps * e * hop - self.delay, 0)   # real samples already returned
-        wanted = self.frames_in * hop - emitted
+        wanted = [self.frames_in * hop + self.extra.get(t.name, 0) - emitted for t in self.outputs]
         out, left, got = [], self._pending, 0
-        while got < wanted:
+        while got < max(wanted):
             real = min(e, self._n(left))
             out.append(self._run(left, real))
             got += out[-1][0].shape[-1]
             left = {t.name: left[t.name][..., real * t.rate:] for t in self.walked}
         self._pending = left
-        return [x[..., :wanted] for x in self._join(out)]   # every walked output runs at the hop
+        return [x[..., :max(w, 0)] for x, w in zip(self._join(out), wanted)]   # every walked output runs at the hop
 
     def decode(self, frames) -> list[np.ndarray]:
         """One utterance from a fresh state: each walked output over all its frames, flush included."""
         self.reset()
         head, tail = self.push(frames), self.flush()
-        return [np.concatenate([a, b], axis=-1) for a, b in zip(head, tail)]
+        # a step whose lookahead is shorter than an output's shortfall has already returned its last samples
+        ends = [self.frames_in * self.hop + self.extra.get(t.name, 0) for t in self.outputs]
+        return [np.concatenate([a, b], axis=-1)[..., :end] for a, b, end in zip(head, tail, ends)]
 
     def stream(self, chunks: Iterable) -> Iterator[list[np.ndarray]]:
         """Yield the outputs as they become final while chunks of frames arrive, then the flushed tail."""

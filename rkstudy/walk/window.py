@@ -180,7 +180,10 @@ def walk(n_frames: int, run: Callable[[dict], Sequence[np.ndarray]], *, emit: in
             b = rate.per_frame * (w.offset + w.emit_stop - w.emit_start)
             if w.emit_stop == n_frames:
                 b += rate.extra
-            pieces[k].append(out[..., a:b])
+            piece = out[..., a:b]
+            # an output short of rate x frames (extra < 0) ends before an emit that reaches the window's end
+            # (no context after it): the samples it does not make stay zero, so every later piece keeps its place
+            pieces[k].append(np.pad(piece, [(0, 0)] * (piece.ndim - 1) + [(0, b - a - piece.shape[-1])]))
     if overlap == 0 or len(plan) == 1:
         return [np.concatenate(p, axis=-1) for p in pieces]
     return [_blend(p, plan, rate, n_frames) for p, rate in zip(pieces, outputs)]

@@ -4,9 +4,11 @@ family code. What the graph cannot tell by itself comes as flags (rkstudy.famili
 documents the convention): the walked inputs with their frame axis and rate, the static inputs,
 the walked outputs with their samples per frame, and the compiled length.
 
-packages.py (host: the proving set's real modules, `vocos` and `bigvgan` from their PyPI packages,
-exported) · architectures.py (host: the project's own generators, HiFi-GAN V1/V3, MelGAN, odd strides,
-instance norm) · producer.py (host: the flags, the window graph and its contract, the stateful step) ·
+packages.py (host: the proving set's real modules, `vocos`, `bigvgan` and the `dac` and `snac` codec
+decoders from their PyPI packages, exported) · architectures.py (host: the project's own generators,
+HiFi-GAN V1/V3, MelGAN, odd strides, instance norm) · producer.py (host: the flags, the window graph and
+its contract, the stateful step) · export.py (host: the user's export checked before surgery: no random
+ops, a frame axis dynamic in fact, each output rate x frames plus one fixed remainder) ·
 sidecar.py (board side: the window walk or the stateful step, whichever the contract says) · study.py
 (host: the window plan as a rkstudy.walk.planner.PlanTarget, exactness of the step and the window walk in
 float64 and fp32, what fp16 storage costs a graph) · targets.py (host: every target the toolkit builds,

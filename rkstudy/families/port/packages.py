@@ -1,7 +1,9 @@
 """The proving set's vocoders from their own PyPI packages, as their authors wrote them: `vocos` 0.1.0
-(VocosBackbone and the ISTFTHead's projection) and `bigvgan` 2.4.1 (BigVGAN with its anti-aliased
-Snake-Beta activations), at small configs with seeded random weights, exported the ways their exporter
-can (host: torch).
+(VocosBackbone and the ISTFTHead's projection), `bigvgan` 2.4.1 (BigVGAN with its anti-aliased
+Snake-Beta activations), and two codecs' decoders: `descript-audio-codec` 1.0.0 (module `dac`: odd-stride
+ConvTranspose upsamplers without output_padding, so its audio is a fixed few samples short of rate x
+frames) and `snac` 1.2.1 (a NoiseBlock that draws noise on every call, windowed local attention after the
+first conv), at small configs with seeded random weights, exported the ways their exporter can (host: torch).
 
 Why load by file: both packages are architecture code without weights, installed with --no-deps
 (`make models`, [tool.rkstudy] models-no-deps), and their package `__init__`s import what the
@@ -10,8 +12,14 @@ huggingface_hub's download), `vocos.heads` imports torchaudio for its mel-scale 
 `bigvgan/__init__` and `bigvgan.utils` import the mel dataset (librosa). So the package is entered as a
 bare package (its folder on the import path, its `__init__` not run) while its submodules load, and the
 two files that import an absent library for code this project does not call are executed without that
-one import line (a call that needed it would fail with a NameError, never silently). Nothing is fetched
-from a model hub: the weights are drawn from a seeded generator.
+one import line (a call that needed it would fail with a NameError, never silently). `dac`'s `__init__`,
+`dac.model` and `dac.nn` import `audiotools` (descript-audiotools: audio I/O, loudness, a training
+framework, with a long tail of binary dependencies) for the codec's file format, its losses and its
+BaseModel; the decoder classes use none of it, so only `dac.nn.layers` and the decoder's own classes of
+`dac.model.dac` are loaded (their definitions executed from the file, the DAC wrapper class left out).
+`dac.nn.layers` and `snac.attention` import `einops` (pure python, used by snac's attention at run time),
+installed --no-deps beside them. Nothing is fetched from a model hub: the weights are drawn from a seeded
+generator.
 
 The ISTFTHead's inverse STFT is complex-valued (no ONNX export): the graph ends at its real and imaginary
 spectrum, the head's own lines up to `S = mag * (x + 1j * y)`, and `istft` turns them into audio on the
@@ -83,21 +91,28 @@ def _package_dir(name: str) -> Path:
 
 
 @contextmanager
+def _bare(packages: dict[str, Path]):
+    """Each of `packages` (name -> folder) importable as a package whose __init__ is not run, for as long
+    as the block runs."""
+    saved = {name: sys.modules.get(name) for name in packages}
+    for name, folder in packages.items():
+        bare = types.ModuleType(name)
+        bare.__path__, bare.__package__ = [str(folder)], name
+        sys.modules[name] = bare
+    try:
+        yield
+    finally:   # the bare modules out, what was there before back
+        for name in packages:
+            sys.modules.pop(name, None)
+        sys.modules.update({name: old for name, old in saved.items() if old is not None})
+
+
+@contextmanager
 def _bare_package(name: str):
     """`name` importable as a package whose __init__ is not run, for as long as its submodules load."""
     folder = _package_dir(name)
-    saved = sys.modules.get(name)
-    bare = types.ModuleType(name)
-    bare.__path__ = [str(folder)]
-    bare.__package__ = name
-    sys.modules[name] = bare
-    try:
+    with _bare({name: folder}):
         yield folder
-    finally:
-        if saved is None:
-            sys.modules.pop(name, None)
-        else:
-            sys.modules[name] = saved
 
 
 def _load_without(package: str, module: str, folder: Path, absent: tuple[str, ...]) -> types.ModuleType:
@@ -114,6 +129,45 @@ def _load_without(package: str, module: str, folder: Path, absent: tuple[str, ..
     sys.modules[full] = mod
     exec(compile(tree, str(path), "exec"), mod.__dict__)
     return mod
+
+
+def _load_definitions(full: str, path: Path, names: tuple[str, ...], absent: tuple[str, ...]) -> types.ModuleType:
+    """Module `full` holding only the imports of its file that name no `absent` module and the top-level
+    definitions `names` (a class that subclasses an absent one, a `__main__` block: left out)."""
+    if full in sys.modules:
+        return sys.modules[full]
+    tree = ast.parse(path.read_text(), str(path))
+
+    def kept(s) -> bool:
+        if isinstance(s, ast.ImportFrom):
+            return not any((s.module or "").startswith(a) for a in absent) and s.level == 0
+        if isinstance(s, ast.Import):
+            return not any(a.name.startswith(x) for a in s.names for x in absent)
+        return isinstance(s, (ast.ClassDef, ast.FunctionDef)) and s.name in names
+
+    tree.body = [s for s in tree.body if kept(s)]
+    mod = types.ModuleType(full)
+    mod.__file__, mod.__package__ = str(path), full.rpartition(".")[0]
+    sys.modules[full] = mod
+    exec(compile(tree, str(path), "exec"), mod.__dict__)
+    return mod
+
+
+def dac_modules() -> types.ModuleType:
+    """The decoder classes of `dac.model.dac` (Decoder, DecoderBlock, ResidualUnit) over `dac.nn.layers`
+    (WNConv1d, WNConvTranspose1d, Snake1d), from the installed package without audiotools (see the
+    module)."""
+    folder = _package_dir("dac")
+    with _bare({"dac": folder, "dac.nn": folder / "nn", "dac.model": folder / "model"}):
+        importlib.import_module("dac.nn.layers")
+        return _load_definitions("dac.model.dac", folder / "model" / "dac.py",
+                                 ("ResidualUnit", "DecoderBlock", "Decoder"), ("audiotools", "dac.nn.quantize"))
+
+
+def snac_layers() -> types.ModuleType:
+    """`snac.layers` from the installed package (its Decoder, NoiseBlock and LocalMHA)."""
+    _package_dir("snac")
+    return importlib.import_module("snac.layers")
 
 
 def vocos_modules() -> tuple[types.ModuleType, types.ModuleType]:
@@ -182,19 +236,21 @@ def _version(package: str) -> str:
     return version(package)
 
 
-def exported(module: torch.nn.Module, outputs: tuple[str, ...], exporter: str, key: dict) -> onnx.ModelProto:
-    """`module` exported by `exporter`, from the build cache when the same package, config, seed, torch and
-    this file made it before (a dynamo export of the small BigVGAN takes about a minute)."""
+def exported(module: torch.nn.Module, outputs: tuple[str, ...], exporter: str, key: dict, **how) -> onnx.ModelProto:
+    """`module` exported by `exporter` (`how`: the traced frames, the input's channels and name), from the
+    build cache when the same package, config, seed, torch and this file made it before (a dynamo export of
+    the small BigVGAN takes about a minute)."""
     from ... import cache
 
-    parts = (Path(__file__), torch.__version__, onnx.__version__, exporter, key)
+    parts = (Path(__file__), torch.__version__, onnx.__version__, exporter, key, how)
     path = cache.cached_file("exports", f"port_{key['name']}_{exporter}", cache.digest(*parts), ".onnx",
-                             lambda tmp: onnx.save(_export(module, outputs, exporter), str(tmp)))
+                             lambda tmp: onnx.save(_export(module, outputs, exporter, **how), str(tmp)))
     return onnx.load(str(path))
 
 
-def _export(module: torch.nn.Module, outputs: tuple[str, ...], exporter: str, frames: int = 48) -> onnx.ModelProto:
-    x = torch.zeros(1, MELS, frames)
+def _export(module: torch.nn.Module, outputs: tuple[str, ...], exporter: str, frames: int = 48,
+            channels: int = MELS, name: str = INPUT) -> onnx.ModelProto:
+    x = torch.zeros(1, channels, frames)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if exporter == "legacy":
@@ -202,15 +258,15 @@ def _export(module: torch.nn.Module, outputs: tuple[str, ...], exporter: str, fr
             try:
                 with _output_captured():
                     torch.onnx.export(module, (x,), buf, dynamo=False, opset_version=OPSET_LEGACY,
-                                      input_names=[INPUT], output_names=list(outputs),
-                                      dynamic_axes={INPUT: {2: "frames"}, **{o: {2: "samples"} for o in outputs}})
+                                      input_names=[name], output_names=list(outputs),
+                                      dynamic_axes={name: {2: "frames"}, **{o: {2: "samples"} for o in outputs}})
             except Exception as exc:   # its first line is what it says; the rest is the graph it gave up on
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 raise ExportFailed(f"the legacy exporter refused it: {first[:300]}") from None
             return onnx.load_from_string(buf.getvalue())
         if exporter != "dynamo":
             raise ValueError(f"exporter {exporter!r}: one of {', '.join(EXPORTERS)}")
-        program = torch.onnx.export(module, (x,), dynamo=True, opset_version=OPSET_DYNAMO, input_names=[INPUT],
+        program = torch.onnx.export(module, (x,), dynamo=True, opset_version=OPSET_DYNAMO, input_names=[name],
                                     output_names=list(outputs), verbose=False,
                                     dynamic_shapes=({2: torch.export.Dim("frames", min=8, max=8192)},))
         return program.model_proto
@@ -258,3 +314,42 @@ def bigvgan(exporter: str = "dynamo", seed: int = 0, channels: int = 32, rates=(
     key = {"name": "bigvgan", "package": _version("bigvgan"), "seed": seed, "config": bigvgan_config(channels, rates)}
     return Vocoder("bigvgan", exported(net, ("audio",), exporter, key), int(np.prod(rates)), ("audio",), exporter,
                    f"bigvgan {key['package']}: bigvgan.bigvgan.BigVGAN", net)
+
+
+LATENT = "z"
+DAC_24K_RATES = (8, 5, 4, 2)   # the 24 kHz model's decoder: hop 320, odd stride 5 without output_padding
+DAC_44K_RATES = (8, 8, 4, 2)   # the 44.1 kHz model's: hop 512
+SNAC_RATES = (8, 8, 4, 2)      # the 24/32 kHz models' decoder: hop 512
+SNAC_WINDOW = 32               # LocalMHA's attention window (frames) in the 32 and 44 kHz models
+
+
+def dac(rates=DAC_24K_RATES, exporter: str = "legacy", seed: int = 0, latent: int = 16, channels: int = 64,
+        frames: int = 48) -> Vocoder:
+    """The real `dac` decoder (descript-audio-codec: a k=7 conv, then per rate a Snake1d, a weight-normed
+    ConvTranspose of kernel 2s, stride s, padding ceil(s / 2) and no output_padding, three dilated residual
+    units; Snake1d, a k=7 conv and tanh) at `channels` (halved per upsampler), seeded; input `z`
+    [1, latent, frames], output `audio` [1, 1, hop x frames - r], where an odd stride s leaves r > 0 (the
+    package's own decode is that long: 24 kHz layout, r = 8)."""
+    module = dac_modules()
+    torch.manual_seed(seed)
+    net = seeded(module.Decoder(latent, channels, list(rates)), seed)
+    key = {"name": f"dac_{'_'.join(map(str, rates))}", "package": _version("descript-audio-codec"), "seed": seed,
+           "latent": latent, "channels": channels}
+    return Vocoder(key["name"], exported(net, ("audio",), exporter, key, frames=frames, channels=latent, name=LATENT),
+                   int(np.prod(rates)), ("audio",), exporter,
+                   f"descript-audio-codec {key['package']}: dac.model.dac.Decoder", net)
+
+
+def snac(exporter: str = "legacy", seed: int = 0, latent: int = 16, channels: int = 64, rates=SNAC_RATES,
+         window: int | None = SNAC_WINDOW, noise: bool = True, frames: int = 2 * SNAC_WINDOW) -> Vocoder:
+    """The real `snac` decoder (depthwise k=7 conv and a 1x1 conv; LocalMHA over windows of `window`
+    frames; per rate a Snake1d, a ConvTranspose (output_padding s % 2), a NoiseBlock that multiplies
+    fresh Gaussian noise into the signal on every call, three residual units; Snake1d, a k=7 conv, tanh)
+    at `channels`, seeded; input `z` [1, latent, frames] (a multiple of `window`), output `audio`."""
+    layers = snac_layers()
+    torch.manual_seed(seed)
+    net = seeded(layers.Decoder(latent, channels, list(rates), noise, depthwise=True, attn_window_size=window), seed)
+    key = {"name": f"snac{'_noise' if noise else ''}{f'_w{window}' if window else ''}",
+           "package": _version("snac"), "seed": seed, "latent": latent, "channels": channels, "rates": list(rates)}
+    return Vocoder(key["name"], exported(net, ("audio",), exporter, key, frames=frames, channels=latent, name=LATENT),
+                   int(np.prod(rates)), ("audio",), exporter, f"snac {key['package']}: snac.layers.Decoder", net)

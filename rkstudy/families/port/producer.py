@@ -33,9 +33,11 @@ from ... import graph
 from ...contract import METADATA_KEY, Contract, Digest, Tensor, WindowShape, from_metadata, step_contract
 from ...errors import UsageError
 from ...graph.delays import NotStreamable, time_axes
+from ...graph.pitfalls import attention
 from ...graph.stateful import StepGraph, make_step
 from ...graph.validity import mask_boundaries
 from ...produced import Produced
+from .export import lengths, refuse_random
 
 FAMILY = "port"
 PRODUCER = "rkstudy port fold <model.onnx> --walk NAME:AXIS:RATE --output NAME:RATE --frames N --save X"
@@ -146,7 +148,9 @@ def port_from_flags(path, walk: Sequence[str], static: Sequence[str] = (), outpu
     unnamed = [n for n in inputs if n not in named]
     if unnamed:
         raise UsageError(f"the graph's input(s) {', '.join(unnamed)} are not named; give each --walk or --static")
-    return Port(path, model, tuple(walked), tuple(static), tuple(outs))
+    port = Port(path, model, tuple(walked), tuple(static), tuple(outs))
+    refuse_random(port)   # every command starts here: none folds a random draw into constants
+    return port
 
 
 def folded(port: Port, frames: int) -> onnx.ModelProto:
@@ -207,6 +211,7 @@ def produce_window(port: Port, frames: int, context: int, *, sample_rate: int = 
     if not 0 <= 2 * context < frames:
         raise UsageError(f"--context {context} leaves no frame to emit in a {frames}-frame window; "
                          f"take a context below {(frames + 1) // 2}")
+    extra = lengths(port, frames).extra
     model, mask, masked, rewritten = folded(port, frames), None, (), ()
     if all(w.rate == 1 for w in port.walked):
         try:
@@ -219,12 +224,13 @@ def produce_window(port: Port, frames: int, context: int, *, sample_rate: int = 
     if mask:
         inputs.append(Tensor(mask, _shape(model, mask), role="mask", axis=2))
     inputs += [Tensor(s, _shape(model, s), role="constant") for s in port.static]
-    outputs = [Tensor(o, _shape(model, o), role="walked", axis=axes[o], rate=r) for o, r in port.outputs]
+    outputs = [Tensor(o, _shape(model, o), role="walked", axis=axes[o], rate=r, extra=extra[o])
+               for o, r in port.outputs]
     for t in outputs:
-        if t.shape[t.axis] != t.rate * frames:
-            raise UsageError(f"--output {t.name}:{t.rate}: at {frames} frames the graph makes {t.shape[t.axis]} "
-                             "samples, "
-                             f"not {t.rate * frames}; its rate is {t.shape[t.axis] / frames:g} samples per frame")
+        if t.shape[t.axis] != t.rate * frames + t.extra:
+            raise UsageError(f"--output {t.name}:{t.rate}: pinned at {frames} frames the graph makes {t.shape[t.axis]} "
+                             f"samples on its frame axis {t.axis}, and {t.rate * frames + t.extra} on its last axis as "
+                             "exported; walk an output whose frame axis is its last")
     contract = Contract(family=FAMILY, stage="vocoder", inputs=tuple(inputs), outputs=tuple(outputs),
                         source=Digest.of(port.path), producer=producer,
                         params={**_params(port, sample_rate), "masked_convs": len(masked),
@@ -242,14 +248,34 @@ def produce_step(port: Port, emit: int, frames: int, *, sample_rate: int = 22050
     bad = [f"{w.name} ({w.rate} per frame)" for w in port.walked if w.rate != 1]
     if bad:
         raise NotStreamable(f"a stateful step walks inputs at one element per frame; {', '.join(bad)} is not")
-    step = make_step(folded(port, frames), port.walked_names, emit)
+    model = folded(port, frames)
+    refuse_attention(port, model, frames)
+    extra = lengths(port, frames, step=True).extra
+    step = make_step(model, port.walked_names, emit)
     if step.output_rate != port.hop:
         raise UsageError(f"--output {port.outputs[0][0]}:{port.hop}: the graph makes {step.output_rate} samples "
                          "per input frame; give that rate")
+    if step.extents != extra:
+        raise NotStreamable(f"the streaming rules make the outputs {step.extents} samples past rate x frames, the "
+                            f"export runs {extra} past it; a rule reads this graph wrongly: report it with the graph")
     contract = step_contract(step, family=FAMILY, masks=(), source=Digest.of(port.path), producer=producer,
-                             params=_params(port, sample_rate), stage="vocoder")
+                             params={**_params(port, sample_rate), "output_extra": extra}, stage="vocoder")
     return PortGraph(model=graph.with_metadata(step.model, **{METADATA_KEY: contract.to_json()}), contract=contract,
                      masked=step.masked, rewritten=step.rewritten, step=step)
+
+
+def refuse_attention(port: Port, model: onnx.ModelProto, frames: int) -> None:
+    """NotStreamable naming the attention over time a pinned graph holds, with the span it attends over."""
+    found = attention(model)
+    if not found:
+        return
+    a = found[0]
+    span = (f"over windows of {a.span} of its {frames} frames (windowed local attention)" if 0 < a.span < frames
+            else f"over all {a.span} frames" if a.span == frames else f"over spans of {a.span} positions")
+    more = f" ({len(found)} attention blocks)" if len(found) > 1 else ""
+    raise NotStreamable(f"{port.path.name} attends {span}: MatMul {a.scores!r} -> Softmax {a.softmax!r} -> MatMul "
+                        f"{a.values!r}{more}; no stateful step reproduces it at a window's edges. Walk it in windows "
+                        "(rkstudy port fold), or cut the graph after the attention and run that part on the CPU")
 
 
 def read_contract(model) -> Contract:

@@ -11,6 +11,7 @@ k is `channels x rate` consecutive values, and the planner's hop is that product
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -27,9 +28,15 @@ EXACT_GATE = gates.Gate("port_step_vs_full_decode_float64", 250.0)
 FP32_GATE = gates.Gate("port_step_vs_full_decode_fp32", 90.0)
 
 
-def _frame_major(out: np.ndarray) -> np.ndarray:
-    """[1, C, T] -> frame-major flat (T x C values, time slowest)."""
-    return np.ascontiguousarray(np.asarray(out)[0].reshape(-1, out.shape[-1]).T).reshape(-1)
+def _frame_major(out: np.ndarray, length: int | None = None) -> np.ndarray:
+    """[1, C, T] -> frame-major flat (T x C values, time slowest), first cut or zero-padded to `length`
+    samples on time: an output a fixed few samples off rate x frames compares frame by frame like any other
+    (its decode and its walk are cut or padded alike)."""
+    out = np.asarray(out)
+    if length is not None:
+        out = out[..., :length]
+        out = np.pad(out, [(0, 0)] * (out.ndim - 1) + [(0, length - out.shape[-1])])
+    return np.ascontiguousarray(out[0].reshape(-1, out.shape[-1]).T).reshape(-1)
 
 
 def _dynamic(port: Port) -> None:
@@ -50,14 +57,16 @@ def plan_target(port: Port, utterances: Sequence[Mapping[str, np.ndarray]], fram
     """The planner's view of the user's model: decode and walk through onnxruntime on the dynamic
     graph, the engine at each window from produce_window (cached), the user's utterances as latents."""
     from ...runtime import OrtRunner
+    from .export import lengths
 
     _dynamic(port)
+    extra = lengths(port, frames).extra[port.outputs[0][0]]
     runner = OrtRunner(port.model)
     out_index = [o.name for o in port.model.graph.output].index(port.outputs[0][0])
     channels = int(np.prod(runner.run(dict(utterances[0]))[out_index].shape[1:-1]))
 
     def decode(u):
-        return _frame_major(runner.run(dict(u))[out_index])
+        return _frame_major(runner.run(dict(u))[out_index], n_frames(port, u) * port.hop)
 
     def walked(u, emit, ctx):
         static = {s: u[s] for s in port.static}
@@ -68,8 +77,8 @@ def plan_target(port: Port, utterances: Sequence[Mapping[str, np.ndarray]], fram
 
         (out,) = walk(n_frames(port, u), one_window, emit=emit, context=ctx,
                       walked={w.name: (u[w.name][0], Rate(w.rate)) for w in port.walked},
-                      outputs=[Rate(port.hop)], progress=False)
-        return _frame_major(out[None])
+                      outputs=[Rate(port.hop, extra)], progress=False)
+        return _frame_major(out[None], n_frames(port, u) * port.hop)
 
     def perturb(u, k, rng):
         moved = {name: np.array(v) for name, v in u.items()}
@@ -156,35 +165,24 @@ def window_exactness(port: Port, window, utterance: Mapping[str, np.ndarray], ed
 
 
 def ops_handled(model) -> str:
-    """The ops of a folded graph by streaming-rule family (what the surgery had to handle), with the
-    pads' modes and the convs' strides and groups: "conv: Conv x49 (strided 24, grouped 24); ..."."""
+    """The ops of a folded graph by streaming-rule family (what the surgery had to handle), each with what
+    its rule notes about it (a Pad's mode, a strided or grouped conv): "conv: Conv x49 (strided 24, grouped
+    24); ..."; an op no rule covers is counted under "no rule"."""
     from collections import Counter
 
     from ...graph.streaming import RULES
-    from ...graph.streaming.core import attrs
 
     by_family: dict[str, Counter] = {}
     notes: dict[str, Counter] = {}
     for n in model.graph.node:
         rule = RULES.get(n.op_type)
-        family = rule.family if rule else "no rule"
-        by_family.setdefault(family, Counter())[n.op_type] += 1
-        a = attrs(n)
-        if n.op_type == "Pad":
-            mode = a.get("mode", b"constant")
-            notes.setdefault("Pad", Counter())[mode.decode() if isinstance(mode, bytes) else mode] += 1
-        elif n.op_type in ("Conv", "ConvTranspose"):
-            if a.get("strides", [1])[0] > 1 and n.op_type == "Conv":
-                notes.setdefault(n.op_type, Counter())["strided"] += 1
-            if a.get("group", 1) > 1:
-                notes.setdefault(n.op_type, Counter())["grouped"] += 1
-            if any(a.get("output_padding", [0])):
-                notes.setdefault(n.op_type, Counter())["output_padding"] += 1
+        by_family.setdefault(rule.family if rule else "no rule", Counter())[n.op_type] += 1
+        notes.setdefault(n.op_type, Counter()).update(rule.note(n) if rule else [])
     parts = []
     for family in sorted(by_family):
         ops = []
         for op, k in sorted(by_family[family].items()):
-            extra = ", ".join(f"{what} {c}" for what, c in sorted(notes.get(op, {}).items()))
+            extra = ", ".join(f"{what} {c}" for what, c in sorted(notes[op].items()))
             ops.append(f"{op} x{k}" + (f" ({extra})" if extra else ""))
         parts.append(f"{family}: " + ", ".join(ops))
     return "; ".join(parts)
@@ -237,3 +235,89 @@ def input_probe(utterances: Sequence[Mapping[str, np.ndarray]], limit: int = 8):
         return [feeds[i] for i in keep]
 
     return probe
+
+
+def codec_rows(decoders, workdir, frames: int, context: int, emit: int, utterance: Mapping[str, np.ndarray]) -> list:
+    """What `port fold` and `port step` say and do for each real codec decoder (rkstudy.families.port.packages:
+    a Vocoder with its torch module): the refusal (one line) where a command refuses, the output's remainder
+    over rate x frames where it takes the graph, and where the step streams its exactness (step_exactness)
+    and its fp32 walk against the package's own decode (the torch module) on `utterance`."""
+    import onnx
+    import torch
+
+    from ...errors import InputError
+    from ...runtime import OrtRunner
+    from ...walk.stateful import StatefulWalker
+    from .producer import port_from_flags, produce_step
+
+    rows = []
+    for name, v in decoders.items():
+        path = Path(workdir) / f"{name}.onnx"
+        onnx.save(v.model, path)
+        row = {"decoder": name, "source": v.source, "exporter": v.exporter, "hop": v.hop,
+               **dict.fromkeys(CODEC_COLUMNS)}
+        try:
+            port = port_from_flags(path, [f"{w}:2:1" for w in utterance], output=[f"audio:{v.hop}"])
+        except InputError as exc:   # every command starts here
+            rows.append({**row, "fold": "refused", "step": "refused", "fold_says": str(exc), "step_says": str(exc)})
+            continue
+        try:
+            window = produce_window(port, frames, context)
+            row.update(fold="ok", fold_says="", output_extra=window.contract.outputs[0].extra)
+        except InputError as exc:
+            row.update(fold="refused", fold_says=str(exc))
+        try:
+            step = produce_step(port, emit, frames)
+        except InputError as exc:
+            rows.append({**row, "step": "refused", "step_says": str(exc)})
+            continue
+        exact = step_exactness(port, step, utterance)
+        with torch.no_grad():
+            own = v.module(*(torch.from_numpy(x) for x in utterance.values())).numpy()[0]
+        (walked,) = StatefulWalker(OrtRunner(step.model), step.contract).decode(
+            {k: x[0] for k, x in utterance.items()})
+        extra = step.contract.params["output_extra"]["audio"]
+        rows.append({**row, "step": "ok", "step_says": "", "step_output_extra": extra,
+                     "samples": walked.shape[-1], "package_samples": own.shape[-1],
+                     "step_vs_package_fp32_db": gates.snr_db(own, walked) if own.shape == walked.shape else None,
+                     **{k: exact[k] for k in CODEC_COLUMNS[-7:]}})
+    return rows
+
+
+# every codec row's columns after its name, source, exporter and hop (None where a command refused)
+CODEC_COLUMNS = ("fold", "fold_says", "output_extra", "step", "step_says", "step_output_extra", "samples",
+                 "package_samples", "step_vs_package_fp32_db", "frames", "step_vs_full_f64_db", "first_frames_db",
+                 "last_frames_db", "step_vs_full_fp32_db", "first_frames_fp32_db", "last_frames_fp32_db")
+
+
+def lint_vs_build(v, workdir, frames: Sequence[int], target: str = "rk3588") -> list:
+    """For one decoder (a packages.Vocoder) at each window length: what `port lint` predicts of its dilated
+    convs' register field (RK305: REGTASK lines, severity, the lint exit code, whether the compiler decides)
+    beside what the window graph's real build logged (rkstudy.toolkit.build.build_engine)."""
+    import onnx
+
+    from ...lint import lint
+    from ...toolkit.build import build_engine
+    from .producer import port_from_flags
+
+    path = Path(workdir) / f"{v.name}_lint.onnx"
+    onnx.save(v.model, path)
+    port = port_from_flags(path, ["z:2:1"], output=[f"audio:{v.hop}"])
+    rows = []
+    for n in frames:
+        report = lint(path, {k: list(s) for k, s in port.shapes(n).items()}, target=target, time_inputs=["z"])
+        found = [f for f in report.findings if f.code == "RK305"]
+        window = produce_window(port, n, max(1, n // 4)).save(Path(workdir) / f"{v.name}_w{n}.onnx")
+        built = build_engine(window, target)
+        predicted = sum(f.detail.get("predicted_lines", 0) for f in found)
+        # the lines a finished build logged, or lint's error where the build was killed past the REGTASK limit
+        held = (built.regtask == predicted if built.ok else
+                built.status == "regtask-limit" and any("the build is killed" in f.message for f in found))
+        rows.append({"decoder": v.name, "window": n, "target": target, "lint_exit": report.exit_code,
+                     "rk305": max((f.severity for f in found), key=("warning", "error").index, default="none"),
+                     "compiler_decides": bool(report.undecided),
+                     "predicted_regtask": predicted, "prediction_held": held,
+                     "largest_predicted_value": max((f.detail["field_value"] for f in found), default=0),
+                     **{k: built.row()[k] for k in ("status", "regtask", "regtask_max_value", "build_s", "where",
+                                                    "board_risk")}})
+    return rows

@@ -11,11 +11,16 @@ reads past their ends, and rewrites the pads that replicate or mirror. Families:
 core.py (timings, reads, the rule context) · registry.py (the registry) · conv.py (Conv, any stride) ·
 resample.py (ConvTranspose) · pad.py (Pad: constant, edge, reflect) · pointwise.py · layout.py
 (Transpose, Reshape, Squeeze, Unsqueeze, Slice, Split, Concat, Gather) · norm.py (norms, reductions,
-softmax, MatMul and Gemm over channels; what is global over time refused) · masks.py (the boundary
+softmax, MatMul and Gemm over channels; what is global over time refused) · constants.py (Constant,
+Shape, ConstantOfShape: refused on the time path, evaluated away from it) · masks.py (the boundary
 signals made from the frame mask).
+
+Each rule also carries its op's float64 evaluation (what rkstudy.graph.f64 runs) and its boundary
+behaviour (what rkstudy.graph.validity asks), so a new op is one module here, its import below and its
+tests (registry.py says which).
 """
 
-from . import conv, layout, norm, pad, pointwise, resample  # noqa: F401  (registers the rules)
+from . import constants, conv, layout, norm, pad, pointwise, resample  # noqa: F401  (registers the rules)
 from .core import Builder, Context, ConvPlan, NotStreamable, Read, StepContext, Timed, Timing
 from .registry import RULES, Rule, register, rule_for
 

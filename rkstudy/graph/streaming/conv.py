@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from math import ceil
 
-from .core import ConvPlan, NotStreamable, Read, Timed, Timing, attrs, norm_axis, where
+from .core import ConvPlan, NotStreamable, Read, Timed, Timing, attrs, norm_axis, torch_ops, where
 from .registry import Rule, register
 
 
@@ -71,3 +71,14 @@ class Conv(Rule):
         g = conv_geometry(node, ctx)
         bias = len(node.input) > 2 and node.input[2]
         return node.input[0] in zero and not bias and g["k"] == 1 and g["stride"] == 1 and g["pl"] == g["pr"] == 0
+
+    def f64(self, node, x, a):
+        torch, F = torch_ops()
+        pads = a.get("pads", [0, 0])
+        y = F.pad(x[0], (pads[0], pads[1]))
+        return [F.conv1d(y, x[1], x[2] if len(x) > 2 else None, stride=a.get("strides", [1])[0],
+                         dilation=a.get("dilations", [1])[0], groups=a.get("group", 1))]
+
+    def note(self, node):
+        a = attrs(node)
+        return (["strided"] if a.get("strides", [1])[0] > 1 else []) + (["grouped"] if a.get("group", 1) > 1 else [])

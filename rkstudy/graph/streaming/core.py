@@ -138,6 +138,26 @@ class Context:
         return None
 
 
+def torch_ops():
+    """(torch, torch.nn.functional), imported when a float64 evaluation first runs: the rules themselves
+    load without torch (lint and the surgery never evaluate)."""
+    import torch
+    import torch.nn.functional as F
+
+    return torch, F
+
+
+def ints(t) -> list[int]:
+    """A constant int input of a float64 evaluation (a torch tensor) as a list."""
+    return [int(v) for v in t.reshape(-1).tolist()]
+
+
+def text(value, default: str) -> str:
+    """A string attribute (onnx gives bytes) or its default."""
+    value = default if value is None else value
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def norm_axis(axis: int, rank: int) -> int:
     return axis + rank if axis < 0 else axis
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from .core import NotStreamable, Timed, Timing, aligned, attrs, norm_axis, where
+from .core import NotStreamable, Timed, Timing, aligned, attrs, ints, norm_axis, torch_ops, where
 from .registry import Rule, register
 
 INT64_MAX = np.iinfo(np.int64).max
@@ -42,6 +42,9 @@ class Transpose(Rule):
     def zero_outside(self, node, ctx, zero):
         return node.input[0] in zero
 
+    def f64(self, node, x, a):
+        return [x[0].permute(*(a.get("perm") or list(range(x[0].dim()))[::-1]))]
+
 
 def _axes(node, ctx, what: str) -> list[int] | None:
     return ctx.ints(node, "axes", 1, what)
@@ -63,6 +66,14 @@ class Unsqueeze(Rule):
 
     def zero_outside(self, node, ctx, zero):
         return node.input[0] in zero
+
+    def f64(self, node, x, a):
+        axes = ints(x[1]) if len(x) > 1 and x[1] is not None else list(a["axes"])
+        rank = x[0].dim() + len(axes)
+        t = x[0]
+        for ax in sorted(norm_axis(k, rank) for k in axes):
+            t = t.unsqueeze(ax)
+        return [t]
 
 
 @register
@@ -95,6 +106,15 @@ class Squeeze(Rule):
 
     def zero_outside(self, node, ctx, zero):
         return node.input[0] in zero
+
+    def f64(self, node, x, a):
+        axes = ints(x[1]) if len(x) > 1 and x[1] is not None else a.get("axes")
+        if axes is None:
+            return [x[0].squeeze()]
+        t = x[0]
+        for ax in sorted((norm_axis(k, t.dim()) for k in axes), reverse=True):
+            t = t.squeeze(ax)
+        return [t]
 
 
 @register
@@ -130,6 +150,10 @@ class Reshape(Rule):
     def zero_outside(self, node, ctx, zero):
         return node.input[0] in zero
 
+    def f64(self, node, x, a):
+        keep = not a.get("allowzero", 0)
+        return [x[0].reshape([x[0].shape[k] if d == 0 and keep else d for k, d in enumerate(ints(x[1]))])]
+
 
 @register
 class Flatten(Rule):
@@ -149,6 +173,10 @@ class Flatten(Rule):
 
     def zero_outside(self, node, ctx, zero):
         return node.input[0] in zero
+
+    def f64(self, node, x, a):
+        split = norm_axis(a.get("axis", 1), x[0].dim())
+        return [x[0].reshape(int(np.prod(x[0].shape[:split])), -1)]
 
 
 def slice_spec(node, ctx) -> list[tuple[int, int, int, int]]:
@@ -213,6 +241,23 @@ class Slice(Rule):
         on_time = [s for s in slice_spec(node, ctx) if s[0] == axis]
         return not on_time or (on_time[0][1] == 0 and on_time[0][2] == ctx.length(node.input[0]))
 
+    def f64(self, node, x, a):
+        """Python's slice.indices clamps exactly as ONNX does, for either step sign."""
+        torch, _ = torch_ops()
+        if "starts" in a:   # opset < 10
+            starts, ends, axes, steps = a["starts"], a["ends"], a.get("axes"), None
+        else:
+            starts, ends = ints(x[1]), ints(x[2])
+            axes = ints(x[3]) if len(x) > 3 and x[3] is not None else None
+            steps = ints(x[4]) if len(x) > 4 and x[4] is not None else None
+        axes = list(range(len(starts))) if axes is None else axes
+        steps = [1] * len(starts) if steps is None else steps
+        t = x[0]
+        for start, end, ax, step in zip(starts, ends, axes, steps):
+            ax = int(ax) % t.dim()
+            t = t.index_select(ax, torch.arange(*slice(start, min(end, INT64_MAX), step).indices(t.shape[ax])))
+        return [t]
+
 
 @register
 class Split(Rule):
@@ -227,6 +272,18 @@ class Split(Rule):
 
     def zero_outside(self, node, ctx, zero):
         return node.input[0] in zero
+
+    def f64(self, node, x, a):
+        torch, _ = torch_ops()
+        axis = norm_axis(a.get("axis", 0), x[0].dim())
+        if len(x) > 1 and x[1] is not None:
+            sizes = ints(x[1])
+        elif "split" in a:
+            sizes = list(a["split"])
+        else:   # num_outputs (opset 18): equal parts, the last one smaller
+            size = -(-x[0].shape[axis] // a.get("num_outputs", len(node.output)))
+            sizes = [min(size, x[0].shape[axis] - k * size) for k in range(len(node.output))]
+        return list(torch.split(x[0], sizes, dim=axis))
 
 
 @register
@@ -247,6 +304,14 @@ class Gather(Rule):
 
     def zero_outside(self, node, ctx, zero):
         return node.input[0] in zero
+
+    def f64(self, node, x, a):
+        torch, _ = torch_ops()
+        axis = norm_axis(a.get("axis", 0), x[0].dim())
+        index = x[1].long()
+        index = torch.where(index < 0, index + x[0].shape[axis], index)
+        picked = torch.index_select(x[0], axis, index.reshape(-1))
+        return [picked.reshape(*x[0].shape[:axis], *x[1].shape, *x[0].shape[axis + 1:])]
 
 
 @register
@@ -271,3 +336,7 @@ class Concat(Rule):
 
     def zero_outside(self, node, ctx, zero):
         return all(t in zero for t in node.input if t)
+
+    def f64(self, node, x, a):
+        torch, _ = torch_ops()
+        return [torch.cat([t for t in x if t is not None], dim=a["axis"])]

@@ -13,6 +13,11 @@ from onnx import numpy_helper
 
 from .core import Builder
 
+# The largest repeat one all-ones ConvTranspose of the mask makes. rknn-toolkit2 2.5.0 aborts ("buffer
+# overflow!") on a one-channel ConvTranspose of kernel = stride = 127 or more over 16 frames (and logs
+# REGTASK lines from 31 up), so a mask at a hop such as 512 is repeated in steps: 16 x 16 x 2 builds clean.
+REPEAT_MAX = 16
+
 
 def pad_node(b: Builder, x: str, rank: int, axis: int, before: int, after: int, opset: int, base: str,
              out: str | None = None) -> str:
@@ -40,16 +45,23 @@ class Masks:
         return name
 
     def at_rate(self, rate: int) -> str:
-        """The frame mask repeated to `rate` samples per frame (1 on [0, rate x frames))."""
+        """The frame mask repeated to `rate` samples per frame (1 on [0, rate x frames)): a chain of
+        all-ones ConvTransposes, each repeating by a factor of at most REPEAT_MAX, from the largest rate
+        already made that divides it."""
         self.used = True
         key = ("rate", rate)
         if key not in self._made:
             if rate == 1:
                 self._made[key] = self.mask
             else:
-                ones = self._float(np.ones((1, 1, rate)), f"ones_{rate}")
-                self._made[key] = self.b.node("ConvTranspose", [self.mask, ones], f"mask_x{rate}",
-                                              out=f"{self.mask}_x{rate}", kernel_shape=[rate], strides=[rate])
+                made = [k[1] for k in self._made if k[0] == "rate"]
+                below = [q for q in made if rate % q == 0 and 1 < rate // q <= REPEAT_MAX]
+                factor = rate // max(below) if below else max(
+                    (f for f in range(2, REPEAT_MAX + 1) if rate % f == 0), default=rate)
+                source = self.at_rate(rate // factor)
+                ones = self._float(np.ones((1, 1, factor)), f"ones_{factor}")
+                self._made[key] = self.b.node("ConvTranspose", [source, ones], f"mask_x{rate}",
+                                              out=f"{self.mask}_x{rate}", kernel_shape=[factor], strides=[factor])
         return self._made[key]
 
     def length(self, rate: int, extent: int) -> str:

@@ -9,7 +9,9 @@ norms that are global over time whatever their attributes (instance norm, global
 
 from __future__ import annotations
 
-from .core import NotStreamable, Timed, Timing, attrs, data_time, norm_axis, where
+import numpy as np
+
+from .core import NotStreamable, Timed, Timing, attrs, data_time, ints, norm_axis, torch_ops, where
 from .registry import Rule, register
 
 GLOBAL_OVER_TIME = {"InstanceNormalization": "normalises each channel by its mean and variance over all frames",
@@ -34,6 +36,11 @@ class LayerNorm(Rule):
             raise NotStreamable(f"{where(node)} normalises over axes {first}..{rank - 1}, which hold the time axis "
                                 f"({axis}); it is a norm over time")
         return Timed({o: Timing(t.rate, t.delay, axis, t.extent) for o in node.output[:1] if o})
+
+    def f64(self, node, x, a):
+        dims = list(range(norm_axis(a.get("axis", -1), x[0].dim()), x[0].dim()))
+        y = _normalised(x[0], dims, a.get("epsilon", 1e-5)) * x[1]
+        return [y + x[2] if len(x) > 2 and x[2] is not None else y]
 
 
 @register
@@ -60,6 +67,30 @@ class Reduce(Rule):
     def zero_outside(self, node, ctx, zero):
         return node.input[0] in zero and node.op_type in ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin")
 
+    def f64(self, node, x, a):
+        torch, _ = torch_ops()
+        t = x[0]
+        axes = list(a["axes"]) if "axes" in a else ints(x[1]) if len(x) > 1 and x[1] is not None else []
+        if not axes:
+            if a.get("noop_with_empty_axes", 0):
+                return [t]
+            axes = list(range(t.dim()))
+        dims, keep = sorted(norm_axis(k, t.dim()) for k in axes), bool(a.get("keepdims", 1))
+        op = node.op_type
+        if op in ("ReduceMax", "ReduceMin"):
+            return [t.amax(dim=dims, keepdim=keep) if op == "ReduceMax" else t.amin(dim=dims, keepdim=keep)]
+        if op == "ReduceProd":
+            for d in reversed(dims):
+                t = t.prod(dim=d, keepdim=keep)
+            return [t]
+        if op == "ReduceLogSumExp":
+            return [torch.logsumexp(t, dim=dims, keepdim=keep)]
+        summed = {"ReduceMean": t, "ReduceSum": t, "ReduceL1": t.abs(), "ReduceL2": t * t, "ReduceSumSquare": t * t,
+                  "ReduceLogSum": t}[op].sum(dim=dims, keepdim=keep)
+        if op == "ReduceMean":
+            return [summed / int(np.prod([t.shape[d] for d in dims]))]
+        return [summed.sqrt() if op == "ReduceL2" else summed.log() if op == "ReduceLogSum" else summed]
+
 
 @register
 class Softmax(Rule):
@@ -77,6 +108,19 @@ class Softmax(Rule):
                                 "over channels streams")
         return Timed({node.output[0]: Timing(t.rate, t.delay, axis, t.extent)})
 
+    def f64(self, node, x, a):
+        torch, F = torch_ops()
+        op = node.op_type
+        axis = norm_axis(a.get("axis", -1), x[0].dim())
+        if op == "Softmax":
+            return [torch.softmax(x[0], dim=axis)]
+        if op == "LogSoftmax":
+            return [torch.log_softmax(x[0], dim=axis)]
+        if op == "Hardmax":
+            return [F.one_hot(x[0].argmax(dim=axis), x[0].shape[axis]).movedim(-1, axis).to(x[0].dtype)]
+        p = a.get("p", 2)
+        return [x[0] / x[0].abs().pow(p).sum(dim=axis, keepdim=True).pow(1.0 / p)]
+
 
 @register
 class BatchNorm(Rule):
@@ -88,6 +132,12 @@ class BatchNorm(Rule):
         if axis == 1:
             raise NotStreamable(f"{where(node)} uses the time axis as its channel axis")
         return Timed({node.output[0]: Timing(t.rate, t.delay, axis, t.extent)})
+
+    def f64(self, node, x, a):
+        data, scale, bias, mean, var = x[:5]
+        shape = (1, -1) + (1,) * (data.dim() - 2)
+        y = (data - mean.reshape(shape)) / (var.reshape(shape) + a.get("epsilon", 1e-5)).sqrt()
+        return [y * scale.reshape(shape) + bias.reshape(shape)]
 
 
 @register
@@ -113,6 +163,9 @@ class MatMul(Rule):
             raise NotStreamable(f"{where(node)} contracts over the time axis; only a product over channels streams")
         return Timed({node.output[0]: Timing(t.rate, t.delay, out_rank - (rank - axis), t.extent)})
 
+    def f64(self, node, x, a):
+        return [x[0] @ x[1]]
+
 
 @register
 class Gemm(Rule):
@@ -137,6 +190,12 @@ class Gemm(Rule):
     def zero_outside(self, node, ctx, zero):
         return node.input[0] in zero and not (len(node.input) > 2 and node.input[2])
 
+    def f64(self, node, x, a):
+        left = x[0].T if a.get("transA", 0) else x[0]
+        right = x[1].T if a.get("transB", 0) else x[1]
+        y = a.get("alpha", 1.0) * (left @ right)
+        return [y + a.get("beta", 1.0) * x[2] if len(x) > 2 and x[2] is not None else y]
+
 
 @register
 class GlobalOverTime(Rule):
@@ -147,5 +206,39 @@ class GlobalOverTime(Rule):
         raise NotStreamable(f"{where(node)} {GLOBAL_OVER_TIME[node.op_type]} (a global reduction over time); no step "
                             "can stream it, every output frame waits for the whole utterance")
 
+    def f64(self, node, x, a):
+        torch, _ = torch_ops()
+        op, t = node.op_type, x[0]
+        spatial = list(range(2, t.dim()))
+        shape = (1, -1) + (1,) * len(spatial)
+        if op == "InstanceNormalization":
+            return [_normalised(t, spatial, a.get("epsilon", 1e-5)) * x[1].reshape(shape) + x[2].reshape(shape)]
+        if op == "GroupNormalization":
+            groups = a["num_groups"]
+            y = _normalised(t.reshape(t.shape[0], groups, -1), [2], a.get("epsilon", 1e-5)).reshape(t.shape)
+            scale, bias = (v if v.numel() == t.shape[1] else v.repeat_interleave(t.shape[1] // groups) for v in x[1:3])
+            return [y * scale.reshape(shape) + bias.reshape(shape)]
+        if op == "GlobalAveragePool":
+            return [t.mean(dim=spatial, keepdim=True)]
+        if op == "GlobalMaxPool":
+            return [t.amax(dim=spatial, keepdim=True)]
+        if op == "GlobalLpPool":
+            p = a.get("p", 2)
+            return [t.abs().pow(p).sum(dim=spatial, keepdim=True).pow(1.0 / p)]
+        if op == "CumSum":
+            axis = norm_axis(int(x[1].item()), t.dim())
+            t = t.flip(axis) if a.get("reverse", 0) else t
+            y = t.cumsum(dim=axis)
+            y = y - t if a.get("exclusive", 0) else y
+            return [y.flip(axis) if a.get("reverse", 0) else y]
+        if op == "TopK":
+            values, index = torch.topk(t, int(x[1].item()), dim=a.get("axis", -1), largest=bool(a.get("largest", 1)),
+                                       sorted=bool(a.get("sorted", 1)))
+            return [values, index]
+        raise NotImplementedError(f"{where(node)}: no float64 evaluation for {op}")
 
 
+def _normalised(t, dims: list[int], epsilon: float):
+    """(t - mean) / sqrt(var + epsilon) over `dims` (the biased variance, as every ONNX norm takes it)."""
+    mean = t.mean(dim=dims, keepdim=True)
+    return (t - mean) / (((t - mean) ** 2).mean(dim=dims, keepdim=True) + epsilon).sqrt()

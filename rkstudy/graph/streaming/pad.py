@@ -22,7 +22,20 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from .core import Builder, Context, NotStreamable, Timed, Timing, attrs, data_time, norm_axis, where
+from .core import (
+    Builder,
+    Context,
+    NotStreamable,
+    Timed,
+    Timing,
+    attrs,
+    data_time,
+    ints,
+    norm_axis,
+    text,
+    torch_ops,
+    where,
+)
 from .masks import Masks, pad_node
 from .registry import Rule, register
 
@@ -155,8 +168,46 @@ class Pad(Rule):
             b.node("Identity", [total], "pad_out", out=out)
         return b.nodes[start:]
 
+    def f64(self, node, x, a):
+        if "pads" in a:
+            pads, value, axes = a["pads"], float(a.get("value", 0.0)), None
+        else:
+            pads = ints(x[1])
+            value = float(x[2].item()) if len(x) > 2 and x[2] is not None else 0.0
+            axes = ints(x[3]) if len(x) > 3 and x[3] is not None else None
+        return [padded(x[0], pads, text(a.get("mode"), "constant"), value, axes)]
+
+    def note(self, node):
+        return [text(attrs(node).get("mode"), "constant")]
+
     @staticmethod
     def _weight(b: Builder, w: np.ndarray, base: str) -> str:
         name = b.name(base + "_w")
         b.inits.append(numpy_helper.from_array(w, name))
         return name
+
+
+def padded(x, pads, mode: str, value: float, axes):
+    """ONNX Pad of a torch tensor on any axes (negative pads crop), in constant, edge or reflect mode."""
+    _, F = torch_ops()
+    axes = list(range(x.dim())) if axes is None else [k % x.dim() for k in axes]
+    n = len(axes)
+    for k, ax in enumerate(axes):
+        lo, hi = int(pads[k]), int(pads[n + k])
+        if lo < 0:
+            x = x.narrow(ax, -lo, x.shape[ax] + lo)
+            lo = 0
+        if hi < 0:
+            x = x.narrow(ax, 0, x.shape[ax] + hi)
+            hi = 0
+        if not lo and not hi:
+            continue
+        moved = x.movedim(ax, -1)
+        shape = moved.shape
+        flat = moved.reshape(1, -1, shape[-1])
+        if mode == "constant":
+            flat = F.pad(flat, (lo, hi), value=value)
+        else:
+            flat = F.pad(flat, (lo, hi), mode={"edge": "replicate", "reflect": "reflect"}[mode])
+        x = flat.reshape(*shape[:-1], flat.shape[-1]).movedim(-1, ax)
+    return x

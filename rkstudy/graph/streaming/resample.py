@@ -15,7 +15,7 @@ from __future__ import annotations
 from math import ceil
 
 from .conv import conv_geometry
-from .core import ConvPlan, NotStreamable, Read, Timed, Timing, attrs, where
+from .core import ConvPlan, NotStreamable, Read, Timed, Timing, attrs, torch_ops, where
 from .registry import Rule, register
 
 
@@ -68,3 +68,16 @@ class ConvTranspose(Rule):
         span = (g["k"] - 1) * g["dil"] + 1
         return (node.input[0] in zero and not bias and span == g["stride"] and g["op"] == 0
                 and g["pl"] == g["pr"] == 0)
+
+    def f64(self, node, x, a):
+        _, F = torch_ops()
+        pads = a.get("pads", [0, 0])
+        y = F.conv_transpose1d(x[0], x[1], x[2] if len(x) > 2 else None, stride=a.get("strides", [1])[0],
+                               groups=a.get("group", 1), dilation=a.get("dilations", [1])[0],
+                               output_padding=a.get("output_padding", [0])[0])
+        return [y[..., pads[0]: y.shape[-1] - pads[1]]]
+
+    def note(self, node):
+        a = attrs(node)
+        return (["grouped"] if a.get("group", 1) > 1 else []) + \
+            (["output_padding"] if any(a.get("output_padding", [0])) else [])

@@ -7,7 +7,7 @@ Adding a rule: a function decorated with `rkstudy.lint.rule(code, name)` that yi
 import importlib
 
 MODULES = ("shape_plumbing", "fused_ops", "relshift", "trig", "mask_resize", "weight_norm", "register_field",
-           "unsupported", "dynamic_dims", "fp16_range")
+           "dilated_field", "unsupported", "dynamic_dims", "fp16_range")
 
 for _module in MODULES:
     importlib.import_module(f"{__name__}.{_module}")
