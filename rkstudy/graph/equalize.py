@@ -691,22 +691,25 @@ def absorbable(model: onnx.ModelProto, stats: ChannelStats, groups: Sequence[Gro
     them), and whether every reader sees a constant input at every output position (no padding): the
     condition for its bias to take the shift back exactly. Rows name what stops it."""
     idx = Index.inferred(model)
+    nodes = {n.name: n for n in idx.nodes}
     rows = []
     for g in groups if groups is not None else find_groups(model):
         if len(g.writers) != 1:
             continue
-        writer = next(n for n in idx.nodes if n.name == g.writers[0])
+        writer = nodes[g.writers[0]]
         h = writer.output[0]
         acts = idx.consumers.get(h, [])
         if h not in stats.lo or len(acts) != 1 or acts[0].op_type not in ("LeakyRelu", "Relu"):
             continue
         positive, negative = int(np.sum(stats.lo[h] > 0)), int(np.sum(stats.hi[h] < 0))
-        padded = [r for r in g.readers if _pads(next(n for n in idx.nodes if n.name == r))]
+        uneven = [r for r in g.readers if _uneven(nodes[r])]
         why = ("" if g.free else g.pinned) or ("a residual sum carries the shift to other readers" if g.residual
                                                else "")
-        if not why and padded:
-            why = (f"{len(padded)} reader(s) pad their input ({padded[0]}): the window's border columns see fewer "
-                   "taps of the shift than its bias can take back")
+        if not why and (len(g.tensors) != 2 or any(nodes[r].op_type != "Conv" for r in g.readers)):
+            why = "the activation reaches its readers through other ops, or a reader has no bias to take the shift"
+        if not why and uneven:
+            why = (f"{len(uneven)} reader(s) see the shift at fewer taps on the window's borders than inside "
+                   f"({uneven[0]} pads its input or upsamples), so no bias can take it back exactly")
         if not why and not positive and not negative:
             why = "no channel keeps one sign on the data"
         rows.append({"writer": g.writers[0], "channels": g.channels, "positive_channels": positive,
@@ -715,12 +718,16 @@ def absorbable(model: onnx.ModelProto, stats: ChannelStats, groups: Sequence[Gro
     return rows
 
 
-def _pads(node: onnx.NodeProto) -> bool:
-    if node.op_type not in CONVS:
+def _uneven(node: onnx.NodeProto) -> bool:
+    """A constant input reaches this conv's outputs at different numbers of taps: it pads its input (the
+    padding is zeros, not the constant), or it is a ConvTranspose (its first and last outputs, and with a
+    kernel that is not a multiple of its stride every phase, gather fewer taps)."""
+    if node.op_type == "ConvTranspose":
+        return True
+    if node.op_type != "Conv":
         return False
-    pads = _attr(node, "pads", None) or []
     auto = _attr(node, "auto_pad", b"NOTSET")
-    return any(pads) or auto not in (b"NOTSET", b"VALID", "NOTSET", "VALID")
+    return any(_attr(node, "pads", None) or []) or auto not in (b"NOTSET", b"VALID", "NOTSET", "VALID")
 
 
 def absorb_high_biases(model: onnx.ModelProto, stats: ChannelStats,
@@ -759,8 +766,7 @@ def absorb_high_biases(model: onnx.ModelProto, stats: ChannelStats,
                 cols = _in_columns(w, reader.op_type, grp, int(c))
                 part = np.zeros_like(w)
                 part[cols] = w[cols]
-                taps += _out_axis_view(part, reader.op_type, grp).sum(axis=1) * after[c] / (
-                    int(np.prod(_attr(reader, "strides", [1]))) if reader.op_type == "ConvTranspose" else 1)
+                taps += _out_axis_view(part, reader.op_type, grp).sum(axis=1) * after[c]
             weights.put(name, 2, rb + taps)
     out = weights.write(copy.deepcopy(model), "absorbed")
     if any(r["absorbed"] for r in rows):
