@@ -182,18 +182,19 @@ def builds(st, paths: dict[str, Path], plan: Sequence[tuple[str, str, str]], sam
 
     rows = []
     benches: dict[tuple[str, str], Bench] = {}
-    for label, target, setting in plan:
-        key = (label, target)
-        if key not in benches:
-            benches[key] = Bench(replace(st, onnx=Path(paths[label]), name=f"{st.name}, {label}"), target,
-                                 progress=progress)
-        bench = benches[key]
-        if setting == "fp16":
-            rows.append({"variant": label, **bench.build("fp16")})
-            continue
-        dtype = setting if setting in ("w8a8", "w8a16", "w4a16") else "w8a8"
-        quantize = Calibration(calibration(st, samples), dtype=dtype)
-        with bench.session(quantize) as session:
+    sessions: dict[tuple[str, str, str], object] = {}  # one calibration per variant, target and dtype
+    try:
+        for label, target, setting in plan:
+            if (label, target) not in benches:
+                benches[(label, target)] = Bench(replace(st, onnx=Path(paths[label]), name=f"{st.name}, {label}"),
+                                                 target, progress=progress)
+            bench = benches[(label, target)]
+            if setting == "fp16":
+                rows.append({"variant": label, **bench.build("fp16")})
+                continue
+            dtype = setting if setting in ("w8a8", "w8a16", "w4a16") else "w8a8"
+            quantize = Calibration(calibration(st, samples), dtype=dtype)
+            session = sessions.setdefault((label, target, dtype), bench.session(quantize))
             if setting == dtype:
                 rows.append({"variant": label, **session.measure([], quantize.label)})
                 continue
@@ -203,4 +204,7 @@ def builds(st, paths: dict[str, Path], plan: Sequence[tuple[str, str, str]], sam
             row = session.measure(keep, f"{block} alone in int8", which="search" if "search" in which else "full",
                                   groups=" + ".join(g for g in groups if g != block))
             rows.append({"variant": label, **row})
+    finally:
+        for session in sessions.values():
+            session.close()
     return rows
