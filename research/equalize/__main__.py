@@ -29,7 +29,10 @@ BUILT = ("original", "equalized, activation ranges")
 PLAN = ([(v, "rk3588", s) for v in BUILT for s in ("w8a8", *(f"{b} alone" for b in host.STAGES),
                                                     "/dec stage 2 alone, search")]
         + [("original", "rk3588", "fp16")]
-        + [(v, "rk3576", "w4a16") for v in BUILT] + [(v, "rk3562", "w8a16") for v in BUILT])
+        + [("original", "rk3588", f"/dec stage 2 alone, {a}") for a in ("kl_divergence", "mmse")]
+        + [(v, "rk3576", "w4a16") for v in BUILT] + [(v, "rk3562", "w8a16") for v in BUILT]
+        + [("original", t, "fp16") for t in ("rk3576", "rk3562")]
+        + [("original", t, "w8a16") for t in ("rk3588", "rk3576")])
 
 
 def _save(name: str, rows: list[dict]) -> None:
@@ -67,7 +70,10 @@ def sim(quick: bool) -> None:
         bias += rows
         corrected.update({f"{label}, bias-corrected for {b}-bit weights": p for b, p in by_bits.items()})
     _save("bias", bias)
-    _save("sim", host.sim_rows(st, {**paths, **corrected}, feeds, block))
+    rows = host.sim_rows(st, paths, feeds, block)
+    rows += host.sim_rows(st, corrected, feeds, block, blocks=(None,),
+                          configs=[c for c in host.SIM_CONFIGS if c[0] in ("w8a8", "w8 weights only", "w4a16")])
+    _save("sim", rows)
     print(f"sim: {(time.monotonic() - started) / 60:.1f} min", flush=True)
 
 

@@ -175,10 +175,12 @@ def builds(st, paths: dict[str, Path], plan: Sequence[tuple[str, str, str]], sam
            progress: Callable[[str], None] = print) -> list[dict]:
     """Notebook 08's rows for each (variant, target, setting) of `plan`: setting "fp16", a dtype ("w8a8",
     "w8a16", "w4a16": the plain quantized build), or "<block> alone" (that block in int8, every other config
-    tensor in float16, on the w8a8 calibration), scored on the full evaluation; "<block> alone, search" is
-    the same point on the search items (what the quantization search's first step scored)."""
+    tensor in float16, on the w8a8 calibration), scored on the full evaluation; ", search" scores the
+    point on the search items (what the quantization search's first step scored) and ", <algorithm>"
+    calibrates with that algorithm (mmse on 4 samples, as notebook 08's grid does: it searches a scale
+    per tensor)."""
     from rkstudy.levers.quantization import Bench, config_groups
-    from rkstudy.toolkit.build import Calibration
+    from rkstudy.toolkit.build import ALGORITHMS, Calibration
 
     rows = []
     benches: dict[tuple[str, str], Bench] = {}
@@ -192,16 +194,22 @@ def builds(st, paths: dict[str, Path], plan: Sequence[tuple[str, str, str]], sam
             if setting == "fp16":
                 rows.append({"variant": label, **bench.build("fp16")})
                 continue
-            dtype = setting if setting in ("w8a8", "w8a16", "w4a16") else "w8a8"
-            quantize = Calibration(calibration(st, samples), dtype=dtype)
-            session = sessions.setdefault((label, target, dtype), bench.session(quantize))
-            if setting == dtype:
+            head, *options = setting.split(", ")
+            dtype = head if head in ("w8a8", "w8a16", "w4a16") else "w8a8"
+            algorithm = next((o for o in options if o in ALGORITHMS), "normal")
+            quantize = Calibration(calibration(st, 4 if algorithm == "mmse" else samples), dtype=dtype,
+                                   algorithm=algorithm)
+            if (label, target, quantize.settings) not in sessions:
+                sessions[(label, target, quantize.settings)] = bench.session(quantize)
+            session = sessions[(label, target, quantize.settings)]
+            if head == dtype:
                 rows.append({"variant": label, **session.measure([], quantize.label)})
                 continue
-            block, _, which = setting.partition(" alone")
+            block = head.removesuffix(" alone")
+            which = "search" if "search" in options else "full"
             groups = config_groups(bench.stage, session.quantized())
             keep = [t for g, names in groups.items() if g != block for t in names]
-            row = session.measure(keep, f"{block} alone in int8", which="search" if "search" in which else "full",
+            row = session.measure(keep, f"{block} alone in {quantize.label}", which=which,
                                   groups=" + ".join(g for g in groups if g != block))
             rows.append({"variant": label, **row})
     finally:

@@ -100,9 +100,10 @@ class Group:
     def row(self, graph: str = "") -> dict:
         """One row of the per-graph report: what the group holds and whether it was equalized."""
         return {**({"graph": graph} if graph else {}), "first_writer": self.writers[0] if self.writers else "",
-                "kind": self.kind, "channels": self.channels, "tensors": len(self.tensors),
-                "writers": len(self.writers), "readers": len(self.readers), "pairs": len(self.pairs),
-                "equalized": self.free, "why_not": self.pinned}
+                "first_reader": self.readers[0] if self.readers else "", "kind": self.kind,
+                "channels": self.channels, "tensors": len(self.tensors), "writers": len(self.writers),
+                "readers": len(self.readers), "pairs": len(self.pairs), "equalized": self.free,
+                "why_not": self.pinned}
 
 
 class _Sets:
