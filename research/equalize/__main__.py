@@ -11,8 +11,9 @@ per-channel ranges of the decoder's tensors, each conv's quantization error alon
 evaluation with the whole graph or one decoder stage quantized (w8a8, w8a16, w4a16, weights or
 activations alone), and bias correction for 8- and 4-bit weights. `builds`: rk3588 fp16 and w8a8 and
 each decoder stage alone in int8 (rest float16), rk3576 w4a16, rk3562 w8a16, for the original and the
-equalized window (`--plan` narrows it). Rows are saved under build/equalize/rows/ and the tables made
-from them stay under build/equalize/results/: no committed table comes from this script.
+equalized window (`--plan` narrows it; `--texts short phone speak_443` scores on ~29 s of speech instead
+of the study's 5 s). Rows are saved under build/equalize/rows/ and the tables made from them stay under
+build/equalize/results/: no committed table comes from this script.
 """
 
 from __future__ import annotations
@@ -73,20 +74,22 @@ def sim(quick: bool) -> None:
     rows = host.sim_rows(st, paths, feeds, block)
     rows += host.sim_rows(st, corrected, feeds, block, blocks=(None,),
                           configs=[c for c in host.SIM_CONFIGS if c[0] in ("w8a8", "w8 weights only", "w4a16")])
+    rows += host.sim_rows(st, {k: paths[k] for k in BUILT}, feeds, block, blocks=(None, "/dec stage 2"),
+                          configs=host.BOUND_CONFIGS, fp32=False)
     _save("sim", rows)
     print(f"sim: {(time.monotonic() - started) / 60:.1f} min", flush=True)
 
 
-def builds(quick: bool, plan: list[tuple[str, str, str]]) -> None:
+def builds(quick: bool, plan: list[tuple[str, str, str]], texts: list[str] | None = None) -> None:
     from rkstudy.families.piper.voice import Voice
 
     voice = Voice()
-    st = host.stage(voice, quick)
+    st = host.stage(voice, quick, texts)
     feeds = host.calibration(st)
     made = host.variants(st, feeds, feeds[:2], labels=sorted({v for v, _, _ in plan}, key=list(host.VARIANTS).index))
     started = time.monotonic()
     rows = host.builds(st, {label: path for label, (path, _) in made.items()}, plan)
-    _save("builds" + ("-quick" if quick else ""), rows)
+    _save("builds" + ("-quick" if quick else "") + (f"-{'-'.join(texts)}" if texts else ""), rows)
     print(f"builds: {(time.monotonic() - started) / 60:.1f} min", flush=True)
 
 
@@ -114,12 +117,13 @@ def main() -> int:
     ap.add_argument("what", choices=("sim", "builds", "tables"))
     ap.add_argument("--quick", action="store_true", help="one calibration text, one evaluation window")
     ap.add_argument("--plan", nargs="+", help="only the builds whose 'variant|target|setting' contains one of these")
+    ap.add_argument("--texts", nargs="+", help="evaluation texts of the builds (data/texts; default: the study's)")
     args = ap.parse_args()
     if args.what == "sim":
         sim(args.quick)
     elif args.what == "builds":
         plan = [p for p in PLAN if not args.plan or any(s in "|".join(p) for s in args.plan)]
-        builds(args.quick, plan)
+        builds(args.quick, plan, args.texts)
     tables()
     return 0
 

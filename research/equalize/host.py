@@ -39,21 +39,24 @@ VARIANTS: dict[str, dict | None] = {
     "equalized, activations and weights": {"method": "activations", "alpha": 0.5},
     "equalized, weight ranges (data-free)": {"method": "weights"},
 }
-SIM_CONFIGS = (  # (label, weight bits, activation bits); None: that side stays fp32
+SIM_CONFIGS = (  # (label, weight bits, activation bits[, a grid per channel]); None: that side stays fp32
     ("w8a8", 8, 8), ("w8 weights only", 8, None), ("a8 activations only", None, 8), ("w8a16", 8, 16),
     ("w4a16", 4, 16))
+# no toolkit option: what the activations would lose if each channel had its own grid, the most any
+# per-channel rescaling can win
+BOUND_CONFIGS = (("w8a8, a grid per channel", 8, 8, True), ("a8 alone, a grid per channel", None, 8, True))
 
 
-def stage(voice, quick: bool = False):
+def stage(voice, quick: bool = False, evaluation_texts: Sequence[str] | None = None):
     """The quantization lever's view of the 93-frame window (rkstudy.families.piper_decoder.study):
-    calibration windows walked from one text, evaluation latents of two others; quick: one text each,
-    the evaluation cut to one window."""
-    from rkstudy.families.piper_decoder.study import quantization_stage
+    calibration windows walked from one text, evaluation latents of two others (or `evaluation_texts`);
+    quick: one text each, the evaluation cut to one window."""
+    from rkstudy.families.piper_decoder.study import EVALUATION_TEXTS, quantization_stage
 
     if quick:
         return quantization_stage(voice, calibration_texts=("short",), evaluation_texts=("phone",),
                                   evaluation_frames=93)
-    return quantization_stage(voice)
+    return quantization_stage(voice, evaluation_texts=tuple(evaluation_texts or EVALUATION_TEXTS))
 
 
 def block_of(onnx_path: Path) -> Callable[[str], str]:
@@ -136,7 +139,7 @@ def scores(st, refs: Sequence[np.ndarray], tests: Sequence[np.ndarray]) -> dict:
 
 
 def sim_rows(st, paths: dict[str, Path], feeds: Sequence[dict], block: Callable[[str], str],
-             blocks: Sequence[str | None] = (None, *STAGES), configs=SIM_CONFIGS,
+             blocks: Sequence[str | None] = (None, *STAGES), configs=SIM_CONFIGS, fp32: bool = True,
              progress: Callable[[str], None] = print) -> list[dict]:
     """Each variant quantized by the model (rkstudy.graph.quantsim.quantized_model: the whole graph when
     the block is None, else that block alone with the rest fp32), ranges from `feeds`, walked over the
@@ -146,13 +149,14 @@ def sim_rows(st, paths: dict[str, Path], feeds: Sequence[dict], block: Callable[
     for label, path in paths.items():
         model = graph.load(path)
         stats = eq.channel_stats(model, feeds, quantsim.activation_tensors(model))
-        fp32 = _walk(st, OrtRunner(model))
-        rows.append({"variant": label, "quantized": "none (fp32)", "config": "fp32", **scores(st, refs, fp32)})
+        if fp32:
+            rows.append({"variant": label, "quantized": "none (fp32)", "config": "fp32",
+                         **scores(st, refs, _walk(st, OrtRunner(model)))})
         for where in blocks:
-            for config, wbits, abits in configs:
+            for config, wbits, abits, *per_channel in configs:
                 progress(f"{label}: {where or 'whole graph'} {config}")
                 chosen = None if where is None else (lambda name, where=where: block(name) == where)
-                q = quantsim.quantized_model(model, stats, wbits, abits, chosen)
+                q = quantsim.quantized_model(model, stats, wbits, abits, chosen, per_channel=bool(per_channel))
                 rows.append({"variant": label, "quantized": where or "whole graph", "config": config,
                              **scores(st, refs, _walk(st, OrtRunner(q)))})
     return rows

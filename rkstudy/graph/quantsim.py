@@ -31,13 +31,16 @@ from .equalize import CONVS, ChannelStats, channel_stats, quantize_weights, run_
 from .index import Index
 
 
-def activation_grid(lo: float, hi: float, bits: int = 8) -> tuple[float, float, int, int]:
+def activation_grid(lo, hi, bits: int = 8) -> tuple:
     """(scale, zero point, qmin, qmax) of an asymmetric `bits`-bit range over [lo, hi], widened to hold 0
-    (the grid then represents zero exactly, as the toolkit's zero point does)."""
-    lo, hi = min(float(lo), 0.0), max(float(hi), 0.0)
+    (the grid then represents zero exactly, as the toolkit's zero point does); arrays of ranges give
+    arrays of scales and zero points."""
+    lo, hi = np.minimum(np.asarray(lo, np.float64), 0.0), np.maximum(np.asarray(hi, np.float64), 0.0)
     qmin, qmax = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
-    scale = (hi - lo) / (qmax - qmin) if hi > lo else 1.0
-    zero = int(np.round(qmin - lo / scale))
+    scale = np.where(hi > lo, (hi - lo) / (qmax - qmin), 1.0)
+    zero = np.round(qmin - lo / scale).astype(np.int64)
+    if scale.ndim == 0:
+        return float(scale), int(zero), qmin, qmax
     return scale, zero, qmin, qmax
 
 
@@ -50,7 +53,7 @@ def fake_quantize(x: np.ndarray, lo: float, hi: float, bits: int = 8) -> np.ndar
 def _fake_quant_nodes(x: str, y: str, grid: tuple[float, float, int, int], prefix: str):
     """Nodes computing y = fake_quantize(x) in fp32 (Div, Round, Add, Clip, Sub, Mul) and their constants."""
     scale, zero, qmin, qmax = grid
-    consts = {"scale": scale, "zero": float(zero), "qmin": float(qmin), "qmax": float(qmax)}
+    consts = {"scale": scale, "zero": np.asarray(zero, np.float64), "qmin": float(qmin), "qmax": float(qmax)}
     inits = [numpy_helper.from_array(np.array(v, np.float32), f"{prefix}.{k}") for k, v in consts.items()]
     t = lambda s: f"{prefix}.{s}"  # noqa: E731
     nodes = [helper.make_node("Div", [x, t("scale")], [t("steps")], name=t("steps")),
@@ -76,13 +79,15 @@ def activation_tensors(model: onnx.ModelProto) -> list[str]:
 
 
 def quantized_model(model: onnx.ModelProto, stats: ChannelStats, weight_bits: int | None = 8,
-                    activation_bits: int | None = 8, where: Callable[[str], bool] | None = None) -> onnx.ModelProto:
+                    activation_bits: int | None = 8, where: Callable[[str], bool] | None = None,
+                    per_channel: bool = False) -> onnx.ModelProto:
     """A copy of `model` as the quantizer would compute it: every conv weight on its per-channel symmetric
     `weight_bits` grid, every activation tensor (activation_tensors) through its per-tensor asymmetric
     `activation_bits` grid, [min, max] from `stats` (None leaves weights or activations in fp32). With
     `where(name)`, only the convs and the tensors of the nodes it accepts (a graph input: by its own
     name) are quantized, the rest stays fp32: one block alone, as a hybrid that keeps the others in
-    float16 would compute it."""
+    float16 would compute it. `per_channel` gives each channel of an activation its own grid: no toolkit
+    option, but the bound of what any per-channel rescaling (equalization) can do for the activations."""
     model = copy.deepcopy(model)
     idx = Index.inferred(model)
     where = where or (lambda _: True)
@@ -115,8 +120,14 @@ def quantized_model(model: onnx.ModelProto, stats: ChannelStats, weight_bits: in
 
     def quantizer(t: str) -> list[onnx.NodeProto]:
         src = f"{t}/unquantized" if t in outputs else t
-        nodes, consts = _fake_quant_nodes(src, read_as[t], activation_grid(stats.lo[t].min(), stats.hi[t].max(),
-                                                                           activation_bits), f"{t}/fq")
+        rank = len(idx.shapes.get(t) or ())
+        if per_channel and rank >= 2:
+            scale, zero, qmin, qmax = activation_grid(stats.lo[t], stats.hi[t], activation_bits)
+            shape = (1, -1) + (1,) * (rank - 2)
+            grid = (scale.reshape(shape), zero.reshape(shape), qmin, qmax)
+        else:
+            grid = activation_grid(stats.lo[t].min(), stats.hi[t].max(), activation_bits)
+        nodes, consts = _fake_quant_nodes(src, read_as[t], grid, f"{t}/fq")
         g.initializer.extend(consts)
         return nodes
 
