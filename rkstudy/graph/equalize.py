@@ -17,10 +17,12 @@ s_in / s_out), and so is a ConvTranspose (the HiFi-GAN upsamplers read one stage
 the next). A plain conv -> LeakyReLU -> conv pair is a group of two tensors, one writer and one
 reader. A HiFi-GAN residual stream x + conv(lrelu(conv(lrelu(x)))) is one group: the upsampler and
 every resblock conv write it, every resblock conv and the next upsampler read it, and one scale per
-channel serves them all (a per-tensor offset through the sum would not be exact; a shared
-per-channel scale is). A group is **pinned** (kept at scale 1) when any of its tensors is a graph
-input or output, or is read or written by an op a per-channel scale does not pass: the report names
-the op, e.g. the flows' gates (Tanh, Sigmoid), a Split or Slice of the channels, Exp.
+channel serves them all (a sum is exact under a scale only when both its terms carry the same one).
+A group is **pinned** (kept at scale 1) when any of its tensors is a graph input or output, or is read
+or written by an op a per-channel scale does not pass: the report names the op, e.g. gated
+activations (Tanh, Sigmoid), a Split or Slice of the channels, a product of two scaled tensors, an
+instance norm (scale-invariant but for its epsilon, so not exact) and the style-dependent per-channel
+Mul and Add of an adaptive one.
 
 **Snake** (x + sin^2(a x) / a, per-channel a) is not homogeneous, but it is exact under a
 reparameterisation: snake_a(x) = s * snake_{a s}(x / s), i.e. with the input divided by s, the
@@ -37,7 +39,7 @@ every product and sum is scaled exactly, so the fp32 outputs are bit-equal.
 **High biases** (`absorb_high_biases`): a channel whose pre-activation never changes sign on the
 data can be shifted by a constant that the next layer's bias takes back. That is exact only where
 the reader sees the constant at every output position; a reader that pads its input (every "same"
-conv, every cropping ConvTranspose) sees fewer taps of it at the window's borders, so those
+conv) or upsamples (every ConvTranspose) sees fewer taps of it at the window's borders, so those
 channels are named and left alone.
 
 **Bias correction** (`correct_biases`) changes the function on purpose: each conv's bias takes back
