@@ -10,7 +10,7 @@ each scale rule), their exactness against it, and two kinds of measurement:
 * with the toolkit (`builds`): the same variants built for rk3588 (w8a8, and each decoder stage
   alone in int8 with the rest in float16: what the quantization search's first step measured),
   rk3576 (w4a16) and rk3562 (w8a16), walked in the simulator and scored by
-  rkstudy.levers.quantization.Bench as notebook 08 scores (its rows, recorded in the cache).
+  rkstudy.levers.quantization.bench.Bench as notebook 08 scores (its rows, recorded in the cache).
 
 Nothing here writes a committed table: rows go to build/equalize/.
 """
@@ -64,7 +64,7 @@ def block_of(onnx_path: Path) -> Callable[[str], str]:
     upsampler and resblocks), conv_pre, conv_post, each flow coupling; '/' for the exporter's unnamed
     nodes (the flows' gates)."""
     from rkstudy.families.piper_decoder.study import decoder_groups
-    from rkstudy.levers.quantization import module_of
+    from rkstudy.levers.quantization.tensors import module_of
 
     groups = decoder_groups(onnx_path)
     return lambda name: groups(module_of(name)) if module_of(name) else "/"
@@ -72,7 +72,7 @@ def block_of(onnx_path: Path) -> Callable[[str], str]:
 
 def calibration(st, samples: int = SAMPLES) -> list[dict]:
     """The calibration windows a default quantized build takes (evenly spread over the stage's set)."""
-    from rkstudy.levers.quantization import evenly
+    from rkstudy.levers.quantization.stages import evenly
 
     return evenly(st.calibration, samples)
 
@@ -183,7 +183,8 @@ def builds(st, paths: dict[str, Path], plan: Sequence[tuple[str, str, str]], sam
     point on the search items (what the quantization search's first step scored) and ", <algorithm>"
     calibrates with that algorithm (mmse on 4 samples, as notebook 08's grid does: it searches a scale
     per tensor)."""
-    from rkstudy.levers.quantization import Bench, config_groups
+    from rkstudy.levers.quantization.bench import Bench
+    from rkstudy.levers.quantization.tensors import config_groups
     from rkstudy.toolkit.build import ALGORITHMS, Calibration
 
     rows = []
