@@ -185,7 +185,7 @@ def builds(st, paths: dict[str, Path], plan: Sequence[tuple[str, str, str]], sam
     per tensor)."""
     from rkstudy.levers.quantization.bench import Bench
     from rkstudy.levers.quantization.tensors import config_groups
-    from rkstudy.toolkit.build import ALGORITHMS, Calibration
+    from rkstudy.toolkit.calibration import ALGORITHMS, Calibration
 
     rows = []
     benches: dict[tuple[str, str], Bench] = {}
