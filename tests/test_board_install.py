@@ -10,7 +10,7 @@ import sys
 import pytest
 import tomllib
 
-from tests.test_envfiles import PYPROJECT, REPO
+from test_envfiles import PYPROJECT, REPO  # tests/ is on sys.path, as for board_cli (a package may install its own top-level `tests`)
 
 UNREACHABLE = ("Network is unreachable", "Failed to establish a new connection", "Temporary failure in name resolution",
                "Max retries exceeded", "ConnectionError", "No route to host")
