@@ -18,6 +18,7 @@ import numpy as np
 
 from . import cache, gates
 from .paths import REPO, results_root
+from .process import shows_progress
 from .tables import claims, results
 
 CLIP_SECONDS = 5.0  # audio embedded in an executed notebook; the full render goes to the cache
@@ -155,6 +156,7 @@ class Study:
         self.root = results_root(quick)
         self.tables: dict[str, tuple[list[dict], str]] = {}
         self.headline_values: dict[str, dict] = {}
+        self.figures: dict[str, str] = {}  # name -> sha256 of each figure this run drew
 
     def __repr__(self) -> str:
         return (f"Study({self.study!r}, {'quick' if self.quick else 'full'} mode, "
@@ -169,7 +171,38 @@ class Study:
         if not rows:
             print("(no rows)")
             return
-        display(Markdown(results.to_markdown(rows, columns or [c for c in rows[0] if c not in results.STAMP[:3]])))
+        hidden = (*results.STAMP[:3], *results.MACHINE)  # the same on every row of a run: the stamp says it
+        display(Markdown(results.to_markdown(rows, columns or [c for c in rows[0] if c not in hidden])))
+
+    @staticmethod
+    def progress(line: str) -> None:
+        """A long step's progress line (`progress=study.progress`): printed for a person at the kernel, never
+        in a recorded run, whose executed notebook carries the step's one summary line instead."""
+        if shows_progress():
+            print(line, flush=True)
+
+    @staticmethod
+    def show_contract(contract) -> None:
+        """What a stage contract says, as a reader needs it: one row per input and output tensor, and one
+        line naming the window, the stage parameters, the source model and the command that makes it
+        (the whole contract is in the JSON beside each engine)."""
+        from IPython.display import Markdown, display
+
+        rows = [{"tensor": t.name, "direction": direction, "shape": "x".join(map(str, t.shape)), "dtype": t.dtype,
+                 "role": t.role, "frame axis": "" if t.axis is None else t.axis,
+                 "axis length": "" if t.axis is None else f"{t.rate} x frames" + (f" + {t.extra}" if t.extra else "")}
+                for direction, tensors in (("in", contract.inputs), ("out", contract.outputs)) for t in tensors]
+        window = contract.window
+        said = [f"{contract.family} {contract.stage}"]
+        if window is not None:
+            said.append(f"window {window.frames} frames (emit {window.emit}, context {window.context} each side, "
+                        f"hop {window.hop})")
+        if contract.state:
+            said.append("state " + ", ".join(f"{i} -> {o}" for i, o in contract.state))
+        if contract.params:
+            said.append("params " + fields({k: v for k, v in contract.params.items() if v not in ("", None)}))
+        said.append(f"source {contract.source.file} (sha256 {contract.source.sha256[:12]})")
+        display(Markdown(results.to_markdown(rows) + "\n" + "; ".join(said) + f"; made by `{contract.producer}`"))
 
     def reference_figures(self, *words: str, study: str | None = None) -> None:
         """Show the reference documents' figures for this study whose text contains any of `words`
@@ -198,8 +231,10 @@ class Study:
                 for name, (rows, title) in self.tables.items()]
 
     def figure(self, fig, name: str) -> None:
-        """Save `fig` as results/<study>/figures/<name>.png (the notebook still shows it inline)."""
-        results.save_figure(fig, self.study, name, root=self.root)
+        """Save `fig` as results/<study>/figures/<name>.png, stamped by this run (the notebook still shows it
+        inline); finish() records it among the study's current figures."""
+        path = results.save_figure(fig, self.study, name, root=self.root)
+        self.figures[name] = results.file_digest(path)
 
     def listen(self, pcm: np.ndarray, sample_rate: int, name: str):
         """The full render to the cache as WAV; an audio player of its first CLIP_SECONDS."""
@@ -309,11 +344,13 @@ class Study:
         display(Markdown(self.conclusions(statements)))
 
     def finish(self) -> None:
-        """Write every table and the headlines; print where they went (relative to the repository)."""
+        """Write every table, and the headlines with the figures this run drew (any other figure in the
+        study's folder is then an orphan); print where they went (relative to the repository)."""
         for path in self.write_tables():
             print(shown_path(path))
-        if self.headline_values:
-            print(shown_path(results.record_headlines(self.study, self.headline_values, root=self.root)))
+        if self.headline_values or self.figures:
+            print(shown_path(results.record_headlines(self.study, self.headline_values, root=self.root,
+                                                      figures=self.figures)))
 
 
 # --- whole syntheses under a component execution plan ----------------------------------------------
