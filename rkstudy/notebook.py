@@ -369,7 +369,7 @@ def speak(model: str, runs: Iterable[tuple[str, str, str | None]], *args, folder
     from .plan import audio as audio_files
 
     folder = Path(folder or tempfile.mkdtemp(prefix=f"rkstudy-speak-{model}-"))
-    rows, audio = [], {}
+    rows, audio, said_before = [], {}, set()
     for label, plan, runtime in runs:
         stem = "".join(ch if ch.isalnum() else "_" for ch in label)
         wav = folder / f"{stem}.wav"
@@ -378,8 +378,11 @@ def speak(model: str, runs: Iterable[tuple[str, str, str | None]], *args, folder
                 "--results", str(folder / stem)]
         with contextlib.redirect_stdout(io.StringIO()) as said:
             code = main(argv)
-        # what the command printed, its scratch folder named by its own files (no machine's paths)
-        print(said.getvalue().replace(f"{folder}{os.sep}", ""), end="")
+        # what the command printed, its scratch folder named by its own files (no machine's paths); a line
+        # every run prints alike (what the model is) is said once
+        lines = said.getvalue().replace(f"{folder}{os.sep}", "").splitlines()
+        print("".join(f"{line}\n" for line in lines if line not in said_before), end="")
+        said_before.update(lines)
         if code != 0:
             raise RuntimeError(f"`rkstudy {' '.join(argv)}` failed (its error is printed above)")
         (found,) = [p for p in (folder / stem).glob("*/*.csv")]
@@ -404,15 +407,28 @@ def against_cpu(rows: list[dict], audio: Mapping[str, tuple[np.ndarray, int]], c
 
 
 # What a reader of an executed notebook must not meet: this machine's paths, a progress bar's refreshes,
-# a Python container's repr where a table or a sentence belongs, and the reference documents under a
-# name that is not theirs.
+# a Python container's repr or a JSON document where a table or a sentence belongs, a library's progress
+# lines, and the reference documents under a name that is not theirs.
 READER_PROBLEMS = {
     "an absolute path of the machine that ran it":
         re.compile(r"(?<![\w.~])/(?:tmp|home|work|root)/|site-packages/|/\.venv"),
     "a progress bar": re.compile(r"\r|\d+%\||it/s\]|s/it\]"),
     "a dict or list of dicts printed raw": re.compile(r"(?m)^\s*\[?\{'[^'\n]*': "),
+    "a JSON document printed raw": re.compile(r'(?m)^[\[{]\s*\n\s+"[^"\n]*": '),
+    "an exporter's progress lines": re.compile(r"(?m)^\[torch\.onnx\] .*(?:\.\.\.|✅|❌)$"),
     "the reference documents by another name": re.compile(r"(?i)\bseeds?'|\bseeds\b"),
 }
+# More than this many separate stdout outputs in a row in one cell: lines that trickled out while the cell worked
+# (a progress log), where an executed notebook carries one summary line per long step (a run of five syntheses
+# prints five).
+PROGRESS_RUN = 8
+# A warning as a recorded run prints it (rkstudy.process.for_readers: "UserWarning: ... (torch/onnx/utils.py:709)"),
+# as Python prints it by default ("torch/onnx/utils.py:709: UserWarning: ..."), and a library logger's line in
+# torch's format ("W1205 00:30:35.763000 13864 torch/onnx/...py:107] ..."). Each needs silencing at its source
+# (rkstudy.process.KNOWN_WARNINGS, which says why it is harmless) or explaining; a prediction the study makes on
+# purpose is no Warning class (rkstudy's AbortPredicted).
+WARNING_LINES = (re.compile(r"^\w*Warning: .*\([^()\s]+:\d+\)$"), re.compile(r"^\S+?:\d+: \w*Warning: "),
+                 re.compile(r"^[WE]\d{4} [\d:.]+ +\d+ \S+?:\d+\] "))
 
 
 def reader_text(path: Path) -> list[tuple[int, str]]:
@@ -436,13 +452,38 @@ def reader_text(path: Path) -> list[tuple[int, str]]:
     return out
 
 
+def progress_runs(path: Path) -> list[tuple[int, int]]:
+    """(cell number, stdout outputs in a row) for every cell of an executed notebook with more than PROGRESS_RUN
+    stdout outputs in a row."""
+    nb = json.loads(Path(path).read_text(encoding="utf-8"))
+    out = []
+    for n, cell in enumerate(nb.get("cells", [])):
+        run = longest = 0
+        for o in cell.get("outputs", []):
+            run = run + 1 if o.get("output_type") == "stream" and o.get("name") == "stdout" else 0
+            longest = max(longest, run)
+        if longest > PROGRESS_RUN:
+            out.append((n, longest))
+    return out
+
+
+def warning_lines(text: str) -> list[str]:
+    """The lines of `text` that are a warning (WARNING_LINES)."""
+    return [line for line in text.splitlines() if any(p.search(line) for p in WARNING_LINES)]
+
+
 def reader_problems(path: Path) -> list[str]:
-    """One line per place an executed notebook shows a reader something READER_PROBLEMS names."""
+    """One line per place an executed notebook shows a reader something READER_PROBLEMS names, a cell whose
+    output is a progress log (progress_runs), and each warning it shows (warning_lines)."""
     found = []
+    name = Path(path).name
     for n, text in reader_text(path):
         for what, pattern in READER_PROBLEMS.items():
             m = pattern.search(text)
             if m:
                 line = text[max(0, m.start() - 40): m.end() + 40].replace("\n", " ").replace("\r", " ")
-                found.append(f"{Path(path).name}, cell {n}: {what}: ...{line}...")
+                found.append(f"{name}, cell {n}: {what}: ...{line}...")
+        found += [f"{name}, cell {n}: a warning: {line[:160]}" for line in warning_lines(text)]
+    found += [f"{name}, cell {n}: a progress log: {count} stdout outputs in a row (one summary line per long step "
+              "belongs there; progress goes through Study.progress)" for n, count in progress_runs(path)]
     return found

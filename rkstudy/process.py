@@ -9,6 +9,7 @@ Board side: standard library only.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
@@ -57,6 +58,61 @@ def short_path(filename: str) -> str:
         return str(Path(text).resolve().relative_to(REPO))
     except ValueError:
         return Path(text).name
+
+
+# What the libraries the producers call print on every export that says nothing about the study, by name:
+# (the start of its message, a regular expression as `warnings.filterwarnings` takes it, or the logger that
+# logs it; why it is harmless here). known_warnings() silences exactly these at the call that raises them, so
+# any other warning still reaches the reader.
+KNOWN_WARNINGS = {
+    "slice-folding": (r"Constant folding - Only steps=1 can be constant folded",
+                      "torch's TorchScript exporter leaves a Slice with a step other than 1 to the graph; "
+                      "rkstudy.graph.fold folds every graph at its pinned shapes before a build, that Slice with it"),
+    "traced-shape": (r"Converting a tensor to a Python (float|integer|boolean) might cause the trace to be incorrect",
+                     "a window's frame count read as a number while tracing: each graph is exported at the one "
+                     "pinned shape its engine runs, so the constant the trace records is the right one"),
+    "weight-norm": (r"`torch\.nn\.utils\.weight_norm` is deprecated",
+                    "the vocoder packages build their convolutions with torch's older weight norm; the export "
+                    "traces the weight it computes, which both forms compute alike"),
+    "instance-norm-train": (r".*operator 'instance_norm' is set to train=True",
+                            "an InstanceNorm1d without running statistics normalizes by each input's own statistics "
+                            "in training and evaluation alike: the exported graph computes what the module does"),
+    "torchvision": ("logger:torch.onnx._internal.exporter._registration",
+                    "the dynamo exporter looks up torchvision's detection ops (nms, roi_align) to register them; "
+                    "no vocoder graph holds one, so their absence changes no export"),
+}
+
+
+class _DropRecords:
+    """A logging filter that drops every record (a logger's lines KNOWN_WARNINGS names as harmless)."""
+
+    def filter(self, record) -> bool:
+        return False
+
+
+@contextlib.contextmanager
+def known_warnings(*names: str):
+    """Silence the KNOWN_WARNINGS `names` while the block runs, nothing else."""
+    import logging
+    import warnings
+
+    unknown = [n for n in names if n not in KNOWN_WARNINGS]
+    if unknown:
+        raise KeyError(f"{', '.join(unknown)}: not in rkstudy.process.KNOWN_WARNINGS ({', '.join(KNOWN_WARNINGS)})")
+    loggers = [logging.getLogger(KNOWN_WARNINGS[n][0].removeprefix("logger:")) for n in names
+               if KNOWN_WARNINGS[n][0].startswith("logger:")]
+    dropping = _DropRecords()
+    with warnings.catch_warnings():
+        for n in names:
+            if not KNOWN_WARNINGS[n][0].startswith("logger:"):
+                warnings.filterwarnings("ignore", message=KNOWN_WARNINGS[n][0])
+        for logger in loggers:
+            logger.addFilter(dropping)
+        try:
+            yield
+        finally:
+            for logger in loggers:
+                logger.removeFilter(dropping)
 
 
 def for_readers() -> None:
