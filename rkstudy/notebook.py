@@ -110,7 +110,30 @@ def says(text: str, *cites: tuple | Cite | Theirs, full_only: bool = False,
     if typed:
         raise ValueError(f"statement {text!r} types {', '.join(typed)}: cite the row that holds it "
                          "(a format field) or name it in a cite's selector")
+    doubled = doubled_units(text, made)
+    if doubled:
+        raise ValueError(f"statement {text!r} writes {', '.join(doubled)} after a reference figure that renders with "
+                         "its unit already (\"0.49 dB\"): drop the unit from the text")
     return Statement(text, made, full_only, holds)
+
+
+def doubled_units(text: str, cites: Iterable[Cite | Theirs]) -> list[str]:
+    """The units `text` writes right after a field filled by a reference figure (Theirs renders as value and
+    unit, "0.49 dB"), which a reader would then read twice ("0.49 dB dB")."""
+    parts = list(string.Formatter().parse(text))
+    after = [parts[i + 1][0] if i + 1 < len(parts) else "" for i in range(len(parts))]
+    fields = [literal_after for (_, field, _, _), literal_after in zip(parts, after) if field is not None]
+    found = []
+    for cite, literal_after in zip(cites, fields):
+        if not isinstance(cite, Theirs):
+            continue
+        figures = [r for r in results.reference(cite.study)
+                   if r["figure"] == cite.figure and (cite.target is None or r["target"] == cite.target)]
+        unit = figures[0]["unit"].strip() if len(figures) == 1 else ""
+        following = literal_after.lstrip()
+        if unit and following.startswith(unit) and not following[len(unit):len(unit) + 1].isalnum():
+            found.append(unit)
+    return found
 
 
 def _unfilled(text: str) -> str:
@@ -137,6 +160,23 @@ def fields(mapping: Mapping) -> str:
         return str(value)
 
     return "; ".join(f"{k} {shown(v)}" for k, v in mapping.items())
+
+
+# The columns of an engine row that are the engine's own figures (its size, what the compiler logged), and the
+# units a headline states them in: such a headline stands beside its engine's board risk, as a simulator score does.
+ENGINE_FIGURE = re.compile(r"^(regtask|regtask_max_value|engine|engine_mb|engine_mib|engine_bytes)$")
+ENGINE_UNITS = ("MB", "MiB", "bytes", "B", "lines")
+
+
+def _same_number(cell, value) -> bool:
+    """Whether a table cell holds `value`, compared as the table writes both (six significant digits)."""
+    if isinstance(value, bool) or isinstance(cell, bool):
+        return False
+    try:
+        a, b = float(cell), float(value)
+    except (TypeError, ValueError):
+        return False
+    return results.as_written([{"v": a}])[0]["v"] == results.as_written([{"v": b}])[0]["v"]
 
 
 def _with_risk(row: Mapping) -> dict:
@@ -255,11 +295,24 @@ class Study:
         `"differs: <what>"` (rkstudy.tables.results.record_headlines refuses a figure without it).
         `risk` is the engine row (or rows, for a worst over a sweep) the number was measured on: its
         board-risk verdict stands in the same row (rkstudy.gates.risk_summary); a simulator headline
-        without one is refused, so no simulator number is shown without what the compiler logged."""
+        without one is refused, so no simulator number is shown without what the compiler logged. An
+        engine's own figure (its size, its REGTASK lines: a unit in ENGINE_UNITS, or a name saying engine or
+        REGTASK) recorded without `risk` carries the verdict of the engine rows of this run that hold it
+        (engine_rows_holding): an at-risk engine's size is never shown as if it were a clean one's."""
         entry = {"value": value, "unit": unit, "reference": reference, "comparable": comparable}
+        if risk is None and (unit in ENGINE_UNITS or "engine" in name.lower() or "regtask" in name.lower()):
+            risk = self.engine_rows_holding(value) or None
         if risk is not None:
             entry["board_risk"] = risk if isinstance(risk, str) else gates.risk_summary(risk)
         self.headline_values[name] = entry
+
+    def engine_rows_holding(self, value) -> list[dict]:
+        """The engine rows of this run's tables (rows with a REGTASK count, so a board-risk verdict) that hold
+        `value` as one of the engine's own figures (ENGINE_FIGURE): the engines a size or a line count headline
+        was read from, whose verdict it carries when the notebook names none (rkstudy.gates.risk_summary, the
+        worst of them where several hold it)."""
+        return [row for rows, _ in self.tables.values() for row in rows if "regtask" in row and "board_risk" in row
+                and any(ENGINE_FIGURE.match(c) and _same_number(row[c], value) for c in row)]
 
     def reference_claims(self) -> list[dict]:
         """Record `reference_claims`: each of the reference documents' measured claims for this

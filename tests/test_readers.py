@@ -190,3 +190,34 @@ def test_nothing_the_command_line_can_print_calls_them_seeds():
     assert len(texts) >= 30
     paths = READER_PROBLEMS["an absolute path of the machine that ran it"]
     assert [t.splitlines()[0] for t in texts if seeds.search(t) or paths.search(t)] == []
+
+
+def test_known_warnings_silences_exactly_the_harmless_ones_it_names(caplog):
+    """Each library warning KNOWN_WARNINGS names (with why it is harmless) is dropped where it is raised, a
+    warning it does not name still reaches the reader, and the logger's filter goes with the block."""
+    import logging
+    import warnings
+
+    from rkstudy.process import KNOWN_WARNINGS, known_warnings
+
+    assert all(why for _, why in KNOWN_WARNINGS.values())
+    messages = {
+        "slice-folding": "Constant folding - Only steps=1 can be constant folded for opset >= 10 onnx::Slice op.",
+        "traced-shape": "Converting a tensor to a Python float might cause the trace to be incorrect.",
+        "weight-norm": "`torch.nn.utils.weight_norm` is deprecated in favor of `torch.nn.utils.parametrizations`.",
+        "instance-norm-train": "ONNX export mode is set to TrainingMode.EVAL, but operator 'instance_norm' is set to "
+                               "train=True. Exporting with train=True."}
+    logger = logging.getLogger(KNOWN_WARNINGS["torchvision"][0].removeprefix("logger:"))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with known_warnings(*messages, "torchvision"):
+            for text in messages.values():
+                warnings.warn(text, UserWarning, stacklevel=1)
+            warnings.warn("a warning nobody named", UserWarning, stacklevel=1)
+            logger.warning("torchvision is not installed. Skipping torchvision::nms")
+        logger.warning("after the block")
+    assert [str(w.message) for w in seen] == ["a warning nobody named"]
+    assert [r.getMessage() for r in caplog.records if r.name == logger.name] == ["after the block"]
+    with pytest.raises(KeyError, match="not in rkstudy.process.KNOWN_WARNINGS"):
+        with known_warnings("anything"):
+            pass

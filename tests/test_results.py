@@ -225,3 +225,18 @@ def test_a_figure_carries_the_stamp_of_the_run_that_drew_it(tmp_path):
     recorded = json.loads(headlines.read_text())
     assert recorded["figures"] == {"line": results.file_digest(path)}
     assert recorded["machine"]["machine_cpu"] == results.machine("host")["machine_cpu"]
+
+
+def test_a_listener_score_has_one_unit_in_every_study(tmp_path):
+    """PESQ-WB and DNSMOS are mean opinion scores wherever a headline names them (one study wrote MOS, the
+    others nothing); STOI has no unit; another unit is refused."""
+    path = results.record_headlines("toolchain", {
+        "perceptual: PESQ-WB, fp16 engine vs fp32": {"value": 4.64},
+        "quantization, fp16: PESQ-WB vs fp32": {"value": 4.64, "unit": "MOS"},
+        "perceptual: DNSMOS OVRL, fp32 reference": {"value": 3.3},
+        "perceptual: STOI, white noise 10 dB": {"value": 0.92},
+        "perceptual: log-mel distance": {"value": 0.09, "unit": "dB"}}, root=tmp_path)
+    units = {n: h["unit"] for n, h in json.loads(path.read_text())["headlines"].items()}
+    assert list(units.values()) == ["MOS", "MOS", "MOS", "", "dB"]
+    with pytest.raises(ValueError, match="a listener score's unit is 'MOS'"):
+        results.record_headlines("toolchain", {"PESQ-WB": {"value": 4.6, "unit": "dB"}}, root=tmp_path)

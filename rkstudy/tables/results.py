@@ -237,6 +237,21 @@ def reference_figure(study: str, figure: str) -> dict:
 
 # --- headline numbers (recorded by each notebook's last cell) ----------------------------------
 SIMULATOR_HEADLINE = "simulator"  # a headline whose name says simulator is a simulator number
+# A listener score's one unit, by the word its headline names it with: PESQ-WB and DNSMOS are mean opinion scores
+# (PESQ's MOS-LQO, DNSMOS's predicted MOS, 1 to 5), STOI an index from 0 to 1 with no unit.
+LISTENER_UNITS = (("dnsmos", "MOS"), ("pesq", "MOS"), ("stoi", ""))
+
+
+def listener_unit(name: str, unit: str) -> str:
+    """The unit of a headline that names a listener score (LISTENER_UNITS), whatever the notebook passed
+    (nothing, or the same unit); another unit is refused. Other headlines keep theirs."""
+    expected = next((u for word, u in LISTENER_UNITS if word in name.lower()), None)
+    if expected is None or unit == expected:
+        return unit
+    if unit:
+        raise ValueError(f"headline {name!r}: unit {unit!r}; a listener score's unit is {expected or 'none'!r} "
+                         "(rkstudy.tables.results.LISTENER_UNITS)")
+    return expected
 
 
 def record_headlines(study: str, headlines: Mapping[str, Mapping], *, root: Path,
@@ -271,8 +286,9 @@ def record_headlines(study: str, headlines: Mapping[str, Mapping], *, root: Path
             raise ValueError(f"{study} headline {name!r} is a simulator number without a board risk; pass "
                              "risk=<the engine row or rows it was measured on> (the simulator does not see the "
                              "register-field overflow a board does)")
-        clean[name] = {"value": value, "unit": h.get("unit", ""), "reference": h.get("reference", ""),
-                       "comparable": comparable, **({"board_risk": risk} if risk else {})}
+        clean[name] = {"value": value, "unit": listener_unit(name, h.get("unit", "")),
+                       "reference": h.get("reference", ""), "comparable": comparable,
+                       **({"board_risk": risk} if risk else {})}
     payload = {"study": study, "rkstudy_version": __version__, "commit": commit(),
                "date": _dt.date.today().isoformat(), "machine": machine("host"), "headlines": clean,
                "figures": dict(sorted((figures or {}).items()))}
