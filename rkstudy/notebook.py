@@ -18,6 +18,7 @@ import numpy as np
 
 from . import cache, gates
 from .paths import REPO, results_root
+from .process import shows_progress
 from .tables import claims, results
 
 CLIP_SECONDS = 5.0  # audio embedded in an executed notebook; the full render goes to the cache
@@ -109,7 +110,30 @@ def says(text: str, *cites: tuple | Cite | Theirs, full_only: bool = False,
     if typed:
         raise ValueError(f"statement {text!r} types {', '.join(typed)}: cite the row that holds it "
                          "(a format field) or name it in a cite's selector")
+    doubled = doubled_units(text, made)
+    if doubled:
+        raise ValueError(f"statement {text!r} writes {', '.join(doubled)} after a reference figure that renders with "
+                         "its unit already (\"0.49 dB\"): drop the unit from the text")
     return Statement(text, made, full_only, holds)
+
+
+def doubled_units(text: str, cites: Iterable[Cite | Theirs]) -> list[str]:
+    """The units `text` writes right after a field filled by a reference figure (Theirs renders as value and
+    unit, "0.49 dB"), which a reader would then read twice ("0.49 dB dB")."""
+    parts = list(string.Formatter().parse(text))
+    after = [parts[i + 1][0] if i + 1 < len(parts) else "" for i in range(len(parts))]
+    fields = [literal_after for (_, field, _, _), literal_after in zip(parts, after) if field is not None]
+    found = []
+    for cite, literal_after in zip(cites, fields):
+        if not isinstance(cite, Theirs):
+            continue
+        figures = [r for r in results.reference(cite.study)
+                   if r["figure"] == cite.figure and (cite.target is None or r["target"] == cite.target)]
+        unit = figures[0]["unit"].strip() if len(figures) == 1 else ""
+        following = literal_after.lstrip()
+        if unit and following.startswith(unit) and not following[len(unit):len(unit) + 1].isalnum():
+            found.append(unit)
+    return found
 
 
 def _unfilled(text: str) -> str:
@@ -138,6 +162,23 @@ def fields(mapping: Mapping) -> str:
     return "; ".join(f"{k} {shown(v)}" for k, v in mapping.items())
 
 
+# The columns of an engine row that are the engine's own figures (its size, what the compiler logged), and the
+# units a headline states them in: such a headline stands beside its engine's board risk, as a simulator score does.
+ENGINE_FIGURE = re.compile(r"^(regtask|regtask_max_value|engine|engine_mb|engine_mib|engine_bytes)$")
+ENGINE_UNITS = ("MB", "MiB", "bytes", "B", "lines")
+
+
+def _same_number(cell, value) -> bool:
+    """Whether a table cell holds `value`, compared as the table writes both (six significant digits)."""
+    if isinstance(value, bool) or isinstance(cell, bool):
+        return False
+    try:
+        a, b = float(cell), float(value)
+    except (TypeError, ValueError):
+        return False
+    return results.as_written([{"v": a}])[0]["v"] == results.as_written([{"v": b}])[0]["v"]
+
+
 def _with_risk(row: Mapping) -> dict:
     """An engine row (one with a REGTASK count) with its board-risk verdict, read from the whole row:
     a simulator SNR is never written without what the compiler logged beside it."""
@@ -155,6 +196,7 @@ class Study:
         self.root = results_root(quick)
         self.tables: dict[str, tuple[list[dict], str]] = {}
         self.headline_values: dict[str, dict] = {}
+        self.figures: dict[str, str] = {}  # name -> sha256 of each figure this run drew
 
     def __repr__(self) -> str:
         return (f"Study({self.study!r}, {'quick' if self.quick else 'full'} mode, "
@@ -169,7 +211,38 @@ class Study:
         if not rows:
             print("(no rows)")
             return
-        display(Markdown(results.to_markdown(rows, columns or [c for c in rows[0] if c not in results.STAMP[:3]])))
+        hidden = (*results.STAMP[:3], *results.MACHINE)  # the same on every row of a run: the stamp says it
+        display(Markdown(results.to_markdown(rows, columns or [c for c in rows[0] if c not in hidden])))
+
+    @staticmethod
+    def progress(line: str) -> None:
+        """A long step's progress line (`progress=study.progress`): printed for a person at the kernel, never
+        in a recorded run, whose executed notebook carries the step's one summary line instead."""
+        if shows_progress():
+            print(line, flush=True)
+
+    @staticmethod
+    def show_contract(contract) -> None:
+        """What a stage contract says, as a reader needs it: one row per input and output tensor, and one
+        line naming the window, the stage parameters, the source model and the command that makes it
+        (the whole contract is in the JSON beside each engine)."""
+        from IPython.display import Markdown, display
+
+        rows = [{"tensor": t.name, "direction": direction, "shape": "x".join(map(str, t.shape)), "dtype": t.dtype,
+                 "role": t.role, "frame axis": "" if t.axis is None else t.axis,
+                 "axis length": "" if t.axis is None else f"{t.rate} x frames" + (f" + {t.extra}" if t.extra else "")}
+                for direction, tensors in (("in", contract.inputs), ("out", contract.outputs)) for t in tensors]
+        window = contract.window
+        said = [f"{contract.family} {contract.stage}"]
+        if window is not None:
+            said.append(f"window {window.frames} frames (emit {window.emit}, context {window.context} each side, "
+                        f"hop {window.hop})")
+        if contract.state:
+            said.append("state " + ", ".join(f"{i} -> {o}" for i, o in contract.state))
+        if contract.params:
+            said.append("params " + fields({k: v for k, v in contract.params.items() if v not in ("", None)}))
+        said.append(f"source {contract.source.file} (sha256 {contract.source.sha256[:12]})")
+        display(Markdown(results.to_markdown(rows) + "\n" + "; ".join(said) + f"; made by `{contract.producer}`"))
 
     def reference_figures(self, *words: str, study: str | None = None) -> None:
         """Show the reference documents' figures for this study whose text contains any of `words`
@@ -198,8 +271,10 @@ class Study:
                 for name, (rows, title) in self.tables.items()]
 
     def figure(self, fig, name: str) -> None:
-        """Save `fig` as results/<study>/figures/<name>.png (the notebook still shows it inline)."""
-        results.save_figure(fig, self.study, name, root=self.root)
+        """Save `fig` as results/<study>/figures/<name>.png, stamped by this run (the notebook still shows it
+        inline); finish() records it among the study's current figures."""
+        path = results.save_figure(fig, self.study, name, root=self.root)
+        self.figures[name] = results.file_digest(path)
 
     def listen(self, pcm: np.ndarray, sample_rate: int, name: str):
         """The full render to the cache as WAV; an audio player of its first CLIP_SECONDS."""
@@ -220,11 +295,24 @@ class Study:
         `"differs: <what>"` (rkstudy.tables.results.record_headlines refuses a figure without it).
         `risk` is the engine row (or rows, for a worst over a sweep) the number was measured on: its
         board-risk verdict stands in the same row (rkstudy.gates.risk_summary); a simulator headline
-        without one is refused, so no simulator number is shown without what the compiler logged."""
+        without one is refused, so no simulator number is shown without what the compiler logged. An
+        engine's own figure (its size, its REGTASK lines: a unit in ENGINE_UNITS, or a name saying engine or
+        REGTASK) recorded without `risk` carries the verdict of the engine rows of this run that hold it
+        (engine_rows_holding): an at-risk engine's size is never shown as if it were a clean one's."""
         entry = {"value": value, "unit": unit, "reference": reference, "comparable": comparable}
+        if risk is None and (unit in ENGINE_UNITS or "engine" in name.lower() or "regtask" in name.lower()):
+            risk = self.engine_rows_holding(value) or None
         if risk is not None:
             entry["board_risk"] = risk if isinstance(risk, str) else gates.risk_summary(risk)
         self.headline_values[name] = entry
+
+    def engine_rows_holding(self, value) -> list[dict]:
+        """The engine rows of this run's tables (rows with a REGTASK count, so a board-risk verdict) that hold
+        `value` as one of the engine's own figures (ENGINE_FIGURE): the engines a size or a line count headline
+        was read from, whose verdict it carries when the notebook names none (rkstudy.gates.risk_summary, the
+        worst of them where several hold it)."""
+        return [row for rows, _ in self.tables.values() for row in rows if "regtask" in row and "board_risk" in row
+                and any(ENGINE_FIGURE.match(c) and _same_number(row[c], value) for c in row)]
 
     def reference_claims(self) -> list[dict]:
         """Record `reference_claims`: each of the reference documents' measured claims for this
@@ -309,11 +397,13 @@ class Study:
         display(Markdown(self.conclusions(statements)))
 
     def finish(self) -> None:
-        """Write every table and the headlines; print where they went (relative to the repository)."""
+        """Write every table, and the headlines with the figures this run drew (any other figure in the
+        study's folder is then an orphan); print where they went (relative to the repository)."""
         for path in self.write_tables():
             print(shown_path(path))
-        if self.headline_values:
-            print(shown_path(results.record_headlines(self.study, self.headline_values, root=self.root)))
+        if self.headline_values or self.figures:
+            print(shown_path(results.record_headlines(self.study, self.headline_values, root=self.root,
+                                                      figures=self.figures)))
 
 
 # --- whole syntheses under a component execution plan ----------------------------------------------
@@ -332,7 +422,7 @@ def speak(model: str, runs: Iterable[tuple[str, str, str | None]], *args, folder
     from .plan import audio as audio_files
 
     folder = Path(folder or tempfile.mkdtemp(prefix=f"rkstudy-speak-{model}-"))
-    rows, audio = [], {}
+    rows, audio, said_before = [], {}, set()
     for label, plan, runtime in runs:
         stem = "".join(ch if ch.isalnum() else "_" for ch in label)
         wav = folder / f"{stem}.wav"
@@ -341,8 +431,11 @@ def speak(model: str, runs: Iterable[tuple[str, str, str | None]], *args, folder
                 "--results", str(folder / stem)]
         with contextlib.redirect_stdout(io.StringIO()) as said:
             code = main(argv)
-        # what the command printed, its scratch folder named by its own files (no machine's paths)
-        print(said.getvalue().replace(f"{folder}{os.sep}", ""), end="")
+        # what the command printed, its scratch folder named by its own files (no machine's paths); a line
+        # every run prints alike (what the model is) is said once
+        lines = said.getvalue().replace(f"{folder}{os.sep}", "").splitlines()
+        print("".join(f"{line}\n" for line in lines if line not in said_before), end="")
+        said_before.update(lines)
         if code != 0:
             raise RuntimeError(f"`rkstudy {' '.join(argv)}` failed (its error is printed above)")
         (found,) = [p for p in (folder / stem).glob("*/*.csv")]
@@ -367,15 +460,28 @@ def against_cpu(rows: list[dict], audio: Mapping[str, tuple[np.ndarray, int]], c
 
 
 # What a reader of an executed notebook must not meet: this machine's paths, a progress bar's refreshes,
-# a Python container's repr where a table or a sentence belongs, and the reference documents under a
-# name that is not theirs.
+# a Python container's repr or a JSON document where a table or a sentence belongs, a library's progress
+# lines, and the reference documents under a name that is not theirs.
 READER_PROBLEMS = {
     "an absolute path of the machine that ran it":
         re.compile(r"(?<![\w.~])/(?:tmp|home|work|root)/|site-packages/|/\.venv"),
     "a progress bar": re.compile(r"\r|\d+%\||it/s\]|s/it\]"),
     "a dict or list of dicts printed raw": re.compile(r"(?m)^\s*\[?\{'[^'\n]*': "),
+    "a JSON document printed raw": re.compile(r'(?m)^[\[{]\s*\n\s+"[^"\n]*": '),
+    "an exporter's progress lines": re.compile(r"(?m)^\[torch\.onnx\] .*(?:\.\.\.|✅|❌)$"),
     "the reference documents by another name": re.compile(r"(?i)\bseeds?'|\bseeds\b"),
 }
+# More than this many separate stdout outputs in a row in one cell: lines that trickled out while the cell worked
+# (a progress log), where an executed notebook carries one summary line per long step (a run of five syntheses
+# prints five).
+PROGRESS_RUN = 8
+# A warning as a recorded run prints it (rkstudy.process.for_readers: "UserWarning: ... (torch/onnx/utils.py:709)"),
+# as Python prints it by default ("torch/onnx/utils.py:709: UserWarning: ..."), and a library logger's line in
+# torch's format ("W1205 00:30:35.763000 13864 torch/onnx/...py:107] ..."). Each needs silencing at its source
+# (rkstudy.process.KNOWN_WARNINGS, which says why it is harmless) or explaining; a prediction the study makes on
+# purpose is no Warning class (rkstudy's AbortPredicted).
+WARNING_LINES = (re.compile(r"^\w*Warning: .*\([^()\s]+:\d+\)$"), re.compile(r"^\S+?:\d+: \w*Warning: "),
+                 re.compile(r"^[WE]\d{4} [\d:.]+ +\d+ \S+?:\d+\] "))
 
 
 def reader_text(path: Path) -> list[tuple[int, str]]:
@@ -399,13 +505,38 @@ def reader_text(path: Path) -> list[tuple[int, str]]:
     return out
 
 
+def progress_runs(path: Path) -> list[tuple[int, int]]:
+    """(cell number, stdout outputs in a row) for every cell of an executed notebook with more than PROGRESS_RUN
+    stdout outputs in a row."""
+    nb = json.loads(Path(path).read_text(encoding="utf-8"))
+    out = []
+    for n, cell in enumerate(nb.get("cells", [])):
+        run = longest = 0
+        for o in cell.get("outputs", []):
+            run = run + 1 if o.get("output_type") == "stream" and o.get("name") == "stdout" else 0
+            longest = max(longest, run)
+        if longest > PROGRESS_RUN:
+            out.append((n, longest))
+    return out
+
+
+def warning_lines(text: str) -> list[str]:
+    """The lines of `text` that are a warning (WARNING_LINES)."""
+    return [line for line in text.splitlines() if any(p.search(line) for p in WARNING_LINES)]
+
+
 def reader_problems(path: Path) -> list[str]:
-    """One line per place an executed notebook shows a reader something READER_PROBLEMS names."""
+    """One line per place an executed notebook shows a reader something READER_PROBLEMS names, a cell whose
+    output is a progress log (progress_runs), and each warning it shows (warning_lines)."""
     found = []
+    name = Path(path).name
     for n, text in reader_text(path):
         for what, pattern in READER_PROBLEMS.items():
             m = pattern.search(text)
             if m:
                 line = text[max(0, m.start() - 40): m.end() + 40].replace("\n", " ").replace("\r", " ")
-                found.append(f"{Path(path).name}, cell {n}: {what}: ...{line}...")
+                found.append(f"{name}, cell {n}: {what}: ...{line}...")
+        found += [f"{name}, cell {n}: a warning: {line[:160]}" for line in warning_lines(text)]
+    found += [f"{name}, cell {n}: a progress log: {count} stdout outputs in a row (one summary line per long step "
+              "belongs there; progress goes through Study.progress)" for n, count in progress_runs(path)]
     return found

@@ -16,6 +16,8 @@ REFERENCE_FIGURES = REFERENCE / "figures.csv"
 RESULTS = REPO / "results"
 NOTEBOOKS = REPO / "notebooks"
 QUICK_RESULTS = REPO / "build" / "quick-results"
+# The notebooks as `pytest --nbmake notebooks/` executed them (quick mode), kept for the reader checks
+QUICK_NOTEBOOKS = REPO / "build" / "quick-notebooks"
 
 
 def cache_root() -> Path:

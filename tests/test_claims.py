@@ -271,3 +271,34 @@ def test_every_notebook_records_its_claims_before_it_finishes():
     for path in sorted(NOTEBOOKS.glob("*.ipynb")):
         last = code_cells(path)[-1]
         assert "reference_claims()" in last and last.index("reference_claims()") < last.index("finish()"), path.name
+
+
+def test_a_cause_names_the_toolkits_that_built_the_engine_from_the_rows(tmp_path):
+    """`{toolkits:table[selector]}` renders the toolkit versions in the selected rows' stamps: a cause suspecting
+    the toolkit says which versions this run tried, and says otherwise by itself once another one builds it."""
+    path = spec_file(tmp_path, claim(
+        "w93-rk3588", figure=W93_LINES + " @rk3588", table="builds", column="regtask", rows="target=rk3588",
+        summary="max", comparison="same", rule="tolerance", low="0", high="0",
+        cause="an open question: the toolkit version is the first suspect; built here with "
+              "{toolkits:builds[target=rk3588]}"))
+
+    def built(*versions):
+        rows = [results.stamp({"window": 93, "target": "rk3588", "regtask": 18,
+                               "where": "host", "built_with": f"rknn-toolkit2 {v}"}) for v in versions]
+        return {"builds": results.as_written(rows)}
+
+    got = claims.evaluate(STUDY, built("2.5.0"), quick=False, path=path)[0]["verdict"]
+    assert got.endswith("the toolkit version is the first suspect; built here with rknn-toolkit2 2.5.0 only")
+    got = claims.evaluate(STUDY, built("2.5.0", "2.3.2"), quick=False, path=path)[0]["verdict"]
+    assert got.endswith("built here with rknn-toolkit2 2.3.2 and 2.5.0")
+    assert claims.versions(["rknn-toolkit2 2.10.0", "rknn-toolkit2 2.3.2"]) == "rknn-toolkit2 2.3.2 and 2.10.0"
+
+
+def test_no_cause_calls_the_toolkit_untested_in_words():
+    """Whether a toolkit version was tried is what the rows say ({toolkits:...}), never prose: four causes said
+    "untested" while a second toolkit environment built engines."""
+    typed = [f"{r['study']}/{r['claim']}" for r in results.read_table(claims.CLAIMS)
+             if "toolkit" in r["cause"] and "untested" in r["cause"]]
+    assert typed == []
+    rendered = [r for r in results.read_table(claims.CLAIMS) if "{toolkits:" in r["cause"]]
+    assert len(rendered) >= 4

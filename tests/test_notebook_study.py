@@ -2,6 +2,9 @@
 cannot drift from the tables; a missing row fails loudly, except a full-run-only statement in quick
 mode, which says it was skipped."""
 
+import ast
+import json
+
 import pytest
 
 from rkstudy.notebook import MAX_STATEMENTS, Cite, Study, says, shown_path
@@ -109,3 +112,70 @@ def test_an_engine_row_is_shown_with_its_board_risk(tmp_path, monkeypatch):
                             "where": "simulator"}], "builds", show=["target", "snr_db"])
     study.table("sweep", [{"window": 93, "min_snr_db": 73.2, "where": "fp32"}], "sweep", show=["window", "min_snr_db"])
     assert shown == [["target", "snr_db", "board_risk"], ["window", "min_snr_db"]]
+
+
+def test_an_engine_figure_headline_carries_its_engines_board_risk(tmp_path, monkeypatch):
+    """An engine's size or its REGTASK lines recorded without `risk` stands beside the verdict of the engine
+    rows of this run that hold it: an at-risk or known-bad engine's size never reads as a clean one's."""
+    monkeypatch.setattr(Study, "show", staticmethod(lambda rows, columns=None: None))
+    study = Study("synthetic", quick=True)
+    study.root = tmp_path
+    study.table("builds", [
+        {"window": 93, "status": "ok", "regtask": 18, "regtask_max_value": 16352, "engine_mb": 21.126,
+         "where": "simulator", "target": "rk3588"},
+        {"window": 256, "status": "ok", "regtask": 28774, "regtask_max_value": 65408, "engine_mb": 25.476,
+         "where": "simulator", "target": "rk3588"},
+        {"window": 64, "status": "ok", "regtask": 0, "regtask_max_value": 0, "engine_mb": 2.5,
+         "where": "simulator", "target": "rk3566"}], "builds")
+    study.table("plan", [{"window": 95, "emit": 39, "where": "host"}], "plan")
+    study.headline("rk3588 engine, 93-frame window", 21.126, "MB")
+    study.headline("rk3588 engine, 256-frame window", 25.476, "MB")
+    study.headline("REGTASK lines, rk3588 93-frame engine", 18, "lines")
+    study.headline("REGTASK lines, rk3566 64-frame engine", 0, "lines")
+    study.headline("planned emit", 39, "frames")                       # not an engine's figure
+    study.headline("rk3588 engine, 93-frame window, by hand", 21.126, "MB", risk="clean")  # the notebook's word wins
+    h = study.headline_values
+    assert h["rk3588 engine, 93-frame window"]["board_risk"].startswith("at risk: 18 REGTASK lines")
+    assert h["REGTASK lines, rk3588 93-frame engine"]["board_risk"].startswith("at risk: 18 REGTASK lines")
+    assert h["rk3588 engine, 256-frame window"]["board_risk"].startswith("known bad on a board")
+    assert h["REGTASK lines, rk3566 64-frame engine"]["board_risk"] == "clean"
+    assert "board_risk" not in h["planned emit"]
+    assert h["rk3588 engine, 93-frame window, by hand"]["board_risk"] == "clean"
+    study.finish()
+    recorded = json.loads((tmp_path / "synthetic" / "headlines.json").read_text())["headlines"]
+    assert recorded["rk3588 engine, 256-frame window"]["board_risk"].startswith("known bad on a board")
+
+
+def test_a_unit_is_not_written_after_a_reference_figure_that_renders_its_own():
+    """A reference figure renders as its value and unit ("0.49 dB"): text that adds the unit again reads "0.49 dB
+    dB" (notebook 03's conclusion did)."""
+    from rkstudy.notebook import theirs
+
+    figure = theirs("ggml-vs-RKNN output SNR (per-window statistics)", "kokoro_generator")
+    with pytest.raises(ValueError, match="writes dB after a reference figure"):
+        says("the document reads its {} dB", figure)
+    assert says("the document reads its {}", figure).cites == (figure,)
+    assert says("the document reads its {} dBFS-free number", figure)  # another word, not the unit
+
+
+def test_every_statement_the_notebooks_make_passes_the_checks_says_makes():
+    """Each `says(...)` in every notebook's conclusion, evaluated as written (those whose arguments name a notebook
+    variable are left to the notebook runs): no typed number, no unit written twice."""
+    from rkstudy.notebook import theirs
+
+    evaluated, refused = 0, []
+    for path in sorted((REPO / "notebooks").glob("*.ipynb")):
+        for cell in json.loads(path.read_text())["cells"]:
+            source = "".join(cell["source"]) if cell["cell_type"] == "code" else ""
+            if "says(" not in source:
+                continue
+            for node in ast.walk(ast.parse(source)):
+                if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "says":
+                    try:
+                        eval(compile(ast.Expression(node), path.name, "eval"), {"says": says, "theirs": theirs})
+                    except NameError:
+                        continue
+                    except ValueError as refusal:
+                        refused.append(f"{path.name}: {refusal}")
+                    evaluated += 1
+    assert evaluated >= 30 and refused == []

@@ -17,21 +17,70 @@ def test_the_committed_index_is_what_the_generator_writes():
 def test_the_index_lists_tables_headlines_with_the_reference_figure_and_figures(tmp_path):
     rows = [results.stamp({"window": 93, "snr_db": 98.2}, Origin("fp32"))]
     results.write_table("piper_decoder", "window_sweep", rows, root=tmp_path, title="Window sweep")
+    drawn = _figure(tmp_path, "piper_decoder", "sweep")
     results.record_headlines("piper_decoder", {"interior SNR": {
         "value": 73.25, "unit": "dB", "reference": "interior window SNR vs full-length decode at 93 (45+24+24)",
-        "comparable": "same"}}, root=tmp_path)
-    (tmp_path / "piper_decoder" / "figures").mkdir()
-    (tmp_path / "piper_decoder" / "figures" / "sweep.png").write_bytes(b"\x89PNG")
+        "comparable": "same"}}, root=tmp_path, figures={"sweep": results.file_digest(drawn)})
+    (tmp_path / "piper_decoder" / "figures" / "retracted.png").write_bytes(drawn.read_bytes())  # no run drew it
     text = report.generate(tmp_path)
     assert "| [`piper_decoder/window_sweep`](piper_decoder/window_sweep.md) | Window sweep | 1 |" in text
     assert "| interior SNR | 73.25 | dB |  | 98+ dB (fp32, none) | same |" in text
     assert "![piper_decoder: sweep](piper_decoder/figures/sweep.png)" in text
+    assert "](piper_decoder/figures/retracted.png)" not in text
+    assert "1 figure in `piper_decoder/figures/` not shown: not drawn by the run that made these tables" in text
+    machine = results.machine("host")
+    assert f"on {machine['machine_cpu']} ({machine['machine_isa']}, {machine['machine_threads']} threads" in text
     sections = text.split("# Results")[1].split("\n## ")[1:]
     assert [s.split(":")[0] for s in sections] == ["piper_decoder"]  # studies without tables are left out
     assert report.main(check=True, root=tmp_path) == 1  # no index written yet
     assert report.main(root=tmp_path) == 0 and report.main(check=True, root=tmp_path) == 0
     recorded = json.loads((tmp_path / "piper_decoder" / "headlines.json").read_text())["headlines"]
     assert recorded["interior SNR"]["value"] == 73.25
+
+
+def _figure(root, study, name):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    ax.plot([0, 1])
+    path = results.save_figure(fig, study, name, root=root)
+    plt.close(fig)
+    return path
+
+
+def test_an_unstamped_or_redrawn_figure_is_not_shown(tmp_path):
+    """Only the figures the run that made the study's headlines drew, as it drew them, are results."""
+    results.write_table("toolchain", "simulator", [results.stamp({"graph": "probe"}, Origin("fp32"))], root=tmp_path)
+    drawn = _figure(tmp_path, "toolchain", "probe")
+    results.record_headlines("toolchain", {}, root=tmp_path, figures={"probe": results.file_digest(drawn)})
+    assert "](toolchain/figures/probe.png)" in report.generate(tmp_path)
+    drawn.write_bytes(drawn.read_bytes() + b"\0")  # redrawn or edited since the run
+    assert "](toolchain/figures/probe.png)" not in report.generate(tmp_path)
+    (tmp_path / "toolchain" / "headlines.json").write_text(json.dumps({"commit": "abc", "date": "2026-12-03",
+                                                                       "headlines": {}}))
+    text = report.generate(tmp_path)  # a run that listed no figures vouches for none
+    assert "](toolchain/figures/probe.png)" not in text and "on a machine it did not record" in text
+
+
+def test_a_goal_verdict_is_a_headline_of_the_index(tmp_path):
+    """A goal table's verdict, with the figures its row gives, stands at the top of the study's section; the
+    other tables are only linked."""
+    goal = {"stage": "Piper decoder 93-frame window", "goal": "at least 80% of its conv MACs on weights of 8 bits "
+            "or fewer, PESQ-WB within 0.1 of fp16", "verdict": "not met", "best_low_bit_mac_share": 0.1808,
+            "best_soc": "rk3588"}
+    results.write_table("toolkit_levers", "quantization_goal", [results.stamp(goal, Origin("simulator", "rk3588"))],
+                        root=tmp_path)
+    results.write_table("toolkit_levers", "quantization", [results.stamp({"setting": "fp16", "goal_share_met": False},
+                                                                         Origin("simulator", "rk3588"))], root=tmp_path)
+    text = report.generate(tmp_path)
+    section = text.split("## toolkit_levers")[1]
+    assert section.index("Goals ([`toolkit_levers/quantization_goal`]") < section.index("| table | what | rows |")
+    assert ("| at least 80% of its conv MACs on weights of 8 bits or fewer, PESQ-WB within 0.1 of fp16 | not met | "
+            "Piper decoder 93-frame window | 0.1808 | rk3588 |") in section
+    assert "Goals ([`toolkit_levers/quantization`]" not in section  # a column named goal_* is no goal table
 
 
 def test_family_order_does_not_depend_on_import_order(monkeypatch):

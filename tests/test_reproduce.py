@@ -30,7 +30,8 @@ MINUTES = {"00_alpha": 2.0, "01_beta": 5.0, "walker": 0.5}
 
 def row(commit, **values):
     return {**values, "rkstudy_version": "0.1.0", "commit": commit, "toolkit_version": "rknn-toolkit2 2.5.0",
-            "target": "none", "where": "host", "date": "2026-12-01"}
+            "target": "none", "where": "host", "date": "2026-12-01", "machine_cpu": "AMD EPYC",
+            "machine_isa": "avx512", "machine_threads": 1, "numerics_pinned": "avx2"}
 
 
 @pytest.fixture
@@ -126,13 +127,14 @@ def test_a_full_run_times_each_step_and_ends_with_the_index_and_the_diff(repo, c
     assert ("reproduce [2/3] 01_beta (beta): finished in 5.0 min, peak 1.5 GiB -> results/benchmarks/reproduce.csv"
             in out)
     assert f"3 of 3 finished at {head(repo)} (7.5 min of wall time, 7.5 summed over steps)" in out
-    assert out.splitlines()[-1].startswith("results check: 4 tables, 7 rows in 3 studies: every row is stamped")
+    assert out.splitlines()[-1].startswith("results check: 4 tables, 7 rows in 3 studies: every row and figure is "
+                                           "stamped")
     state = json.loads((repo / "build" / "reproduce" / "state.json").read_text())
     assert state["commit"] == git(repo, "rev-parse", "HEAD") and sorted(state["steps"]) == ["00_alpha", "01_beta",
                                                                                             "walker"]
     diff = (repo / "results" / "benchmarks" / "reproduce_diff.md").read_text()  # HEAD's tables against the new
     assert diff.startswith(f"# Results diff: the tables committed at {head(repo)} (A) against this run's (B)")
-    assert "| (the one row) | `regtask` | exact (by name) | 10 | 11 | +1 (+10.00%) |" in diff
+    assert "| (the one row) | `regtask` | exact (by name), exact | 10 | 11 | +1 (+10.00%) |" in diff
     assert "Tables only in B" in diff and "`beta/sweep`" in diff
 
 
@@ -374,3 +376,52 @@ def test_steps_side_by_side_share_the_cores_as_their_thread_count(repo, monkeypa
     steps = [s for s, c in zip(seen, runner.commands) if c[-2:] != ["results", "index"]]
     assert steps and all(s == dict.fromkeys(reproduce.THREAD_VARIABLES, "1") for s in steps)
     assert all(os.environ.get(name) is None for name in reproduce.THREAD_VARIABLES)
+
+
+def test_every_step_runs_with_its_numerics_pinned_and_a_callers_choice_is_kept(repo, monkeypatch):
+    """torch's and numpy's kernels are held to the AVX2 code path in every step that makes tables (where the
+    host is x86), and a variable the caller set wins; the parent's environment is as it was afterwards."""
+    from rkstudy import process
+
+    monkeypatch.setattr(process, "pinned_environment", lambda: dict(process.PINNED_NUMERICS))
+    monkeypatch.setattr(reproduce, "pinned_environment", lambda: dict(process.PINNED_NUMERICS))
+    for name in process.PINNED_NUMERICS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("OPENBLAS_CORETYPE", "Zen")
+    seen = []
+
+    class Watching(FakeRunner):
+        def __call__(self, command, cwd, log=None):
+            seen.append({name: os.environ.get(name) for name in process.PINNED_NUMERICS})
+            return super().__call__(command, cwd, log)
+
+    runner = Watching(repo)
+    assert run(repo, runner) == 0
+    expected = {**process.PINNED_NUMERICS, "OPENBLAS_CORETYPE": "Zen"}
+    steps = [s for s, c in zip(seen, runner.commands) if c[-2:] != ["results", "index"]]
+    assert len(steps) == 3 and all(s == expected for s in steps)
+    assert all(os.environ.get(name) is None for name in process.PINNED_NUMERICS if name != "OPENBLAS_CORETYPE")
+    assert process.numerics_pinned(expected).startswith("ATEN_CPU_CAPABILITY=avx2 ")  # partial: spelled out
+    assert process.numerics_pinned(process.PINNED_NUMERICS) == "avx2"
+
+
+def test_a_finished_step_removes_the_figures_its_run_did_not_draw(repo, capsys):
+    """A figure under a study's figures/ that its run did not list in headlines.json (a retracted plot) is
+    deleted when the step finishes, so neither the tree nor the index keeps it; the drawn one stays."""
+    figures = repo / "results" / "alpha" / "figures"
+    figures.mkdir(parents=True)
+    (figures / "retracted.png").write_bytes(b"\x89PNG old")
+
+    class Drawing(FakeRunner):
+        def advance(self, stem):
+            code = super().advance(stem)
+            if stem == "00_alpha":
+                (figures / "sweep.png").write_bytes(b"\x89PNG new")
+                results.record_headlines("alpha", {}, root=self.repo / "results",
+                                         figures={"sweep": results.file_digest(figures / "sweep.png")})
+            return code
+
+    runner = Drawing(repo)
+    run(repo, runner, "alpha")
+    assert sorted(p.name for p in figures.iterdir()) == ["sweep.png"]
+    assert "reproduce: 00_alpha (alpha) drew no results/alpha/figures/retracted.png: removed" in capsys.readouterr().out

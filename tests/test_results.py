@@ -22,7 +22,9 @@ def test_stamp_carries_provenance():
     assert row["toolkit_version"].startswith("rknn-toolkit2 ")
     assert (row["target"], row["where"]) == ("rk3588", "simulator")
     assert row["date"] == datetime.date.today().isoformat()
-    assert list(row)[-6:] == list(results.STAMP)  # provenance last, in one order
+    assert list(row)[-10:] == [*results.STAMP, *results.MACHINE]  # provenance last, in one order
+    assert row["machine_isa"] in ("avx512", "avx2", "avx", "sse4.2", "sse2") or row["machine_isa"].startswith("asimd")
+    assert row["machine_cpu"] not in ("", "unknown") and row["machine_threads"] >= 1
     assert rows()[1]["where"] == "fp32" and rows()[1]["target"] == "none"  # read from the row itself
 
 
@@ -50,7 +52,8 @@ def test_a_carried_row_keeps_the_stamp_of_the_run_that_measured_it():
     old = earlier_row()
     row = {"frames": 256, "engine_bytes": 901928284, **results.carried(old, "results/s/sizes.csv"), "status": "ok"}
     got = results.stamp(row, Origin("simulator", "rk3566"))  # this run's runner does not overwrite it
-    assert list(got) == ["frames", "engine_bytes", "carried_from", "status", *results.STAMP]
+    assert list(got) == ["frames", "engine_bytes", "carried_from", "status", *results.STAMP, *results.MACHINE]
+    assert [got[k] for k in results.MACHINE] == ["", "", "", ""]  # the run that measured it named no machine
     assert got["carried_from"] == "results/s/sizes.csv"
     assert [got[k] for k in results.STAMP] == ["0.0.9", "4ba221b0c0de", "rknn-toolkit2 2.3.2", "rk3588", "host",
                                                "2026-11-30"]
@@ -161,3 +164,79 @@ def test_a_row_keeps_the_toolkit_that_built_it():
                            "built_with": "rknn-toolkit2 2.3.2"})
     assert built["toolkit_version"] == "rknn-toolkit2 2.3.2" and "built_with" not in built
     assert results.stamp({"snr_db": 40.0}, results.HOST)["toolkit_version"] == results.toolkit_version()
+
+
+AVX512_HOST = """processor\t: 0
+vendor_id\t: AuthenticAMD
+model name\t: AMD EPYC 9R14
+flags\t\t: fpu sse sse2 ssse3 sse4_1 sse4_2 avx avx2 fma avx512f avx512bw avx512vl avx512_vnni
+"""
+AVX2_HOST = AVX512_HOST.replace("AMD EPYC 9R14", "AMD EPYC 7R13").replace(" avx512f avx512bw avx512vl avx512_vnni", "")
+
+
+def test_the_machine_columns_name_the_cpu_its_vector_isa_and_the_threads(tmp_path, monkeypatch):
+    from rkstudy import process
+
+    assert (process.cpu_model(AVX512_HOST), process.vector_isa(AVX512_HOST)) == ("AMD EPYC 9R14", "avx512")
+    assert (process.cpu_model(AVX2_HOST), process.vector_isa(AVX2_HOST)) == ("AMD EPYC 7R13", "avx2")
+    assert process.vector_isa("") == process.cpu_model("") == "unknown"
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert process.threads() == 1
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert process.threads() >= 1
+    for name in process.PINNED_NUMERICS:
+        monkeypatch.delenv(name, raising=False)
+    assert process.numerics_pinned() == "none"
+    for name, value in process.PINNED_NUMERICS.items():
+        monkeypatch.setenv(name, value)
+    assert process.numerics_pinned() == "avx2"
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE")
+    assert "ONEDNN_MAX_CPU_ISA=AVX512_CORE" in process.numerics_pinned()
+
+
+def test_a_board_row_names_the_boards_cpu_not_the_hosts(monkeypatch):
+    """A board's numbers were computed by its own cores: RK3588's four A55s and four A76s with NEON, dot product
+    and fp16 arithmetic, read from the board's /proc (the recorded tree under $RKSTUDY_SYSROOT in tests)."""
+    from rkstudy.paths import REPO
+
+    monkeypatch.setenv("RKSTUDY_SYSROOT", str(REPO / "tests" / "fixtures" / "boards" / "rk3588"))
+    row = results.stamp({"rtf": 0.2}, Origin("board", "rk3588"))
+    assert (row["machine_cpu"], row["machine_isa"]) == ("4x Cortex-A55 + 4x Cortex-A76", "asimd+dotprod+fp16")
+    host = results.stamp({"x": 1}, HOST)
+    assert host["machine_cpu"] != row["machine_cpu"]
+
+
+def test_a_figure_carries_the_stamp_of_the_run_that_drew_it(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [1, 0])
+    path = results.save_figure(fig, "s", "line", root=tmp_path)
+    plt.close(fig)
+    got = results.figure_stamp(path)
+    assert (got["study"], got["figure"], got["commit"]) == ("s", "line", results.commit())
+    assert got["machine_isa"] == results.machine("host")["machine_isa"]
+    (tmp_path / "plain.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0\0\0\0IEND\xaeB`\x82")
+    assert results.figure_stamp(tmp_path / "plain.png") == {}
+    headlines = results.record_headlines("s", {}, root=tmp_path, figures={"line": results.file_digest(path)})
+    recorded = json.loads(headlines.read_text())
+    assert recorded["figures"] == {"line": results.file_digest(path)}
+    assert recorded["machine"]["machine_cpu"] == results.machine("host")["machine_cpu"]
+
+
+def test_a_listener_score_has_one_unit_in_every_study(tmp_path):
+    """PESQ-WB and DNSMOS are mean opinion scores wherever a headline names them (one study wrote MOS, the
+    others nothing); STOI has no unit; another unit is refused."""
+    path = results.record_headlines("toolchain", {
+        "perceptual: PESQ-WB, fp16 engine vs fp32": {"value": 4.64},
+        "quantization, fp16: PESQ-WB vs fp32": {"value": 4.64, "unit": "MOS"},
+        "perceptual: DNSMOS OVRL, fp32 reference": {"value": 3.3},
+        "perceptual: STOI, white noise 10 dB": {"value": 0.92},
+        "perceptual: log-mel distance": {"value": 0.09, "unit": "dB"}}, root=tmp_path)
+    units = {n: h["unit"] for n, h in json.loads(path.read_text())["headlines"].items()}
+    assert list(units.values()) == ["MOS", "MOS", "MOS", "", "dB"]
+    with pytest.raises(ValueError, match="a listener score's unit is 'MOS'"):
+        results.record_headlines("toolchain", {"PESQ-WB": {"value": 4.6, "unit": "dB"}}, root=tmp_path)

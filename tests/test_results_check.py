@@ -24,9 +24,12 @@ def write(repo, rel, text):
     path.write_text(text)
 
 
+MACHINE = {"machine_cpu": "AMD EPYC", "machine_isa": "avx512", "machine_threads": 1, "numerics_pinned": "avx2"}
+
+
 def row(commit, where="host", target="none", **values):
     return {**values, "rkstudy_version": "0.1.0", "commit": commit, "toolkit_version": "rknn-toolkit2 2.5.0",
-            "target": target, "where": where, "date": "2026-12-01"}
+            "target": target, "where": where, "date": "2026-12-01", **MACHINE}
 
 
 def table(repo, study, name, rows):
@@ -88,8 +91,92 @@ def test_a_clean_tree_passes(repo, capsys):
     write(repo, "results/alpha/headlines.json", json.dumps({"study": "alpha", "commit": c, "headlines": {}}))
     assert provenance.main(repo) == 0
     out = capsys.readouterr().out.strip().splitlines()
-    assert out == ["results check: 2 tables, 3 rows in 1 studies: every row is stamped by a clean ancestor "
-                   "commit whose code is HEAD's"]
+    assert out == ["results check: 2 tables, 3 rows in 1 studies: every row and figure is stamped by a clean "
+                   "ancestor commit whose code is HEAD's, on a named machine"]
+
+
+def test_a_table_made_before_rows_named_their_machine_says_so(repo):
+    """An older table has the stamp but not the machine columns: the check names it, once per study, and
+    goes on checking its commits (it does not stop at the missing columns)."""
+    c = head(repo)
+    old = {k: v for k, v in row(c, frames=64).items() if k not in results.MACHINE}
+    write(repo, "results/alpha/old.csv", ",".join(old) + "\n" + ",".join(map(str, old.values())) + "\n")
+    table(repo, "alpha", "new", [row(c, frames=64), {**row(c, frames=128), "machine_cpu": ""}])
+    got, problems = kinds(repo)
+    assert got == ["no-machine", "no-machine"]
+    study = next(p for p in problems if p.path == "results/alpha")
+    assert study.message.startswith("1 of 2 tables (old) have no machine_cpu, machine_isa, machine_threads, "
+                                    "numerics_pinned columns: made before rows named the machine")
+    assert next(p for p in problems if p.path.endswith("new.csv")).message.startswith("rows 2: no machine recorded")
+    write(repo, "results/alpha/old.csv", ",".join(old) + "\n" + ",".join(map(str, {**old, "commit": "abc"}.values())))
+    assert "unknown-commit" in kinds(repo)[0]  # its commit is still checked
+
+
+def _png(repo, study, name, stamp=True):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    ax.plot([0, 1])
+    root = repo / "results"
+    if stamp:
+        path = results.save_figure(fig, study, name, root=root)
+    else:
+        path = root / study / "figures" / f"{name}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def test_figures_are_checked_like_tables(repo, monkeypatch):
+    """A figure is stamped by the run that drew it, and that run is the one that wrote the study's headlines
+    (which list every figure it drew): an unstamped, stale, orphaned or missing figure is a problem."""
+    c = head(repo)
+    monkeypatch.setattr(results, "commit", lambda: c)
+    table(repo, "alpha", "sweep", [row(c, frames=64)])
+    drawn = _png(repo, "alpha", "sweep")
+    orphan = _png(repo, "alpha", "retracted")
+    results.record_headlines("alpha", {}, root=repo / "results", figures={"sweep": results.file_digest(drawn),
+                                                                          "gone": "0" * 64})
+    got, problems = kinds(repo)
+    assert got == ["figure-missing", "figure-orphan"]
+    assert next(p for p in problems if p.kind == "figure-orphan").path == "results/alpha/figures/retracted.png"
+    orphan.unlink()
+    results.record_headlines("alpha", {}, root=repo / "results", figures={"sweep": results.file_digest(drawn)})
+    assert kinds(repo)[0] == []
+    drawn.write_bytes(drawn.read_bytes() + b"\0")  # replaced since the run drew it
+    assert kinds(repo)[0] == ["figure-stale"]
+    _png(repo, "alpha", "sweep", stamp=False)
+    got, problems = kinds(repo)
+    assert got == ["figure-unstamped"] and "which run drew it is unknown" in problems[0].message
+
+
+def test_a_run_that_listed_no_figures_leaves_orphans_to_the_notebooks(repo):
+    """Headlines written before runs listed their figures: a figure no notebook of the study names is an
+    orphan all the same (the committed tree's retracted quantization figure), the others are unstamped."""
+    c = head(repo)
+    table(repo, "alpha", "sweep", [row(c, frames=64)])
+    write(repo, "results/alpha/headlines.json", json.dumps({"study": "alpha", "commit": c, "headlines": {}}))
+    _png(repo, "alpha", "alpha", stamp=False)  # a name the notebook holds as a string
+    _png(repo, "alpha", "quantization_snr_vs_int8_share", stamp=False)
+    got, problems = kinds(repo)
+    assert got == ["figure-orphan", "figure-unstamped"]
+    assert next(p for p in problems if p.kind == "figure-orphan").message.startswith(
+        "no notebook of alpha names a figure 'quantization_snr_vs_int8_share'")
+
+
+def test_a_figure_stamped_by_an_older_commit_makes_its_study_stale(repo, monkeypatch):
+    c = head(repo)
+    monkeypatch.setattr(results, "commit", lambda: c)
+    table(repo, "alpha", "sweep", [row(c, frames=64)])
+    drawn = _png(repo, "alpha", "sweep")
+    results.record_headlines("alpha", {}, root=repo / "results", figures={"sweep": results.file_digest(drawn)})
+    commit_change(repo, "rkstudy/plotting.py", "Z = 4\n")
+    got, problems = kinds(repo)
+    assert got == ["stale"] and "rkstudy/plotting.py" in problems[0].files
 
 
 def test_unstamped_table_and_row(repo):

@@ -25,6 +25,7 @@ import re
 from dataclasses import dataclass
 
 from ..paths import on_board
+from ..process import CPU_PARTS
 from . import sysfs
 
 REFERENCE_SOC = "rk3588"
@@ -38,9 +39,6 @@ LIBRKNNRT_DEFAULT = "/usr/lib/librknnrt.so"
 LIBRKNNRT_ELSEWHERE = ("/usr/lib64/librknnrt.so", "/usr/local/lib/librknnrt.so",
                        "/usr/lib/aarch64-linux-gnu/librknnrt.so")
 LIBRKNNRT_PATHS = (LIBRKNNRT_DEFAULT, *LIBRKNNRT_ELSEWHERE)
-# ARM "CPU part" ids (/proc/cpuinfo) of the cores these SoCs carry.
-CPU_PARTS = {"0xd05": "Cortex-A55", "0xd0b": "Cortex-A76", "0xd04": "Cortex-A35", "0xd03": "Cortex-A53",
-             "0xd08": "Cortex-A72"}
 _LIBRKNNRT = re.compile(rb"librknnrt version: ([^\x00\n]+)")
 
 

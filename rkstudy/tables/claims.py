@@ -25,6 +25,9 @@ moves changes its verdict by itself.
 
 `cause` explains; it never quotes a measured number. A value it needs is rendered from this run's
 rows, `{table[column=value; ...].column}`, and a pointer to another study's claim is `{claim:<study>/<id>}`.
+Which toolkit made the rows a cause reasons about is rendered too, `{toolkits:table[column=value; ...]}`
+("rknn-toolkit2 2.5.0 only", from the rows' own stamps): a cause never says a version is untested, it
+says which versions this run built the engine with, so it changes by itself once another is tried.
 A number typed in a cause that is none of the claim's own conditions (its row selector, its figure,
 its comparison) fails the spec check (`check_spec`), as does any rule the row breaks.
 
@@ -55,6 +58,8 @@ OPEN_QUESTION = "an open question: no table here explains the gap"
 # {table[column=value; ...].column}: a value of this run's rows; {claim:study/id}: another claim
 CELL = re.compile(r"\{(\w+)\[([^\]]*)\]\.([^{}\s]+)\}")
 POINTER = re.compile(r"\{claim:([\w]+)/([\w.=+-]+)\}")
+# {toolkits:table[column=value; ...]}: the toolkit versions that made the selected rows of this run
+TOOLKITS = re.compile(r"\{toolkits:(\w+)\[([^\]]*)\]\}")
 # a number standing alone in prose: not glued to a word (rk3588, fp16, 2x24), not part of a version
 # (2.3.2), an assignment (W=136), a power (2^32), a sum (16+64) or a compound (13-bit, 47-frame)
 NUMBER = re.compile(r"(?<![\w.=^/+\-])[+\-−]?\d[\d,]*(?:\.\d+)?(?![\w.^+]|-[A-Za-z])")
@@ -235,8 +240,39 @@ def render(text: str, tables: Mapping[str, Sequence[Mapping]], claim: dict, quic
                              f"{len(picked)} rows, not one; {_fix()}")
         return _show(_number(picked[0][column]))
 
-    text = CELL.sub(cell, text)
+    def toolkits(m):
+        name, selector = m.groups()
+        if name not in tables:
+            if quick and claim["quick"] == "skipped":
+                return "…"
+            raise ClaimError(f"claim {claim['claim']}: its cause cites table {name!r}, which this notebook "
+                             f"did not write; {_fix()}")
+        picked = _picked(claim, name, tables[name], selector, "toolkit_version")
+        if not picked:
+            if quick and claim["quick"] == "skipped":
+                return "…"
+            raise ClaimError(f"claim {claim['claim']}: its cause cites {name}[{selector}], which selects no row; "
+                             f"{_fix()}")
+        return versions([r["toolkit_version"] for r in picked])
+
+    text = TOOLKITS.sub(toolkits, CELL.sub(cell, text))
     return POINTER.sub(lambda m: f"{m.group(1)} claim {m.group(2)}", text)
+
+
+def versions(stamps: Sequence[str]) -> str:
+    """The toolkit versions in rows' stamps as a cause reads them: "rknn-toolkit2 2.5.0 only", or
+    "rknn-toolkit2 2.3.2 and 2.5.0"."""
+    def version(stamp: str) -> tuple:
+        return tuple(int(x) if x.isdigit() else -1 for x in stamp.rpartition(" ")[2].split("."))
+
+    found = sorted({str(s) for s in stamps}, key=lambda v: (v.rpartition(" ")[0], version(v)))
+    if len(found) == 1:
+        return f"{found[0]} only"
+    names = {v.rpartition(" ")[0] for v in found}
+    if len(names) == 1:
+        tails = [v.rpartition(" ")[2] for v in found]
+        return f"{names.pop()} {', '.join(tails[:-1])} and {tails[-1]}"
+    return ", ".join(found[:-1]) + f" and {found[-1]}"
 
 
 def _band(claim: dict):
@@ -325,8 +361,8 @@ def check_claim(claim: dict, path=None, spec_rows: Sequence[Mapping] | None = No
     for m in POINTER.finditer(cause):
         if not any(r["study"] == m.group(1) and r["claim"] == m.group(2) for r in known):
             raise ClaimError(f"claim {cid}: its cause points at {m.group(1)}/{m.group(2)}, which is no claim")
-    bare = POINTER.sub("", CELL.sub("", cause))
-    cited = [m.group(2) for m in CELL.finditer(cause)]
+    bare = TOOLKITS.sub("", POINTER.sub("", CELL.sub("", cause)))
+    cited = [m.group(2) for m in CELL.finditer(cause)] + [m.group(2) for m in TOOLKITS.finditer(cause)]
     typed = typed_numbers(bare, [claim["rows"], claim["figure"], claim["comparison"], *cited])
     if typed:
         raise ClaimError(f"claim {cid}: its cause types {', '.join(typed)}; render a measured value from its row "

@@ -1,29 +1,37 @@
 """`rkstudy results diff A B`: what moved between two result trees (the committed tables and a fresh
-run of them), column by column, with a tolerance by kind of quantity.
+run of them), column by column, and whether the host, the code or nothing explains each move.
 
 Each column gets one rule, from its name first and its values second, and the report says which:
 
 * exact: counts, node numbers, bytes and REGTASK lines (regtask*, *nodes*, *bytes*, count(s),
-  nonfinite, lines): the compiler and the graph are deterministic, so any change is a change;
-* dB: *_db, within 0.5 dB (simulator scores move in the last digits between toolkit runs);
+  nonfinite, lines), integers and strings: the compiler and the graph are deterministic;
+* dB (*_db): held to the tolerance of what computed it, the row's `where` (simulator, fp32, board);
+* difference (*max_diff, *max_abs_err ...): a largest difference between two outputs, likewise;
+* PESQ-WB, STOI, DNSMOS (pesq*, stoi*, dnsmos*): listener scores, each with a tolerance of its own;
 * time: *_s, *_ms, seconds, minutes, rtf and their ratios: reported, never failed;
-* machine: peak RSS, bandwidth and load figures (*peak*, *rss*, *gb_per_s*, *load*): depend on the
-  machine and what else ran, so reported, never failed;
-* otherwise exact for strings and integers, and relative 1e-6 for floats.
+* machine: peak RSS, bandwidth and load figures (*peak*, *rss*, *gb_per_s*, *load*): reported, never failed;
+* otherwise floats, by their relative change.
+
+The tolerances are measured, not chosen (rkstudy.tables.tolerances, tolerances.csv: the largest change
+each kind showed between reruns on one machine, and across machines of different vector ISAs, with the
+runs that measured it). Each table's rows say which machine computed them (rkstudy.tables.results.MACHINE)
+and which commit: a cell that moved by no more than one machine's reruns move it is unchanged; by no more
+than another machine moves it, on tables made on different machines, a host change; past that, where the
+table's producing code differs between the two commits, a code change; anything else is unexplained.
+Exit 1 when a cell moved that neither the host nor the code explains.
 
 A `value` or `measured` cell takes the rule of its row's `unit` (dB, s, ms, ms/window ...); where the
-unit says nothing, a row whose label (a headline's name, a goal, a quantity) names a machine figure or a
-time ("converter peak", "DRAM read", "CPU RTF", "wall") has its float cells reported like that column
-would be: a headline is the same figure as the column it was read from. A reference claim's `ours` takes
-the rule of the column it was read from (`ours_from`), and its `verdict` is compared by kind (reproduced,
-differs, ...), the text that quotes ours reported.
+unit says nothing, a row whose label (a headline's name, a goal, a quantity) names a machine figure, a
+time ("converter peak", "DRAM read", "CPU RTF", "wall") or a listener score has its cells taken as that:
+a headline is the same figure as the column it was read from (its name says simulator, or not). A
+reference claim's `ours` takes the rule of the column it was read from (`ours_from`), and its `verdict` is
+compared by kind (reproduced, differs, ...), the text that quotes ours reported.
 Rows are matched by their key columns: target and where, then the fewest leading columns not named
 as counts, bytes, dB, times or machine figures (a dB level the table leads with is a key) that tell
-the rows apart in both trees (the order of appearance too when none does).
-The stamp columns are ignored. Exit 1 when a cell under an exact, dB or relative rule moved past its
-tolerance; tables, rows and columns only on one side are listed.
+the rows apart in both trees (the order of appearance too when none does). The stamp and machine
+columns are not compared cell by cell; they say what each table's rows were made with.
 
-Standard library only.
+Standard library only (git on PATH to tell whether the code differs).
 """
 
 from __future__ import annotations
@@ -37,41 +45,52 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import atomic
-from .results import STAMP, read_table
+from . import tolerances
+from .results import CARRIED, MACHINE, STAMP, read_table
 
-DB_TOLERANCE = 0.5
-RELATIVE_TOLERANCE = 1e-6
 EXACT_NAME = re.compile(r"^regtask|nodes|bytes|(^|_)(count|counts|nonfinite|lines)($|_)")
 TIME_WORDS = {"s", "ms", "seconds", "minutes", "rtf"}
 MACHINE_NAME = re.compile(r"peak|rss|gb_per|load")
+DIFFERENCE_NAME = re.compile(r"max_(abs_)?(diff|err)")
+LISTENER = {"pesq": "PESQ-WB", "stoi": "STOI", "dnsmos": "DNSMOS"}  # a column's or a label's word -> its kind
 REPORTED = ("time", "machine")
 # a row's label: what a headline, a goal or a quantity row says it holds
 LABEL_COLUMNS = ("headline", "goal", "quantity", "label")
 MACHINE_WORDS = {"peak", "rss", "bandwidth", "dram", "load", "gb/s", "mb/s"}
 TIME_LABEL_WORDS = {"rtf", "wall", "seconds", "minutes", "time", "times"}
 UNIT_FIRST = "; in a row whose unit is dB or a time, that rule"
+IGNORED = (*STAMP, *MACHINE, CARRIED)
 
 
 @dataclass(frozen=True)
 class Tolerance:
-    kind: str   # exact, dB, time, machine, relative
+    kind: str   # exact, dB, PESQ-WB, STOI, DNSMOS, relative, time, machine
     why: str    # what gave it: the name, or the values
 
     def describe(self) -> str:
-        rule = {"dB": f"dB, within {DB_TOLERANCE}", "relative": f"relative {RELATIVE_TOLERANCE:g}",
-                "time": "time, reported", "machine": "machine, reported", "exact": "exact"}[self.kind]
+        rule = {"dB": "dB, by what computed it", "difference": "largest difference, by what computed it",
+                "relative": "relative", "time": "time, reported",
+                "machine": "machine, reported", "exact": "exact"}.get(self.kind, f"{self.kind}, its own")
         return f"{rule} (by {self.why})"
 
 
-def _number(text: str) -> float | None:
+def number(text: str) -> float | None:
     try:
         return float(text)
     except (TypeError, ValueError):
         return None
 
 
+_number = number
+
+
 def _is_int(text: str) -> bool:
     return re.fullmatch(r"[-+]?\d+", text.strip()) is not None
+
+
+def _listener(words: str) -> str | None:
+    low = words.lower()
+    return next((kind for word, kind in LISTENER.items() if word in low), None)
 
 
 def name_rule(column: str) -> Tolerance | None:
@@ -86,6 +105,11 @@ def name_rule(column: str) -> Tolerance | None:
         return Tolerance("machine", "name")
     if EXACT_NAME.search(name):
         return Tolerance("exact", "name")
+    if DIFFERENCE_NAME.search(name):
+        return Tolerance("difference", "name")
+    listener = _listener(name)
+    if listener:
+        return Tolerance(listener, "name")
     return None
 
 
@@ -93,9 +117,9 @@ def column_rule(column: str, values: list[str]) -> Tolerance:
     """The name's rule for a numeric column (peak_from, a text, takes the values' rule), else the values'."""
     filled = [v for v in values if v != ""]
     by_name = name_rule(column)
-    if by_name is not None and all(_number(v) is not None for v in filled):
+    if by_name is not None and all(number(v) is not None for v in filled):
         return by_name
-    if filled and all(_number(v) is not None for v in filled) and not all(_is_int(v) for v in filled):
+    if filled and all(number(v) is not None for v in filled) and not all(_is_int(v) for v in filled):
         return Tolerance("relative", "float values")
     return Tolerance("exact", "integer values" if filled and all(_is_int(v) for v in filled) else "string values")
 
@@ -111,12 +135,17 @@ def unit_rule(unit: str) -> Tolerance | None:
 
 
 def label_rule(text: str) -> Tolerance | None:
-    """The rule a row's label gives its float cells: a machine figure or a time named in words."""
+    """The rule a row's label gives its float cells: a machine figure, a time or a listener score named in words."""
     words = set(re.findall(r"[a-z0-9/]+", text.lower()))
     if words & MACHINE_WORDS:
         return Tolerance("machine", "row label")
     if words & TIME_LABEL_WORDS:
         return Tolerance("time", "row label")
+    listener = _listener(text)
+    if listener:
+        return Tolerance(listener, "row label")
+    if "max" in words and words & {"diff", "difference", "error"}:
+        return Tolerance("difference", "row label")
     return None
 
 
@@ -124,6 +153,18 @@ def source_rule(ours_from: str) -> Tolerance | None:
     """The rule of the column a reference claim read ours from (`table.column[rows] summary`)."""
     column = ours_from.split("[")[0].split(" ")[0].rpartition(".")[2]
     return name_rule(column) if column else None
+
+
+def figure_kind(rule: Tolerance, where: str) -> str:
+    """The kind of figure (rkstudy.tables.tolerances.KINDS) a cell under `rule` in a row made `where` is."""
+    if rule.kind in ("dB", "difference"):
+        by = {"simulator": "simulator", "board": "board"}.get(where, "fp32")
+        return f"{by} {rule.kind}"
+    if rule.kind == "relative":
+        return "float"
+    if rule.kind in tolerances.KINDS:
+        return rule.kind
+    return "exact"
 
 
 def _numbers(text: str) -> list[float]:
@@ -139,27 +180,82 @@ def _claim_kind(verdict: str) -> str:
         return verdict
 
 
-def moved(rule: Tolerance, a: str, b: str) -> tuple[bool, float | None]:
-    """(past tolerance, numeric change B - A or None) for one cell."""
-    if a == b:
-        return False, 0.0 if _number(a) is not None else None
-    x, y = _number(a), _number(b)
-    delta = None
-    if x is not None and y is not None:
-        delta = y - x if math.isfinite(x) and math.isfinite(y) else (0.0 if x == y else math.inf)
-    if rule.kind in REPORTED:
-        return False, delta
-    if x is None or y is None:
-        return True, None
-    if x == y:
-        return False, 0.0
-    if rule.kind == "dB":
-        return not (abs(delta) <= DB_TOLERANCE), delta
-    if rule.kind == "relative":
-        return not (abs(y - x) <= RELATIVE_TOLERANCE * max(abs(x), abs(y))), delta
-    return True, delta
+# --- what made each side ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Made:
+    """What made one side's rows of a table: the commits, and the machines (None: not recorded)."""
+
+    commits: frozenset[str]
+    machines: frozenset[tuple] | None
 
 
+def made(rows: list[dict], meta: dict | None = None) -> Made:
+    """The commits and machines of a table's measured rows (a carried row was made by an earlier run);
+    `meta` is a headlines.json's own stamp, for the headline table."""
+    if meta is not None:
+        machine = meta.get("machine")
+        machines = frozenset({tuple(str(machine.get(k, "")) for k in MACHINE)}) if machine else None
+        return Made(frozenset({meta.get("commit", "")}), machines)
+    measured = [r for r in rows if not r.get(CARRIED)] or rows
+    recorded = all(all(r.get(k) not in (None, "") for k in MACHINE) for r in measured)
+    return Made(frozenset(r.get("commit", "") for r in measured),
+                frozenset(tuple(str(r[k]) for k in MACHINE) for r in measured) if recorded else None)
+
+
+def machine_relation(a: Made, b: Made) -> tuple[str, str]:
+    """(tolerances.MACHINES entry, what differs) for two sides' machines."""
+    if a.machines is None or b.machines is None:
+        side = "A" if a.machines is None else "B"
+        return tolerances.MACHINES[1], f"the machine is not recorded in {side} (made before rows named it)"
+    if a.machines == b.machines and len(a.machines) == 1:
+        cpu, isa, threads, pins = next(iter(a.machines))
+        return tolerances.MACHINES[0], f"{cpu}, {isa}, {threads} threads, numerics pinned {pins}"
+    if len(a.machines) == 1 and len(b.machines) == 1:
+        ma, mb = next(iter(a.machines)), next(iter(b.machines))
+        names = ("CPU", "vector ISA", "threads", "pinned numerics")
+        return tolerances.MACHINES[1], "; ".join(f"{n} {x} -> {y}" for n, x, y in zip(names, ma, mb) if x != y)
+    return tolerances.MACHINES[1], "rows of one side were made on more than one machine"
+
+
+class CodeHistory:
+    """Whether the code that makes a study changed between two commits (git, in `repo`)."""
+
+    def __init__(self, repo: Path | None):
+        self.repo = repo
+        self._seen: dict[tuple, tuple[bool | None, str]] = {}
+
+    def relation(self, table: str, a: Made, b: Made) -> tuple[bool | None, str]:
+        """(True: the code differs, False: it is the same, None: cannot tell; what says so)."""
+        if len(a.commits) != 1 or len(b.commits) != 1:
+            return None, "a side was made by more than one commit"
+        ca, cb = next(iter(a.commits)), next(iter(b.commits))
+        if ca == cb:
+            return False, f"both made at {ca}"
+        key = (table.split("/")[0], table, ca, cb)
+        if key not in self._seen:
+            self._seen[key] = self._changed(table, ca, cb)
+        return self._seen[key]
+
+    def _changed(self, table: str, ca: str, cb: str) -> tuple[bool | None, str]:
+        if self.repo is None or ca.endswith("-dirty") or cb.endswith("-dirty"):
+            return None, f"made at {ca} and {cb}" + (" (a dirty tree)" if "-dirty" in ca + cb else "")
+        from . import provenance
+
+        git = provenance.Git(self.repo)
+        full_a, full_b = git.resolve(ca), git.resolve(cb)
+        study, _, name = table.partition("/")
+        paths = provenance.producing_code(self.repo, study, name if study in ("benchmarks", "board") else None)
+        if full_a is None or full_b is None or paths is None:
+            return None, f"made at {ca} and {cb}, which this repository cannot compare"
+        proc = git.run("diff", "--name-only", full_a, full_b, "--", *paths)
+        changed = sorted(line for line in proc.stdout.splitlines() if line)
+        if not changed:
+            return False, f"no producing file changed between {ca} and {cb}"
+        shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
+        return True, f"{len(changed)} producing files changed between {ca} and {cb}: {shown}"
+
+
+# --- one table --------------------------------------------------------------------------------------------
 @dataclass
 class TableDiff:
     name: str
@@ -168,27 +264,38 @@ class TableDiff:
     rules: dict[str, Tolerance] = field(default_factory=dict)
     columns_only: dict[str, list[str]] = field(default_factory=dict)
     rows_only: dict[str, list[str]] = field(default_factory=dict)
+    machines: str = tolerances.MACHINES[0]
+    machines_why: str = ""
+    code_differs: bool | None = False
+    code_why: str = ""
+    # (row, column, rule, A, B, B - A): moved past what the host explains, with no code change to explain it
     failures: list[tuple[str, str, str, str, str, float | None]] = field(default_factory=list)
-    # (column, the rule its cells got) -> [(B - A, A, B)] for cells that changed within their tolerance
+    # the same for cells that moved where the producing code changed
+    code_moves: list[tuple[str, str, str, str, str, float | None]] = field(default_factory=list)
+    # (column, rule) -> [(B - A, A, B)]: cells that moved within their tolerance (reported) ...
     changes: dict[tuple[str, Tolerance], list[tuple[float | None, str, str]]] = field(
         default_factory=lambda: defaultdict(list))
+    # ... of which these moved past one machine's reruns, within what another machine moves them
+    host_moves: int = 0
 
     @property
     def failed(self) -> bool:
         return bool(self.failures)
 
 
-def _tables(root: Path) -> dict[str, list[dict]]:
-    """{"study/table": rows} for every CSV under `root`, and each study's headlines as a table."""
-    out = {}
+def _tables(root: Path) -> dict[str, tuple[list[dict], dict | None]]:
+    """{"study/table": (rows, None)} for every CSV under `root`, and each study's headlines as a table
+    (with the headlines' own stamp)."""
+    out: dict[str, tuple[list[dict], dict | None]] = {}
     for path in sorted(Path(root).glob("*/*.csv")):
-        out[f"{path.parent.name}/{path.stem}"] = read_table(path)
+        out[f"{path.parent.name}/{path.stem}"] = (read_table(path), None)
     for path in sorted(Path(root).glob("*/headlines.json")):
         h = json.loads(path.read_text(encoding="utf-8"))
-        out[f"{path.parent.name}/headlines.json"] = [
-            {"headline": name, "value": str(v["value"]), "unit": v.get("unit", ""),
-             "board_risk": v.get("board_risk", "")}
-            for name, v in h.get("headlines", {}).items()]
+        rows = [{"headline": name, "value": str(v["value"]), "unit": v.get("unit", ""),
+                 "board_risk": v.get("board_risk", ""),
+                 "where": "simulator" if "simulator" in name.lower() else "fp32"}
+                for name, v in h.get("headlines", {}).items()]
+        out[f"{path.parent.name}/headlines.json"] = (rows, h)
     return out
 
 
@@ -198,7 +305,8 @@ def _keys(columns: list[str], rules: dict[str, Tolerance], a: list[dict], b: lis
     # then the columns in table order (tables lead with what a row is), skipping the ones named as
     # measurements: counts, bytes, dB, times and machine figures; a dB level the table leads with is
     # what it sweeps (snr_target_db), so a key
-    candidates += [c for i, c in enumerate(columns) if rules[c].why != "name" or (rules[c].kind == "dB" and i == 0)]
+    candidates += [c for i, c in enumerate(columns)
+                   if c not in candidates and (rules[c].why != "name" or (rules[c].kind == "dB" and i == 0))]
     for n in range(len(candidates) + 1):
         keys = candidates[:n]
         if all(len({tuple(r.get(k, "") for k in keys) for r in rows}) == len(rows) for rows in (a, b)):
@@ -222,10 +330,11 @@ def _label(keys: list[str], key: tuple) -> str:
     return ", ".join(parts) or "(the one row)"
 
 
-def diff_table(name: str, a: list[dict], b: list[dict]) -> TableDiff:
+def _matched(name: str, a: list[dict], b: list[dict]):
+    """(TableDiff with keys, rules and one-sided rows/columns; [(label, row A, row B)] matched, common columns)."""
     d = TableDiff(name)
-    cols_a = [c for c in (a[0] if a else {}) if c not in STAMP]
-    cols_b = [c for c in (b[0] if b else {}) if c not in STAMP]
+    cols_a = [c for c in (a[0] if a else {}) if c not in IGNORED]
+    cols_b = [c for c in (b[0] if b else {}) if c not in IGNORED]
     common = [c for c in cols_a if c in cols_b]
     d.columns_only = {side: cols for side, cols in (("A", [c for c in cols_a if c not in cols_b]),
                                                      ("B", [c for c in cols_b if c not in cols_a])) if cols}
@@ -234,62 +343,141 @@ def diff_table(name: str, a: list[dict], b: list[dict]) -> TableDiff:
     ka, kb = _keyed(a, d.keys, d.by_order), _keyed(b, d.keys, d.by_order)
     d.rows_only = {side: [_label(d.keys, k) for k in keys] for side, keys in
                    (("A", [k for k in ka if k not in kb]), ("B", [k for k in kb if k not in ka])) if keys}
-    for key in (k for k in ka if k in kb):
-        ra, rb = ka[key], kb[key]
-        label = next((ra[c] for c in LABEL_COLUMNS if c in ra), "")
-        by_label = label_rule(label) if label else None
+    return d, [(_label(d.keys, k), ka[k], kb[k]) for k in ka if k in kb], common
+
+
+def _cell_rule(d: TableDiff, c: str, ra: dict) -> Tolerance:
+    rule = d.rules[c]
+    if c in ("value", "measured") and "unit" in ra:
+        rule = unit_rule(ra["unit"]) or rule
+    label = next((ra[col] for col in LABEL_COLUMNS if col in ra), "")
+    by_label = label_rule(label) if label else None
+    if by_label is not None and rule.kind == "relative":
+        rule = by_label
+    return rule
+
+
+def _claim_cells(column: str, ra: dict, rb: dict) -> tuple[Tolerance, list[tuple[str, str]]]:
+    """A reference claim's `ours` by the rule of the column it was read from (its numbers compared under
+    that rule, pair by pair), its `verdict` by kind: the verdict's text quotes ours, so it moves with it.
+    Returns the rule and the (A, B) pairs to hold to it (the whole texts where numbers cannot pair)."""
+    source = None
+    if ra.get("ours_from") == rb.get("ours_from"):
+        # the column it was read from, else the unit ours is written in ("127.4 to 131.3 dB" from `measured`)
+        source = source_rule(ra.get("ours_from", "")) or unit_rule(ra.get("ours", "").rpartition(" ")[2])
+    if column == "verdict":
+        reported = source is not None and source.kind in REPORTED
+        pair = (_claim_kind(ra[column]), _claim_kind(rb[column]))
+        return Tolerance("time" if reported and pair[0] == pair[1] else "exact", "verdict kind"), [pair]
+    if source is None or ra[column] == rb[column]:
+        return Tolerance("exact", "string values"), [(ra[column], rb[column])]
+    xa, xb = _numbers(ra[column]), _numbers(rb[column])
+    if source.kind in REPORTED:
+        return Tolerance(source.kind, "ours_from"), [(ra[column], rb[column])]
+    if len(xa) != len(xb) or not xa:
+        return Tolerance("exact", "ours_from"), [(ra[column], rb[column])]
+    return Tolerance(source.kind, "ours_from"), [(repr(x), repr(y)) for x, y in zip(xa, xb)]
+
+
+def compared(d: TableDiff, rows, common):
+    """(label, column, rule, kind, A, B) for every matched cell held to a tolerance, and (label, column,
+    rule, A, B) for every reported one (times, machine figures)."""
+    held, reported = [], []
+    for label, ra, rb in rows:
+        where = ra.get("where", "")
         for c in common:
             if c in d.keys:
                 continue
-            rule = d.rules[c]
-            if c in ("value", "measured") and "unit" in ra:
-                rule = unit_rule(ra["unit"]) or rule
-            if by_label is not None and rule.kind == "relative":
-                rule = by_label
             if "ours_from" in ra and c in ("ours", "verdict"):
-                past, delta, rule = _claim_cell(c, ra, rb)
-                if past:
-                    d.failures.append((_label(d.keys, key), c, rule.describe(), ra[c], rb[c], delta))
-                elif ra[c] != rb[c]:
-                    d.changes[(c, rule)].append((delta, ra[c], rb[c]))
+                rule, pairs = _claim_cells(c, ra, rb)
+                if rule.kind in REPORTED:
+                    reported.append((label, c, rule, ra[c], rb[c]))
+                    continue
+                whole = (ra[c], rb[c])
+                kind = figure_kind(rule, where)
+                held.append((label, c, rule, kind, *whole, pairs))
                 continue
-            past, delta = moved(rule, ra[c], rb[c])
-            if past:
-                d.failures.append((_label(d.keys, key), c, rule.describe(), ra[c], rb[c], delta))
-            elif ra[c] != rb[c]:
-                d.changes[(c, rule)].append((delta, ra[c], rb[c]))
+            rule = _cell_rule(d, c, ra)
+            if rule.kind in REPORTED:
+                reported.append((label, c, rule, ra[c], rb[c]))
+            else:
+                held.append((label, c, rule, figure_kind(rule, where), ra[c], rb[c], [(ra[c], rb[c])]))
+    return held, reported
+
+
+def _size(kind: str, a: str, b: str) -> float:
+    """How far one cell moved under its kind: 0 unchanged, inf where it is not a number both sides."""
+    if a == b:
+        return 0.0
+    x, y = number(a), number(b)
+    if kind == "exact" or x is None or y is None:
+        return math.inf
+    return tolerances.change(kind, x, y)
+
+
+def _delta(a: str, b: str) -> float | None:
+    x, y = number(a), number(b)
+    if x is None or y is None:
+        return None
+    if math.isfinite(x) and math.isfinite(y):
+        return y - x
+    return 0.0 if x == y else math.inf
+
+
+def diff_table(name: str, a: list[dict], b: list[dict], meta_a: dict | None = None, meta_b: dict | None = None,
+               history: CodeHistory | None = None, measured=None) -> TableDiff:
+    measured = tolerances.load() if measured is None else measured
+    d, rows, common = _matched(name, a, b)
+    made_a, made_b = made(a, meta_a), made(b, meta_b)
+    d.machines, d.machines_why = machine_relation(made_a, made_b)
+    d.code_differs, d.code_why = (history or CodeHistory(None)).relation(name, made_a, made_b)
+    held, reported = compared(d, rows, common)
+    for _, c, rule, va, vb in reported:
+        if va != vb:
+            d.changes[(c, rule)].append((_delta(va, vb), va, vb))
+    for label, c, rule, kind, va, vb, pairs in held:
+        if va == vb:
+            continue
+        size = max(_size(kind, x, y) for x, y in pairs)
+        one = tolerances.allowed(measured, kind, tolerances.MACHINES[0])
+        host = tolerances.allowed(measured, kind, d.machines)
+        entry = (label, c, f"{rule.describe()}, {kind}", va, vb, _delta(va, vb))
+        if tolerances.within(size, one) or (tolerances.within(size, host) and d.machines == tolerances.MACHINES[1]):
+            d.changes[(c, rule)].append((_delta(va, vb), va, vb))
+            d.host_moves += not tolerances.within(size, one)
+        elif d.code_differs:
+            d.code_moves.append(entry)
+        else:
+            d.failures.append(entry)
     return d
 
 
-def _claim_cell(column: str, ra: dict, rb: dict) -> tuple[bool, float | None, Tolerance]:
-    """A reference claim's `ours` by the rule of the column it was read from (its numbers compared under
-    that rule), its `verdict` by kind: the verdict's text quotes ours, so it moves with it."""
-    source = source_rule(ra.get("ours_from", "")) if ra.get("ours_from") == rb.get("ours_from") else None
-    if column == "verdict":
-        if _claim_kind(ra[column]) != _claim_kind(rb[column]):
-            return True, None, Tolerance("exact", "verdict kind")
-        return False, None, Tolerance("time" if source and source.kind in REPORTED else "exact", "verdict kind")
-    if source is None or ra[column] == rb[column]:
-        return ra[column] != rb[column], None, Tolerance("exact", "string values")
-    xa, xb = _numbers(ra[column]), _numbers(rb[column])
-    if source.kind in REPORTED or len(xa) != len(xb) or not xa:
-        return (source.kind not in REPORTED), None, Tolerance(source.kind if source.kind in REPORTED else "exact",
-                                                             "ours_from")
-    rule = Tolerance(source.kind, "ours_from")
-    moves = [moved(rule, repr(x), repr(y)) for x, y in zip(xa, xb)]
-    return any(past for past, _ in moves), moves[0][1], rule
-
-
-def diff_trees(a: Path, b: Path) -> tuple[list[TableDiff], list[str], list[str]]:
+def cells(a: Path, b: Path):
+    """(table, row label, column, kind, A, B) for every cell of the two trees held to a tolerance (what
+    rkstudy.tables.tolerances measures)."""
     ta, tb = _tables(a), _tables(b)
-    diffs = [diff_table(name, ta[name], tb[name]) for name in ta if name in tb]
+    for name in ta:
+        if name not in tb:
+            continue
+        d, rows, common = _matched(name, ta[name][0], tb[name][0])
+        held, _ = compared(d, rows, common)
+        for label, c, _rule, kind, _a, _b, pairs in held:
+            for x, y in pairs:
+                yield name, label, c, kind, x, y
+
+
+def diff_trees(a: Path, b: Path, repo: Path | None = None) -> tuple[list[TableDiff], list[str], list[str]]:
+    ta, tb = _tables(a), _tables(b)
+    history, measured = CodeHistory(repo), tolerances.load()
+    diffs = [diff_table(name, ta[name][0], tb[name][0], ta[name][1], tb[name][1], history, measured)
+             for name in ta if name in tb]
     return diffs, [n for n in ta if n not in tb], [n for n in tb if n not in ta]
 
 
 def _fmt_delta(delta: float | None, a: str) -> str:
     if delta is None:
         return ""
-    x = _number(a)
+    x = number(a)
     rel = f" ({delta / x:+.2%})" if x and math.isfinite(delta) else ""
     return f"{delta:+.6g}{rel}"
 
@@ -300,37 +488,66 @@ def _change_summary(column: str, rule: Tolerance, changes: list[tuple[float | No
     if numeric:
         text += f", change {min(numeric):+.4g} to {max(numeric):+.4g}"
     if rule.kind in REPORTED:
-        ratios = [_number(b) / _number(a) for _, a, b in changes
-                  if _number(a) and _number(b) is not None and math.isfinite(_number(a) or math.nan)]
+        ratios = [number(b) / number(a) for _, a, b in changes
+                  if number(a) and number(b) is not None and math.isfinite(number(a) or math.nan)]
         if ratios:
             text += f", B/A median {statistics.median(ratios):.3g}"
     return text
 
 
-def report(a: Path, b: Path, labels: tuple[str, str] | None = None) -> tuple[str, bool]:
+def tolerance_lines(measured=None) -> list[str]:
+    """The tolerances in force, each with the runs that measured it."""
+    measured = tolerances.load() if measured is None else measured
+    lines = ["| kind | one machine | another machine | measured by |", "|---|---|---|---|"]
+    for kind in tolerances.KINDS:
+        one = tolerances.allowed(measured, kind, tolerances.MACHINES[0])
+        other = tolerances.allowed(measured, kind, tolerances.MACHINES[1])
+        unit = " (relative)" if kind in tolerances.RELATIVE else ""
+        runs = sorted({run for m in (measured.get((kind, mm)) for mm in tolerances.MACHINES) if m for run in m.runs})
+        source = "; ".join(runs) if runs else ("the six digits a table keeps" if kind in tolerances.RELATIVE else
+                                               "not measured: exact")
+        lines.append(f"| {kind} | {one:.3g}{unit} | {other:.3g}{unit} | {source} |")
+    return lines
+
+
+def report(a: Path, b: Path, labels: tuple[str, str] | None = None, repo: Path | None = None) -> tuple[str, bool]:
     """The Markdown report (the trees named by `labels`, default their paths), and whether anything
-    moved past its tolerance."""
-    diffs, only_a, only_b = diff_trees(a, b)
+    moved that neither the host nor the code explains. `repo`: the git checkout that tells whether a
+    table's producing code changed between its two stamps."""
+    diffs, only_a, only_b = diff_trees(a, b, repo)
     failed = [d for d in diffs if d.failed]
     n_fail = sum(len(d.failures) for d in diffs)
+    n_host = sum(d.host_moves for d in diffs)
+    n_code = sum(len(d.code_moves) for d in diffs)
+    other = sorted({d.machines_why for d in diffs if d.machines == tolerances.MACHINES[1]})
     name_a, name_b = labels or (f"`{a}`", f"`{b}`")
     lines = [f"# Results diff: {name_a} (A) against {name_b} (B)", "",
              f"{len(diffs)} tables compared; {n_fail} cells in {len(failed)} tables moved past their tolerance"
              + (" (exit 1)." if n_fail else "."),
-             f"Tolerances: counts, nodes, bytes and REGTASK lines exact; dB within {DB_TOLERANCE}; times and "
-             f"machine figures (peak RSS, bandwidth, load; a headline or goal naming one) reported, never failed; "
-             f"other floats relative {RELATIVE_TOLERANCE:g}; strings and integers exact; a reference claim's ours by "
-             f"its source column's rule, its verdict by kind. Stamp columns ignored.", ""]
+             f"{n_host} cells moved within what another machine moves them (host differs), {n_code} where the "
+             f"producing code changed (code differs)."
+             + (f" Machines: {'; '.join(other[:3])}" + (f" and {len(other) - 3} more" if len(other) > 3 else "") + "."
+                if other else " Every table was made on the same machine on both sides."),
+             "",
+             "Tolerances, measured (rkstudy/tables/tolerances.csv): counts, nodes, bytes, REGTASK lines, integers "
+             "and strings exact; each other kind by the largest change reruns showed on one machine, and across "
+             "machines of different vector ISAs for tables made on different machines; times and machine figures "
+             "(peak RSS, bandwidth, load) reported, never failed; a reference claim's ours by its source column's "
+             "rule, its verdict by kind. Stamp and machine columns are not compared cell by cell.", "",
+             *tolerance_lines(), ""]
     if only_a:
         lines += [f"Tables only in A ({len(only_a)}): " + ", ".join(f"`{n}`" for n in only_a), ""]
     if only_b:
         lines += [f"Tables only in B ({len(only_b)}): " + ", ".join(f"`{n}`" for n in only_b), ""]
-    for d in sorted(diffs, key=lambda d: (not d.failed, d.name)):
-        if not (d.failures or d.changes or d.rows_only or d.columns_only):
+    for d in sorted(diffs, key=lambda d: (not d.failed, not d.code_moves, d.name)):
+        if not (d.failures or d.code_moves or d.changes or d.rows_only or d.columns_only):
             continue
-        lines += [f"## `{d.name}`" + (" — moved past tolerance" if d.failed else ""), "",
+        verdict = (" — moved past tolerance" if d.failed else " — moved with the code" if d.code_moves else "")
+        lines += [f"## `{d.name}`{verdict}", "",
                   "Rows matched by " + (", ".join(f"`{k}`" for k in d.keys) or "nothing (one row)")
-                  + (" and their order" if d.by_order else "") + ".", ""]
+                  + (" and their order" if d.by_order else "") + ".",
+                  f"Machines: {d.machines} ({d.machines_why}). Code: "
+                  + {True: "differs", False: "same", None: "cannot tell"}[d.code_differs] + f" ({d.code_why}).", ""]
         for side, cols in d.columns_only.items():
             lines.append(f"- columns only in {side}: " + ", ".join(f"`{c}`" for c in cols))
         for side, rows in d.rows_only.items():
@@ -338,10 +555,16 @@ def report(a: Path, b: Path, labels: tuple[str, str] | None = None) -> tuple[str
             lines.append(f"- rows only in {side} ({len(rows)}): {shown}")
         for (column, rule), changes in d.changes.items():
             lines.append("- " + _change_summary(column, rule, changes))
-        if d.failures:
-            lines += ["", "| row | column | rule | A | B | change |", "|---|---|---|---|---|---|"]
-            lines += [f"| {key} | `{c}` | {rule} | {va} | {vb} | {_fmt_delta(delta, va)} |"
-                      for key, c, rule, va, vb, delta in d.failures]
+        if d.host_moves:
+            lines.append(f"- {d.host_moves} of these moved past one machine's reruns, within what another machine "
+                         "moves them: host differs")
+        for title, entries in (("moved past tolerance, unexplained", d.failures),
+                               ("moved past tolerance where the producing code changed", d.code_moves)):
+            if entries:
+                lines += ["", f"{title.capitalize()}:", "", "| row | column | rule | A | B | change |",
+                          "|---|---|---|---|---|---|"]
+                lines += [f"| {key} | `{c}` | {rule} | {va} | {vb} | {_fmt_delta(delta, va)} |"
+                          for key, c, rule, va, vb, delta in entries]
         lines.append("")
     rules = ["", "## Rules by column", "", "| table | column | rule |", "|---|---|---|"]
     for d in diffs:
@@ -351,13 +574,14 @@ def report(a: Path, b: Path, labels: tuple[str, str] | None = None) -> tuple[str
     return "\n".join(lines + rules) + "\n", bool(n_fail)
 
 
-def main(a: Path, b: Path, out: Path | None = None) -> int:
+def main(a: Path, b: Path, out: Path | None = None, repo: Path | None = None) -> int:
     from ..errors import InputError
+    from ..paths import REPO
 
     for root in (a, b):
         if not Path(root).is_dir():
             raise InputError(f"{root} is not a result tree (a folder of <study>/<table>.csv); give two folders")
-    text, failed = report(Path(a), Path(b))
+    text, failed = report(Path(a), Path(b), repo=REPO if repo is None else repo)
     if out is not None:
         atomic.write_text(out, text)
         print(f"{text.splitlines()[2]} -> {out}")

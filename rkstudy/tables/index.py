@@ -11,7 +11,7 @@ from pathlib import Path
 
 from .. import atomic, gates
 from ..paths import RESULTS
-from . import claims, results
+from . import claims, provenance, results
 
 # Studies that are not families: their folder, what they hold, and the notebook that writes them.
 OTHER_STUDIES = {
@@ -32,7 +32,12 @@ Every table here was written by a notebook or a benchmark run in full mode (`mak
 `make bench`), and every row says what produced it: `rkstudy_version` and `commit` (the code),
 `toolkit_version`, `target`, `where` (fp32 = onnxruntime on the host CPU, simulator = rknn-toolkit2's
 PC simulator, board = RKNNLite on a real board, replay = the test double of RKNNLite, host = a build,
-a census or a timing on the host) and `date`. There is no board row unless a board produced it.
+a census or a timing on the host), `date`, and the machine that computed it: `machine_cpu`,
+`machine_isa` (its widest vector extension), `machine_threads` and `numerics_pinned` (whether torch's and
+numpy's kernels were held to their AVX2 code paths; onnxruntime and the simulator cannot be). A number that
+moves between two runs is then told a host change from a code change (`rkstudy results diff`, with tolerances
+measured per kind of figure). There is no board row unless a board produced it. A figure is shown only
+when the run that made the study's tables drew it (its PNG carries that run's stamp).
 The reference documents' own figures are in `data/reference/figures.csv` (with document and section);
 where a headline has one, it is shown beside ours, labelled as theirs, with whether the two are the
 same quantity under the same conditions (`same`) or what differs (`differs: ...`). A simulator headline
@@ -121,6 +126,50 @@ def _risk_section(study: str, tables: list[Path]) -> str:
     return text + "\n"
 
 
+GOAL = "goal"
+GOAL_VERDICTS = ("verdict", "met")  # a goal table says whether each goal is met in one of these
+
+
+def _goals(study: str, tables: list[Path]) -> str:
+    """Every goal a study's tables state (a table with a `goal` column and a `verdict` or `met` one), with its
+    verdict and the figures its row gives, before the headlines: a verdict on a goal is the study's headline
+    and must not sit only behind a table link."""
+    parts = []
+    for csv in tables:
+        rows = results.read_table(csv)
+        if not rows or GOAL not in rows[0] or not any(v in rows[0] for v in GOAL_VERDICTS):
+            continue
+        columns = [c for c in rows[0] if c not in (*results.STAMP, *results.MACHINE)]
+        verdict = next(v for v in GOAL_VERDICTS if v in columns)
+        columns = [GOAL, verdict, *[c for c in columns if c not in (GOAL, verdict)]]
+        link = f"[`{study}/{csv.stem}`]({study}/{csv.stem}.md)"
+        parts.append(f"\nGoals ({link}):\n\n" + results.to_markdown(rows, columns))
+    return "".join(parts)
+
+
+def _machine(meta: dict) -> str:
+    """", on <cpu> (<isa>, <n> threads, numerics pinned <how>)" for a run that recorded its machine."""
+    m = meta.get("machine")
+    if not m:
+        return ", on a machine it did not record"
+    return (f", on {m.get('machine_cpu')} ({m.get('machine_isa')}, {m.get('machine_threads')} threads, numerics "
+            f"pinned {m.get('numerics_pinned')})")
+
+
+def current_figures(folder: Path) -> tuple[list[Path], list[Path]]:
+    """(figures the study's last run drew, as it drew them; the other PNGs in its figures folder): only the
+    first are shown, since a figure no current run drew (or one redrawn by hand since) is not a result."""
+    pngs = sorted((folder / results.FIGURES).glob("*.png")) if (folder / results.FIGURES).is_dir() else []
+    headlines = folder / "headlines.json"
+    meta = results.read_headlines(folder.name, folder.parent) if headlines.is_file() else None
+    listed = provenance.drawn(meta)
+    if listed is None:
+        return [], pngs
+    current = [p for p in pngs if p.stem in listed and results.figure_stamp(p).get("commit") == meta.get("commit")
+               and results.file_digest(p) == listed[p.stem]]
+    return current, [p for p in pngs if p not in current]
+
+
 def _claims_line(study: str, folder: Path) -> str:
     """How the study's reference-claims table came out, counted by verdict."""
     path = folder / "reference_claims.csv"
@@ -151,9 +200,10 @@ def generate(root: Path = RESULTS) -> str:
             if executed and executed.is_file():
                 line += f" · executed, with outputs: [`results/notebooks/{notebook}`](notebooks/{notebook})"
             parts.append(line + "\n")
+        parts.append(_goals(study, tables))
         if (folder / "headlines.json").is_file():
             h = results.read_headlines(study, root)
-            parts.append(f"\nHeadlines (commit {h['commit']}, {h['date']}):\n\n"
+            parts.append(f"\nHeadlines (commit {h['commit']}, {h['date']}{_machine(h)}):\n\n"
                          "| headline | ours | unit | board risk | the reference documents' figure | comparable |\n"
                          "|---|---|---|---|---|---|\n")
             for name, v in h["headlines"].items():
@@ -170,9 +220,13 @@ def generate(root: Path = RESULTS) -> str:
             link = f"[`{study}/{csv.stem}`]({study}/{csv.stem}.md)"
             parts.append(f"| {link} | {_title(csv.with_suffix('.md'))} | {len(rows)} |\n")
         parts.append(_risk_section(study, tables))
-        figures = sorted((folder / "figures").glob("*.png")) if (folder / "figures").is_dir() else []
+        figures, left_out = current_figures(folder)
         for png in figures:
             parts.append(f"\n![{study}: {png.stem}]({study}/figures/{png.name})\n")
+        if left_out:
+            parts.append(f"\n{len(left_out)} figure{'s' * (len(left_out) > 1)} in `{study}/figures/` not shown: not "
+                         "drawn by the run that made these tables (`rkstudy results check` says why): "
+                         + ", ".join(f"`{p.name}`" for p in left_out) + "\n")
     return "".join(parts)
 
 

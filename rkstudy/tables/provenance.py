@@ -16,7 +16,15 @@ study's headlines.json) and fails on:
   row, an fp32 row with a target, a simulator row without one, a board row outside results/board/);
 * unit: a value whose scale disagrees with its unit (two columns for one quantity in different
   units that do not convert into each other; a `unit` cell naming another unit than the column the
-  value came from).
+  value came from);
+* no-machine: a table, or a row, that does not say which machine computed it (CPU, vector ISA,
+  threads, pinned numerics; rkstudy.tables.results.MACHINE): made before rows named their machine, so
+  a value that moves on a rerun cannot be told a host change from a code change;
+* figure-unstamped / figure-stale / figure-orphan / figure-missing: a figure under
+  `<study>/figures/` is a result too. Its PNG must carry the stamp of the run that drew it, that run
+  must be the one that made the study's headlines (which list every figure it drew, with its sha256),
+  and a figure the study's last run did not draw (or, for a run that listed none, that no notebook of
+  the study names) is an orphan `make reproduce` removes.
 
 Host and board side: standard library only (git on PATH).
 """
@@ -34,7 +42,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from .results import CARRIED, STAMP, TARGETS, WHERE
+from .results import CARRIED, FIGURES, MACHINE, STAMP, TARGETS, WHERE, figure_stamp
 
 # Tables that no notebook writes: the benchmarks, each made by its own module.
 BENCHMARKS = {"walker": "rkstudy/walk/bench.py", "make_test": "rkstudy/tables/bench.py",
@@ -325,13 +333,15 @@ def check(repo: Path, root: Path | None = None) -> tuple[list[Problem], dict]:
     root = Path(root) if root is not None else repo / "results"
     git = Git(repo)
     problems: list[Problem] = []
-    counts = {"tables": 0, "rows": 0, "studies": 0}
+    counts = {"tables": 0, "rows": 0, "figures": 0, "studies": 0}
     for folder in sorted(p for p in root.iterdir() if p.is_dir() and p.name != "notebooks"):
         study = folder.name
         tables = sorted(folder.glob("*.csv"))
         if not tables:
             continue
         counts["studies"] += 1
+        counts["figures"] += len(list((folder / FIGURES).glob("*.png")))
+        no_machine: list[str] = []  # tables made before rows named their machine
         # study (or, for benchmarks and board tables, the table) -> {commit: [(table, rows)]}
         units: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
         for csv_path in tables:
@@ -348,6 +358,9 @@ def check(repo: Path, root: Path | None = None) -> tuple[list[Problem], dict]:
                                         "rkstudy.tables.results.write_table from stamped rows"))
                 continue
             unit = study if study not in ("benchmarks", BOARD) else f"{study}/{csv_path.stem}"
+            absent = [c for c in MACHINE if c not in columns]
+            if absent:
+                no_machine.append(csv_path.stem)
             by_commit: dict[tuple[str, bool], list[int]] = defaultdict(list)
             detail: dict[tuple[str, str], list[int]] = defaultdict(list)
             for n, row in enumerate(rows, start=1):
@@ -362,18 +375,35 @@ def check(repo: Path, root: Path | None = None) -> tuple[list[Problem], dict]:
                     detail[("where", message)].append(n)
                 for message in unit_problems(row):
                     detail[("unit", message)].append(n)
+                if not absent and not all(row.get(c) for c in MACHINE):
+                    detail[("no-machine", "no machine recorded (carried from a run that did not record it, or "
+                            "written without rkstudy.tables.results.stamp()); rerun it")].append(n)
             for (kind, message), numbers in detail.items():
                 problems.append(Problem(kind, rel, f"rows {_ranges(numbers)}: {message}"))
             for (commit, carried), numbers in sorted(by_commit.items()):
                 problems += _commit_problems(git, commit, rel, _ranges(numbers))
                 if not carried:
                     units[unit][commit].append(rel)
+        if no_machine:
+            label = _rel(repo, folder)
+            shown = ", ".join(no_machine[:6]) + (f" and {len(no_machine) - 6} more" if len(no_machine) > 6 else "")
+            problems.append(Problem("no-machine", label, f"{len(no_machine)} of {len(tables)} tables ({shown}) have no "
+                                    f"{', '.join(MACHINE)} columns: made before rows named the machine that computed "
+                                    "them, so a value that moves on a rerun elsewhere cannot be told a host change "
+                                    "from a code change; rerun the study"))
         headlines = folder / "headlines.json"
-        if headlines.is_file():
-            commit = json.loads(headlines.read_text(encoding="utf-8")).get("commit", "")
+        recorded = json.loads(headlines.read_text(encoding="utf-8")) if headlines.is_file() else None
+        if recorded is not None:
+            commit = recorded.get("commit", "")
             rel = headlines.relative_to(repo).as_posix() if headlines.is_relative_to(repo) else str(headlines)
             problems += _commit_problems(git, commit, rel, "")
             units[study][commit].append(rel)
+        for figure_problem, commit, rel in figure_problems(repo, folder, recorded):
+            if figure_problem is not None:
+                problems.append(figure_problem)
+            if commit:
+                problems += _commit_problems(git, commit, rel, "")
+                units[study][commit].append(rel)
         for unit, commits in sorted(units.items()):
             label = f"results/{unit}" if root == repo / "results" else str(root / unit)
             if len(commits) > 1 and study != BOARD:
@@ -398,10 +428,98 @@ def check(repo: Path, root: Path | None = None) -> tuple[list[Problem], dict]:
     return problems, counts
 
 
+def _rel(repo: Path, path: Path) -> str:
+    return path.relative_to(repo).as_posix() if path.is_relative_to(repo) else str(path)
+
+
+def _named_in_notebooks(repo: Path, study: str) -> set[str]:
+    """Every string constant in the code cells of the notebooks that make `study`: a figure name no
+    notebook of the study names cannot be drawn by it."""
+    names: set[str] = set()
+    for nb in notebook_studies(repo).get(study, []):
+        for cell in code_cells(Path(repo) / nb):
+            try:
+                tree = ast.parse(cell)
+            except SyntaxError:
+                continue
+            names.update(n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str))
+    return names
+
+
+def drawn(recorded: dict | None) -> dict[str, str] | None:
+    """{figure name: sha256} the run that wrote a study's headlines.json drew, or None when that run did
+    not record its figures (made before figures were stamped)."""
+    if recorded is None or not isinstance(recorded.get("figures"), dict):
+        return None
+    return recorded["figures"]
+
+
+def orphan_figures(folder: Path) -> list[Path]:
+    """The PNGs under `<folder>/figures/` that the study's last run did not draw (by the list it recorded in
+    headlines.json); none when it recorded no list."""
+    headlines = Path(folder) / "headlines.json"
+    listed = drawn(json.loads(headlines.read_text(encoding="utf-8"))) if headlines.is_file() else None
+    if listed is None:
+        return []
+    return [p for p in sorted((Path(folder) / FIGURES).glob("*.png")) if p.stem not in listed]
+
+
+def figure_problems(repo: Path, folder: Path, recorded: dict | None) -> list[tuple[Problem | None, str, str]]:
+    """(problem or None, the commit its stamp names, the figure's path) for every figure of the study in
+    `folder`, and a problem for each figure its last run listed that is not there; `recorded` is the
+    study's headlines.json (None when there is none)."""
+    listed = drawn(recorded)
+    run = (recorded or {}).get("commit", "")
+    names = None
+    out: list[tuple[Problem | None, str, str]] = []
+    pngs = sorted((Path(folder) / FIGURES).glob("*.png"))
+    for png in pngs:
+        rel = _rel(repo, png)
+        stamp = figure_stamp(png)
+        commit = stamp.get("commit", "")
+        if listed is not None and png.stem not in listed:
+            out.append((Problem("figure-orphan", rel, f"the study's last run ({run}) drew no figure {png.stem!r}: no "
+                                "current run draws it; `make reproduce` removes it"), "", rel))
+            continue
+        if listed is None:
+            names = _named_in_notebooks(repo, folder.name) if names is None else names
+            if png.stem not in names:
+                out.append((Problem("figure-orphan", rel, f"no notebook of {folder.name} names a figure {png.stem!r}: "
+                                    "no current run draws it; `make reproduce` removes it"), "", rel))
+                continue
+        if not commit:
+            out.append((Problem("figure-unstamped", rel, "no stamp in the PNG (drawn before figures were stamped, or "
+                                "not by rkstudy.tables.results.save_figure): which run drew it is unknown; rerun the "
+                                "study"), "", rel))
+            continue
+        if listed is None:
+            out.append((Problem("figure-stale", rel, f"drawn at {commit}, but the study's headlines list no figures: "
+                                "the run that made them is not the one that drew it; rerun the study"), commit, rel))
+        elif commit != run or listed[png.stem] != _digest(png):
+            why = (f"drawn at {commit}, the study's last run was {run}" if commit != run else
+                   "its bytes are not the ones the study's last run recorded (replaced since)")
+            out.append((Problem("figure-stale", rel, f"{why}; rerun the study"), commit, rel))
+        else:
+            out.append((None, commit, rel))
+    present = {p.stem for p in pngs}
+    for name in sorted(set(listed or ()) - present):
+        out.append((Problem("figure-missing", _rel(repo, Path(folder) / FIGURES / f"{name}.png"),
+                            f"the study's last run ({run}) drew it, and it is not there; rerun the study"), "", ""))
+    return out
+
+
+def _digest(path: Path) -> str:
+    from .results import file_digest
+
+    return file_digest(path)
+
+
 def summary(problems: list[Problem], counts: dict) -> str:
-    read = f"{counts['tables']} tables, {counts['rows']} rows in {counts['studies']} studies"
+    figures = f", {counts['figures']} figures" if counts.get("figures") else ""
+    read = f"{counts['tables']} tables, {counts['rows']} rows{figures} in {counts['studies']} studies"
     if not problems:
-        return f"results check: {read}: every row is stamped by a clean ancestor commit whose code is HEAD's"
+        return (f"results check: {read}: every row and figure is stamped by a clean ancestor commit whose code is "
+                "HEAD's, on a named machine")
     kinds = defaultdict(int)
     for p in problems:
         kinds[p.kind] += 1

@@ -24,6 +24,12 @@ results/benchmarks/reproduce_diff.md.
   when steps ran side by side) and the peak of its largest process, and a total row: the wall time
   of this commit's invocations up to the last step each finished, summed (a resumed run adds its
   own; the time of a step that failed or was interrupted is not a reproduce's and is left out).
+* Pinned: every step runs with rkstudy.process.pinned_environment() (a variable the caller set is kept),
+  which holds torch's oneDNN/ATen/MKL and numpy's OpenBLAS and SIMD loops to their AVX2 code paths, so an
+  AVX-512 host computes those as an AVX2-only one does; each row's `numerics_pinned` says so.
+  onnxruntime and the simulator have no such switch (their moves between hosts are the diff's tolerances).
+* Orphans removed: a figure under a study's figures/ that the study's run did not draw is deleted when
+  the step finishes (rkstudy.tables.provenance.orphan_figures), so the index never embeds it.
 * Checked: once every step is finished at this commit, `rkstudy results check` runs on the tree and
   its problems make the run fail (exit 1).
 
@@ -52,7 +58,7 @@ from pathlib import Path
 
 from .. import atomic
 from ..errors import Failed, UsageError
-from ..process import RECORDED
+from ..process import RECORDED, pinned_environment
 from . import bench, provenance, results
 
 TABLE = "reproduce"
@@ -302,6 +308,12 @@ def shared_threads(jobs: int, cores: int | None = None) -> dict[str, str]:
     return {name: share for name in THREAD_VARIABLES if name not in os.environ}
 
 
+def pinned(environ) -> dict[str, str]:
+    """The variables of rkstudy.process.pinned_environment() the caller has not set: every step makes tables
+    whose numbers should not depend on which vector ISA the host has, where a library lets that be pinned."""
+    return {name: value for name, value in pinned_environment().items() if name not in environ}
+
+
 @contextlib.contextmanager
 def environment(extra: dict[str, str]):
     """`extra` in os.environ (which run_command hands to every step) while the block runs."""
@@ -437,6 +449,9 @@ class Schedule:
             self.failures.append(f"{step.label()} ran to the end but {'; '.join(missing)}; it does not count as "
                                  "finished")
             return
+        removed = remove_orphans(self.repo, step)
+        if removed:
+            print(f"reproduce: {step.label()} drew no {', '.join(removed)}: removed", flush=True)
         now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
         self.walls[-1] = round((self.clock() - self.began) / 60, 2)  # up to the last step it finished
         self.done[step.name] = {"minutes": minutes, "peak_gb": peak if peak is not None else "", "finished": now}
@@ -444,6 +459,18 @@ class Schedule:
         table = record(self.repo, self.all_steps, self.done, self.recorded, self.prior, self.walls, self.jobs)
         print(f"reproduce [{self.numbers[step.name]}/{len(self.todo)}] {step.label()}: finished in {minutes} min"
               + (f", peak {peak} GiB" if peak is not None else "") + f" -> {table.relative_to(self.repo)}", flush=True)
+
+
+def remove_orphans(repo: Path, step: ReproduceStep) -> list[str]:
+    """Delete the figures under each of `step`'s studies that its run did not draw (the run lists what it
+    drew in the study's headlines.json): a figure no current code draws must not stay beside the tables,
+    nor in the index. Returns them, repository-relative."""
+    removed = []
+    for study in step.studies:
+        for png in provenance.orphan_figures(Path(repo) / "results" / study):
+            png.unlink()
+            removed.append(png.relative_to(repo).as_posix())
+    return removed
 
 
 def index_and_diff(repo: Path, short: str, runner: Runner) -> None:
@@ -456,7 +483,7 @@ def index_and_diff(repo: Path, short: str, runner: Runner) -> None:
         from . import diff as results_diff
 
         text, _ = results_diff.report(committed, repo / "results",
-                                      labels=(f"the tables committed at {short}", "this run's"))
+                                      labels=(f"the tables committed at {short}", "this run's"), repo=repo)
         atomic.write_text(repo / DIFF, text)
         print(f"reproduce: {text.splitlines()[2]} -> {DIFF}")
 
@@ -513,7 +540,10 @@ def reproduce(repo: Path, names: Sequence[str] = (), *, restart: bool = False, r
     if threads:
         print(f"reproduce: {jobs} steps share {os.cpu_count()} cores: "
               + ", ".join(f"{k}={v}" for k, v in threads.items()), flush=True)
-    with environment(threads):
+    pins = pinned(os.environ)
+    if pins:
+        print("reproduce: numerics pinned: " + " ".join(f"{k}={v}" for k, v in pins.items()), flush=True)
+    with environment({**threads, **pins}):
         failures = schedule.run()
     if failures:
         raise Failed("; ".join(failures))

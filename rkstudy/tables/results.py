@@ -6,9 +6,12 @@ version and the git commit of the code that made it (`-dirty` when the tree had 
 `results/`), the toolkit version, the target SoC, where it ran and the date; a row carried from an
 earlier run keeps that run's stamp and says so in `carried_from`. `where` and `target`
 come from the thing that produced the numbers (a runner, a BuildReport, or rkstudy.tables.results.HOST
-for a host-side computation), never from a literal typed in a notebook.
+for a host-side computation), never from a literal typed in a notebook. The machine columns say what
+the numbers were computed on (its CPU, vector ISA, thread count, and which libraries' kernels were
+pinned to one code path): a number that moves on a rerun elsewhere is then told a host change from a
+code change (rkstudy.tables.diff).
 
-Board side: standard library only (plus rkstudy.atomic).
+Board side: standard library only (plus rkstudy.atomic, paths and process).
 """
 
 from __future__ import annotations
@@ -25,8 +28,8 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from .. import __version__, atomic, targets
-from ..paths import REFERENCE_FIGURES, REPO, results_root  # noqa: F401  (results_root re-exported for notebooks)
+from .. import __version__, atomic, process, targets
+from ..paths import REFERENCE_FIGURES, REPO, on_board, results_root  # noqa: F401  (results_root re-exported)
 
 # fp32: onnxruntime on the host CPU; simulator: the toolkit's PC simulator; board: RKNNLite on a
 # real board; replay: the test double of RKNNLite (never a board number); host: a build, a census
@@ -34,6 +37,11 @@ from ..paths import REFERENCE_FIGURES, REPO, results_root  # noqa: F401  (result
 WHERE = ("fp32", "simulator", "board", "replay", "host")
 TARGETS = (*targets.TARGETS, "none")  # a stamp's target: an SoC, or none (fp32 on the host)
 STAMP = ("rkstudy_version", "commit", "toolkit_version", "target", "where", "date")
+# The machine that computed a row (rkstudy.process.machine): written after STAMP in every row stamp() makes.
+# A table made before rows named their machine has none of them (`rkstudy results check` says so).
+MACHINE = ("machine_cpu", "machine_isa", "machine_threads", "numerics_pinned")
+# A board's numbers are the board's (its /proc under $RKSTUDY_SYSROOT); the replay double plays one.
+ON_BOARD = ("board", "replay")
 # The column a row carried from an earlier run names that run's table in (empty for a measured row).
 CARRIED = "carried_from"
 
@@ -81,19 +89,26 @@ def commit() -> str:
         return f"unknown (git: {type(exc).__name__})"
 
 
+def machine(where: str) -> dict:
+    """The machine columns for a row made `where`: a board's (or the replay double's recorded board) from
+    the board's /proc/cpuinfo, anything else from this host's (rkstudy.process.machine)."""
+    return process.machine(on_board("/proc/cpuinfo") if where in ON_BOARD else "/proc/cpuinfo")
+
+
 def carried(row: Mapping, source: str) -> dict:
     """The provenance of a row read back from an earlier table, to merge into the row rebuilt from
     it: `carried_from` (the first source, kept when the row was already carried) and the stamp of
-    the run that measured it, which stamp() then keeps instead of this run's."""
+    the run that measured it, which stamp() then keeps instead of this run's (its machine columns too,
+    empty when that run did not record them)."""
     missing = [k for k in STAMP if not row.get(k)]
     if missing:
         raise ValueError(f"{source}: the row to carry has no {', '.join(missing)}, so no one knows which run "
                          "measured it; measure it again instead of carrying it")
-    return {CARRIED: row.get(CARRIED) or source, **{k: row[k] for k in STAMP}}
+    return {CARRIED: row.get(CARRIED) or source, **{k: row[k] for k in STAMP}, **{k: row.get(k, "") for k in MACHINE}}
 
 
 def stamp(row: Mapping, by=None) -> dict:
-    """`row` plus its provenance columns (last, in STAMP order).
+    """`row` plus its provenance columns (last, in STAMP then MACHINE order).
 
     `where`/`target` come from `by` (a Runner, a BuildReport or an Origin such as HOST) or, when
     `by` is None, from the row itself: measurement functions copy them from the runner they used.
@@ -110,13 +125,14 @@ def stamp(row: Mapping, by=None) -> dict:
                              "the run that measured it (merge rkstudy.tables.results.carried(old_row, source) into it)")
         where, target = row["where"], row["target"]
         kept = {key: row.pop(key) for key in STAMP}
+        kept.update({key: row.pop(key, "") for key in MACHINE})
     else:
         where = by.where if by is not None else row.get("where")
         target = (getattr(by, "target", "none") if by is not None else row.get("target")) or "none"
         # the toolkit that made the number: a build's own (a second toolkit environment builds in a child
         # of another interpreter), else this environment's
         toolkit = getattr(by, "toolkit_version", None) or row.get("built_with") or toolkit_version()
-        for key in STAMP:
+        for key in (*STAMP, *MACHINE):
             row.pop(key, None)
         row.pop("built_with", None)
         kept = None
@@ -129,7 +145,7 @@ def stamp(row: Mapping, by=None) -> dict:
     if kept is not None:
         return {**row, **kept}
     return {**row, "rkstudy_version": __version__, "commit": commit(), "toolkit_version": toolkit,
-            "target": target, "where": where, "date": _dt.date.today().isoformat()}
+            "target": target, "where": where, "date": _dt.date.today().isoformat(), **machine(where)}
 
 
 def _fmt(value) -> str:
@@ -148,7 +164,7 @@ def _validate(rows: list[dict], study: str, table: str) -> list[str]:
                          "with an empty one")
     columns = list(rows[0])
     for i, row in enumerate(rows):
-        missing = [c for c in STAMP if c not in row]
+        missing = [c for c in (*STAMP, *MACHINE) if c not in row]
         if missing:
             raise ValueError(f"{study}/{table} row {i} has no {', '.join(missing)}; "
                              "pass every row through rkstudy.tables.results.stamp()")
@@ -221,11 +237,29 @@ def reference_figure(study: str, figure: str) -> dict:
 
 # --- headline numbers (recorded by each notebook's last cell) ----------------------------------
 SIMULATOR_HEADLINE = "simulator"  # a headline whose name says simulator is a simulator number
+# A listener score's one unit, by the word its headline names it with: PESQ-WB and DNSMOS are mean opinion scores
+# (PESQ's MOS-LQO, DNSMOS's predicted MOS, 1 to 5), STOI an index from 0 to 1 with no unit.
+LISTENER_UNITS = (("dnsmos", "MOS"), ("pesq", "MOS"), ("stoi", ""))
 
 
-def record_headlines(study: str, headlines: Mapping[str, Mapping], *, root: Path) -> Path:
+def listener_unit(name: str, unit: str) -> str:
+    """The unit of a headline that names a listener score (LISTENER_UNITS), whatever the notebook passed
+    (nothing, or the same unit); another unit is refused. Other headlines keep theirs."""
+    expected = next((u for word, u in LISTENER_UNITS if word in name.lower()), None)
+    if expected is None or unit == expected:
+        return unit
+    if unit:
+        raise ValueError(f"headline {name!r}: unit {unit!r}; a listener score's unit is {expected or 'none'!r} "
+                         "(rkstudy.tables.results.LISTENER_UNITS)")
+    return expected
+
+
+def record_headlines(study: str, headlines: Mapping[str, Mapping], *, root: Path,
+                     figures: Mapping[str, str] | None = None) -> Path:
     """Write `<root>/<study>/headlines.json`: {name: {value, unit, reference, comparable[, board_risk]}}
-    — what the notebook tests assert (with tolerances) and what the generated index shows. `reference`
+    — what the notebook tests assert (with tolerances) and what the generated index shows — with the
+    run's commit and machine, and `figures`: {name: sha256} of every figure this run drew (the figures of
+    the study that are current; any other PNG in its folder is an orphan). `reference`
     names the reference figure (its exact `figure` text in data/reference/figures.csv) the headline is
     shown beside, and `comparable` says whether the pair is the same quantity under the same conditions
     (`same`) or not (`differs: <what>`): a reference figure without it is refused, so the index
@@ -252,10 +286,12 @@ def record_headlines(study: str, headlines: Mapping[str, Mapping], *, root: Path
             raise ValueError(f"{study} headline {name!r} is a simulator number without a board risk; pass "
                              "risk=<the engine row or rows it was measured on> (the simulator does not see the "
                              "register-field overflow a board does)")
-        clean[name] = {"value": value, "unit": h.get("unit", ""), "reference": h.get("reference", ""),
-                       "comparable": comparable, **({"board_risk": risk} if risk else {})}
+        clean[name] = {"value": value, "unit": listener_unit(name, h.get("unit", "")),
+                       "reference": h.get("reference", ""), "comparable": comparable,
+                       **({"board_risk": risk} if risk else {})}
     payload = {"study": study, "rkstudy_version": __version__, "commit": commit(),
-               "date": _dt.date.today().isoformat(), "headlines": clean}
+               "date": _dt.date.today().isoformat(), "machine": machine("host"), "headlines": clean,
+               "figures": dict(sorted((figures or {}).items()))}
     return atomic.write_text(Path(root) / study / "headlines.json", json.dumps(payload, indent=1) + "\n")
 
 
@@ -268,9 +304,57 @@ def read_headlines(study: str, root: Path) -> dict:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
+# --- figures (results too: stamped by the run that drew them) ------------------------------------------
+FIGURES = "figures"   # <root>/<study>/figures/<name>.png
+# The PNG text chunks a figure carries: what drew it, when, on which machine (as a table row's stamp).
+FIGURE_STAMP = ("study", "figure", "rkstudy_version", "commit", "date", *MACHINE)
+
+
+def figure_stamp_of(study: str, name: str) -> dict[str, str]:
+    """The stamp save_figure writes into a figure's PNG: this run's commit and machine."""
+    return {"study": study, "figure": name, "rkstudy_version": __version__, "commit": commit(),
+            "date": _dt.date.today().isoformat(), **{k: str(v) for k, v in machine("host").items()}}
+
+
 def save_figure(fig, study: str, name: str, *, root: Path, dpi: int = 110) -> Path:
-    """Write a matplotlib figure as `<root>/<study>/figures/<name>.png` (atomically)."""
-    path = Path(root) / study / "figures" / f"{name}.png"
+    """Write a matplotlib figure as `<root>/<study>/figures/<name>.png` (atomically), stamped in its PNG
+    text chunks (figure_stamp_of) as a table row is: `rkstudy results check` refuses a figure without it."""
+    path = Path(root) / study / FIGURES / f"{name}.png"
     with atomic.replacing(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=dpi, bbox_inches="tight")
+        fig.savefig(tmp, format="png", dpi=dpi, bbox_inches="tight", metadata=figure_stamp_of(study, name))
     return path
+
+
+def file_digest(path: Path) -> str:
+    """sha256 of a file's bytes (hex): what a run records of each figure it drew."""
+    import hashlib
+
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def figure_stamp(path: Path | str) -> dict[str, str]:
+    """The text chunks (tEXt, and uncompressed iTXt) of the PNG at `path`: a figure's stamp, empty for a
+    figure drawn without one (or a file that is no PNG)."""
+    import struct
+    import zlib
+
+    data = Path(path).read_bytes()
+    if not data.startswith(b"\x89PNG\r\n\x1a\n"):
+        return {}
+    out, at = {}, 8
+    while at + 8 <= len(data):
+        length, kind = struct.unpack(">I4s", data[at:at + 8])
+        body = data[at + 8:at + 8 + length]
+        at += 12 + length
+        if kind == b"tEXt":
+            key, _, value = body.partition(b"\0")
+            out[key.decode("latin-1")] = value.decode("latin-1")
+        elif kind == b"iTXt":
+            key, _, rest = body.partition(b"\0")
+            compressed, rest = rest[0], rest[2:]
+            _language, _, rest = rest.partition(b"\0")
+            _translated, _, text = rest.partition(b"\0")
+            out[key.decode("latin-1")] = (zlib.decompress(text) if compressed else text).decode("utf-8")
+        elif kind == b"IEND":
+            break
+    return out

@@ -37,6 +37,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...process import known_warnings
+
 INPUTS = ("x", "mask", "mu", "t", "spks", "cond")
 OUTPUT = "estimator_out"
 
@@ -221,7 +223,7 @@ def export(model: DiTEstimator, seq_len: int, path, opset: int = 17) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     example = tuple(torch.from_numpy(v) for v in random_inputs(seq_len, model.cfg).values())
-    with torch.no_grad():
+    with torch.no_grad(), known_warnings("slice-folding"):
         torch.onnx.export(model, example, str(path), input_names=list(INPUTS), output_names=[OUTPUT],
                           opset_version=opset, do_constant_folding=True, dynamo=False)
     return path

@@ -37,6 +37,7 @@ import torch
 
 from ... import cache, gates, graph
 from ...contract import METADATA_KEY, Contract, Digest, Tensor, WindowShape, from_metadata
+from ...process import known_warnings
 from ...produced import Produced
 from ...walk.window import plan_windows
 from . import DEFAULT_CONTEXT, DEFAULT_FRAMES, frontend, generator, weights
@@ -152,7 +153,7 @@ def export(module: torch.nn.Module, shapes: dict[str, tuple[int, ...]], *, fold:
     import io
 
     buf = io.BytesIO()
-    with torch.no_grad():
+    with torch.no_grad(), known_warnings("traced-shape"):
         torch.onnx.export(module, tuple(torch.zeros(s) for s in shapes.values()), buf, input_names=list(shapes),
                           output_names=[OUTPUT], opset_version=OPSET, dynamo=False,
                           do_constant_folding=constant_folding)

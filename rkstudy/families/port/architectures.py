@@ -24,6 +24,8 @@ import onnx
 import torch
 from torch import nn
 
+from ...process import known_warnings
+
 MELS = 80
 INPUT = "mel"
 SPEAKER = "g"   # a speaker embedding [1, dims, 1], constant over the utterance
@@ -66,7 +68,7 @@ def _owner(module: nn.Module, name: str) -> nn.Module:
 def _export(module: nn.Module, frames: int, outputs: tuple[str, ...], speaker_dims: int = 0) -> onnx.ModelProto:
     buf = io.BytesIO()
     args = (torch.zeros(1, MELS, frames),) + ((torch.zeros(1, speaker_dims, 1),) if speaker_dims else ())
-    with torch.no_grad():
+    with torch.no_grad(), known_warnings("slice-folding", "instance-norm-train"):
         torch.onnx.export(module, args, buf, dynamo=False, opset_version=OPSET,
                           input_names=[INPUT] + ([SPEAKER] if speaker_dims else []), output_names=list(outputs),
                           dynamic_axes={INPUT: {2: "frames"}, **{o: {2: "samples"} for o in outputs}})

@@ -45,6 +45,8 @@ import numpy as np
 import onnx
 import torch
 
+from ...process import known_warnings
+
 MELS = 80
 INPUT = "mel"
 OPSET_LEGACY = 17
@@ -266,9 +268,10 @@ def _export(module: torch.nn.Module, outputs: tuple[str, ...], exporter: str, fr
             return onnx.load_from_string(buf.getvalue())
         if exporter != "dynamo":
             raise ValueError(f"exporter {exporter!r}: one of {', '.join(EXPORTERS)}")
-        program = torch.onnx.export(module, (x,), dynamo=True, opset_version=OPSET_DYNAMO, input_names=[name],
-                                    output_names=list(outputs), verbose=False,
-                                    dynamic_shapes=({2: torch.export.Dim("frames", min=8, max=8192)},))
+        with known_warnings("torchvision"):
+            program = torch.onnx.export(module, (x,), dynamo=True, opset_version=OPSET_DYNAMO, input_names=[name],
+                                        output_names=list(outputs), verbose=False,
+                                        dynamic_shapes=({2: torch.export.Dim("frames", min=8, max=8192)},))
         return program.model_proto
 
 
@@ -279,7 +282,9 @@ def vocos(exporter: str = "legacy", seed: int = 0, dim: int = 64, layers: int = 
     [1, n_fft / 2 + 1, frames] at one spectrum frame per mel frame (the iSTFT's hop is `hop` samples)."""
     models, heads = vocos_modules()
     torch.manual_seed(seed)
-    net = seeded(VocosGraph(models.VocosBackbone(MELS, dim, 3 * dim, layers), heads.ISTFTHead(dim, n_fft, hop)), seed)
+    with known_warnings("weight-norm"):
+        net = seeded(VocosGraph(models.VocosBackbone(MELS, dim, 3 * dim, layers), heads.ISTFTHead(dim, n_fft, hop)),
+                     seed)
     key = {"name": "vocos", "package": _version("vocos"), "seed": seed, "dim": dim, "layers": layers, "n_fft": n_fft,
            "hop": hop}
     return Vocoder("vocos", exported(net, ("real", "imag"), exporter, key), 1, ("real", "imag"), exporter,
@@ -310,7 +315,8 @@ def bigvgan(exporter: str = "dynamo", seed: int = 0, channels: int = 32, rates=(
     `exporter="legacy"` raises what the exporter says."""
     module, env = bigvgan_modules()
     torch.manual_seed(seed)
-    net = seeded(module.BigVGAN(env.AttrDict(bigvgan_config(channels, rates))), seed)
+    with known_warnings("weight-norm"):
+        net = seeded(module.BigVGAN(env.AttrDict(bigvgan_config(channels, rates))), seed)
     key = {"name": "bigvgan", "package": _version("bigvgan"), "seed": seed, "config": bigvgan_config(channels, rates)}
     return Vocoder("bigvgan", exported(net, ("audio",), exporter, key), int(np.prod(rates)), ("audio",), exporter,
                    f"bigvgan {key['package']}: bigvgan.bigvgan.BigVGAN", net)

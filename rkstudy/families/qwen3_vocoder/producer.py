@@ -34,6 +34,7 @@ from ...cache import digest, entry, locked, made_note, note_made
 from ...contract import METADATA_KEY, Contract, Digest, Tensor, from_metadata
 from ...errors import EngineMismatch, UsageError
 from ...graph.index import Index
+from ...process import known_warnings
 from ...produced import Produced
 from . import EXPORTERS, WIDTHS
 from .sidecar import AUDIO, CACHE_IN, CACHE_OUT, CODES, FAMILY, SAMPLE_RATE, SAMPLES_PER_TOKEN
@@ -171,8 +172,10 @@ def export_raw(step, path: Path, exporter: str) -> None:
             except ImportError:
                 raise ExportUnavailable("the dynamo exporter needs onnxscript, which is not installed here: "
                                         "pip install onnxscript, or use --exporter torchscript17") from None
-            torch.onnx.export(step, args, dynamo=True, external_data=False, **names).save(str(path),
-                                                                                          external_data=False)
+            # verbose=False: the exporter's per-stage lines ("Obtain model graph ... ✅") are progress, not results
+            with known_warnings("torchvision"):
+                program = torch.onnx.export(step, args, dynamo=True, external_data=False, verbose=False, **names)
+            program.save(str(path), external_data=False)
         else:
             raise UsageError(f"--exporter {exporter!r}: choose one of {', '.join(EXPORTERS)}")
 

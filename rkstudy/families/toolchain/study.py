@@ -146,7 +146,8 @@ def perceptual_calibration(quick: bool, target: str = CALIBRATION_TARGET, progre
     voice = Voice()
     stage = (quantization_stage(voice, calibration_texts=("short",), evaluation_texts=("phone",)) if quick
              else quantization_stage(voice, calibration_windows=16))
-    bench = Bench(stage, target, listen=False, progress=(lambda say: tqdm.write(say)) if progress else None)
+    bench = Bench(stage, target, listen=False,
+                  progress=(lambda say: tqdm.write(say)) if shows_progress(progress) else None)
     plain = Calibration(stage.calibration)  # every calibration window, min/max, per channel: the toolkit's defaults
     engine_rows = [bench.build("fp16"), bench.build(plain.label, plain)]
     ref = np.concatenate(stage.outputs["fp32"]).astype(np.float64)
