@@ -30,4 +30,5 @@ FAMILY = register(Family(
     planner="rkstudy.families.kokoro_generator.planning:plan_target",
     lint_graphs="rkstudy.families.kokoro_generator.lint_graphs:lint_graphs",
     lever_graphs="rkstudy.families.kokoro_generator.levers:lever_graphs",
+    npu_cost_cases="rkstudy.families.kokoro_generator.levers:npu_cost_cases",
     plan="rkstudy.families.kokoro_generator.speak:plan"))

@@ -29,3 +29,65 @@ def lever_graphs(quick: bool) -> LeverGraphs:
         return LeverGraphs()
     return LeverGraphs(versions=[window_engine(136)], quantization=[QuantizationPlan(
         lambda: quantization_stage(frames=64, context=16, calibration_windows=8), {"targets": ("rk3588",)})])
+
+
+# --- the NPU cost model's calibration (notebook 09) -------------------------------------------------------
+CLIPPED, FOLDED, EXACT = (f"Kokoro generator W=128, {s}" for s in ("clipped sine", "folded sine",
+                                                                  "exact sine (Sin on the CPU), no alpha fold"))
+RUN = "Kokoro whole-text run: characters / audio / latent frames / windows of 72 emitted frames"
+SINE_RATIO = "Kokoro generator ms on a 33.6 s utterance, engines interleaved: folded / clipped sine"
+SHARES = "Kokoro generator graph: share of NPU time in elementwise ops / convolutions"
+SIN_SHARE = "Kokoro w128 window: 48 Sin nodes on the CPU, share of window time"
+
+
+def npu_cost_cases(quick: bool):
+    """Full mode: the 128-frame window (28 frames of context a side) in the three sine forms the document ran
+    on its board, built as it built them (rknn-toolkit2 2.3.2, rk3588), and its figures: the clipped engine's
+    generator time over its 1188-frame utterance (17 windows) and per latent frame, the folded engine's
+    increase over the clipped one, the exact-sine engine's Sin layers on the CPU and its whole window, and
+    the shares of that graph's NPU time in elementwise layers and convolutions (the graph before the
+    polynomial and the alpha fold, whose Sin layers the document ranked). Quick mode offers nothing: each
+    engine is a build of a minute or more."""
+    from ...tables.results import reference_numbers
+    from ...toolkit import calibration as cal
+    from ...walk.window import plan_windows
+    from . import DEFAULT_CONTEXT, DEFAULT_FRAMES
+    from .generator import ENGINE, Rewrites
+    from .producer import produce
+
+    if quick:
+        return cal.Cases()
+    frames = int(reference_numbers("npu_cost", RUN)[2])
+    calls = len(plan_windows(frames, DEFAULT_FRAMES - 2 * DEFAULT_CONTEXT, DEFAULT_CONTEXT))
+    walk = f"{calls} windows of {DEFAULT_FRAMES} frames walk the document's {frames} latent frames"
+
+    def engine(name, rw):
+        return cal.Engine(name, lambda: produce(DEFAULT_FRAMES, DEFAULT_CONTEXT, rw).path)
+
+    engines = [engine(CLIPPED, Rewrites(sine="clip")), engine(FOLDED, ENGINE),
+               engine(EXACT, Rewrites(sine="exact", alpha_fold=False))]
+    figures = [
+        cal.Figure("kokoro-clipped-generator-ms", "kokoro_generator",
+                   "RKNN generator (128-frame window, clipped sine): RTF / peak RSS / generator ms", slice(2, 3),
+                   f"generator ms for {frames} latent frames", "ms", (CLIPPED,),
+                   lambda p: cal.times(p[CLIPPED], calls), walk),
+        cal.Figure("kokoro-clipped-ms-per-frame", "kokoro_generator",
+                   "RKNN generator ms per latent frame processed (clipped sine)", slice(0, 1),
+                   "generator ms per latent frame", "ms", (CLIPPED,), lambda p: cal.times(p[CLIPPED], calls / frames),
+                   walk),
+        cal.Figure("kokoro-folded-increase", "npu_cost", SINE_RATIO, slice(0, 2),
+                   "folded-sine generator time over the clipped one", "%", (FOLDED, CLIPPED),
+                   lambda p: cal.increase(p[FOLDED], p[CLIPPED]),
+                   "the same walk for both engines, so the ratio of their window times",
+                   derive=lambda v: [100 * (v[0] / v[1] - 1)]),
+        cal.Figure("kokoro-sin-cpu-ms", "lint", SIN_SHARE, slice(1, 2),
+                   "ms of the 48 Sin layers on the CPU, one window", "ms", (EXACT,),
+                   lambda p: cal.cpu_op(p[EXACT], "Sin")),
+        cal.Figure("kokoro-exact-window-ms", "lint", SIN_SHARE, slice(2, 3), "ms of one exact-sine window", "ms",
+                   (EXACT,), lambda p: cal.times(p[EXACT], 1)),
+        cal.Figure("kokoro-elementwise-share", "npu_cost", SHARES, slice(0, 1),
+                   "share of the NPU's time in elementwise layers", "%", (EXACT,),
+                   lambda p: cal.npu_share(p[EXACT], "elementwise"), "the exact-sine graph's NPU time"),
+        cal.Figure("kokoro-conv-share", "npu_cost", SHARES, slice(1, 2), "share of the NPU's time in convolutions",
+                   "%", (EXACT,), lambda p: cal.npu_share(p[EXACT], "conv"), "the exact-sine graph's NPU time")]
+    return cal.Cases(engines, figures)

@@ -19,6 +19,7 @@ FAMILY = register(Family(
     planner="rkstudy.families.piper_decoder.study:plan_target",
     lint_graphs="rkstudy.families.piper_decoder.lint_graphs:lint_graphs",
     lever_graphs="rkstudy.families.piper_decoder.levers:lever_graphs",
+    npu_cost_cases="rkstudy.families.piper_decoder.levers:npu_cost_cases",
     compiler_cases="rkstudy.families.piper_decoder.levers:compiler_cases",
     plan="rkstudy.families.piper_decoder.speak:plan",
     builds_on=("piper_encoder",)))

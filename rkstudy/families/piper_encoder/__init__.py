@@ -13,4 +13,5 @@ FAMILY = register(Family(
     notebook="02_piper_encoder.ipynb", command=("piper", "encoder"),
     cli="rkstudy.families.piper_encoder.cli:add_cli", board="rkstudy.families.piper_encoder.board:add_board",
     lint_graphs="rkstudy.families.piper_encoder.lint_graphs:lint_graphs",
-    lever_graphs="rkstudy.families.piper_encoder.levers:lever_graphs"))
+    lever_graphs="rkstudy.families.piper_encoder.levers:lever_graphs",
+    npu_cost_cases="rkstudy.families.piper_encoder.levers:npu_cost_cases"))

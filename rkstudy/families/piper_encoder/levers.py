@@ -54,3 +54,36 @@ def lever_graphs(quick: bool) -> LeverGraphs:
                        quantization=[QuantizationPlan(lambda: quantization_stage(Voice(), width=64),
                                                       {"targets": ("rk3588",), "auto_hybrid": (0.99,),
                                                        "search": {"budget": 20}})])
+
+
+# --- the NPU cost model's calibration (notebook 09) -------------------------------------------------------
+BUILT_WIDTHS, WIDE = (128, 192, 256), 384
+SHORT_CHUNKS = "duration stage ms: chunks of 109/115/111 tokens: ggml vs NPU n128"
+LONG_CHUNKS = "duration stage ms: chunks of 285/323/373 tokens: ggml vs NPU n384"
+
+
+def npu_cost_cases(quick: bool):
+    """Full mode: the gather-rewritten encoder (the pull request's Toeplitz form) at 128, 192 and 256 tokens,
+    built as the pull request built them (rknn-toolkit2 2.3.2, rk3588), and its two board figures: one call
+    of the 128-token bin per chunk, and one of the 384-token bin. The 384-token engine (2.9 GB of weights in
+    the pull request's build, whose converter needed most of a 31 GB host at 512) is not built here: its
+    prediction extrapolates every sum of the built widths' predictions as a power law of the width. Quick
+    mode offers nothing."""
+    from ...toolkit import calibration as cal
+    from ..piper.voice import Voice
+    from .producer import produce
+
+    if quick:
+        return cal.Cases()
+    voice = Voice()
+    names = {n: f"Piper duration encoder n{n} (gather rewrite)" for n in BUILT_WIDTHS}
+    engines = [cal.Engine(names[n], lambda n=n: produce(voice, n).path) for n in BUILT_WIDTHS]
+    wide = f"extrapolated to n{WIDE} from the built widths {', '.join(map(str, BUILT_WIDTHS))} (power law per sum)"
+    return cal.Cases(engines, [
+        cal.Figure("encoder-n128-ms", "piper_encoder", SHORT_CHUNKS, slice(3, 6),
+                   "duration stage ms per chunk, bin 128", "ms", (names[128],), lambda p: cal.times(p[names[128]], 1),
+                   "one call of the 128-token engine per chunk"),
+        cal.Figure("encoder-n384-ms", "piper_encoder", LONG_CHUNKS, slice(3, 6),
+                   "duration stage ms per chunk, bin 384", "ms", tuple(names.values()),
+                   lambda p: cal.times(cal.extrapolated({n: p[names[n]] for n in BUILT_WIDTHS}, WIDE), 1),
+                   f"one call of the 384-token engine per chunk, {wide}")])

@@ -33,4 +33,5 @@ FAMILY = register(Family(
     requires=("qwen_tts", "transformers"),
     lint_graphs="rkstudy.families.qwen3_vocoder.lint_graphs:lint_graphs",
     lever_graphs="rkstudy.families.qwen3_vocoder.levers:lever_graphs",
+    npu_cost_cases="rkstudy.families.qwen3_vocoder.levers:npu_cost_cases",
     plan="rkstudy.families.qwen3_vocoder.speak:plan"))

@@ -1,0 +1,297 @@
+"""The NPU cost model (rkstudy.toolkit.cost) held to the reference documents' board figures (host):
+notebook 09's study.
+
+Each family that the documents measured on a board offers, through its registry hook `npu_cost_cases(quick)`,
+the engines the documents ran (built as they built them: rknn-toolkit2 2.3.2, rk3588, the core mask their
+sidecars asked for) and the figures it can predict from those engines' predictions (a window's time
+times the calls the document's walk makes, a ratio of two engines, a term's share). The figures are read
+from data/reference/figures.csv, never typed.
+
+FITTED names the figures the free constants are fitted on, chosen before any other figure's prediction
+was computed, and at most a third of them; every other figure is held out. A held-out figure's verdict
+is computed from its row: within +-25 % or not, and a miss names the term that carries the prediction.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+
+from ..tables.results import reference_figure, reference_numbers
+from .cost import TERMS, Basis, Constants, Prediction, fit, predict, relative_error
+
+# The figures the three free constants are fitted on, one figure per constant where it dominates, chosen
+# before any other figure was predicted:
+# * the Sin layers' CPU time in the Kokoro exact-sine window: the one board figure that is a CPU term
+#   alone (the runtime's operator ranking), so it sets the CPU factor and nothing else;
+# * the Kokoro clipped-sine generator time: the document's own reading is that elementwise ops are most
+#   of this graph's NPU time, so it sets the elementwise rate;
+# * the duration encoder's 128-token bin: a small engine of a few hundred short layers, where the fixed
+#   cost per layer weighs most, so it sets the dispatch cost.
+# The Kokoro time per latent frame is the same board measurement as its generator time (divided by the
+# frames), so it counts as fitted too: 4 of the 14 figures.
+FITTED = ("kokoro-sin-cpu-ms", "kokoro-clipped-generator-ms", "encoder-n128-ms")
+SAME_MEASUREMENT = {"kokoro-clipped-ms-per-frame": "kokoro-clipped-generator-ms"}
+TOLERANCE = 0.25   # a held-out figure is predicted when within +-25 % of theirs
+START = Constants(elementwise_gbps=5.0, dispatch_us=50.0, cpu_factor=2.0)   # where the fit starts
+
+
+@dataclass(frozen=True)
+class Engine:
+    """An engine a figure reads: its name, how to make its graph, the toolkit and SoC it is built for (the
+    document's), and the core mask it ran under."""
+
+    name: str
+    make: Callable[[], Path]
+    toolkit: str | None = "2.3.2"
+    target: str = "rk3588"
+    mask: str = "0_1_2"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A figure's prediction in the figure's unit, and the part of it each term carries (same unit)."""
+
+    value: float
+    parts: Mapping[str, float]
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One board figure of the reference documents and how the model predicts it. `numbers` picks the
+    figure's own numbers out of its value ('0.0696 / 175 MB / 1030': slice(2, 3)); several make a range."""
+
+    key: str
+    study: str
+    figure: str
+    numbers: slice
+    quantity: str
+    unit: str
+    engines: tuple[str, ...]
+    predict: Callable[[Mapping[str, Prediction]], Outcome]
+    how: str = ""   # what the prediction assumes beyond the engines (the walk, the calls)
+    derive: Callable[[list[float]], list[float]] | None = None   # their quantity from their numbers (a ratio)
+
+    def theirs(self) -> list[float]:
+        picked = reference_numbers(self.study, self.figure)[self.numbers]
+        return self.derive(picked) if self.derive else picked
+
+
+@dataclass
+class Cases:
+    """What one family offers the calibration: its engines and the figures they predict."""
+
+    engines: list[Engine] = field(default_factory=list)
+    figures: list[Figure] = field(default_factory=list)
+
+    def __add__(self, other: Cases) -> Cases:
+        return Cases(self.engines + other.engines, self.figures + other.figures)
+
+
+def collect(quick: bool) -> Cases:
+    """Every registered family's cases, in registry order."""
+    from ..registry import hooked
+
+    out = Cases()
+    for _, cases in hooked("npu_cost_cases"):
+        out = out + cases(quick)
+    return out
+
+
+def role(key: str) -> str:
+    if key in FITTED:
+        return "fitted"
+    if key in SAME_MEASUREMENT:
+        return f"fitted (the same board measurement as {SAME_MEASUREMENT[key]})"
+    return "held out"
+
+
+# --- parts of a prediction ---------------------------------------------------------------------------
+def times(p: Prediction, calls: float) -> Outcome:
+    """`calls` calls of the engine: its time and its terms, each times the calls."""
+    return Outcome(p.ms * calls, {k: v * calls for k, v in p.terms.items()})
+
+
+def increase(slower: Prediction, faster: Prediction) -> Outcome:
+    """How much longer one engine's call is than another's, in %, with each term's share of the difference."""
+    return Outcome(100 * (slower.ms / faster.ms - 1),
+                   {k: 100 * (slower.terms[k] - faster.terms[k]) / faster.ms for k in TERMS})
+
+
+def npu_share(p: Prediction, kind: str) -> Outcome:
+    """The share (%) of the NPU's own time (CPU layers and I/O left out) spent in one kind of layer: `conv`
+    (layers with cycles: their compute, their wait for DRAM and their dispatch) or `elementwise` (layers
+    with bytes and no cycles, with their dispatch)."""
+    b, t, d = p.basis, p.terms, p.constants.dispatch_us / 1e3
+    part = (t["conv"] + t["dram"] + b.conv_layers * d if kind == "conv"
+            else t["elementwise"] + b.elementwise_layers * d)
+    return Outcome(100 * part / p.npu_ms, {kind: 100 * part / p.npu_ms})
+
+
+def cpu_op(p: Prediction, op: str) -> Outcome:
+    """The CPU time of one op's layers (the cpu term restricted to them)."""
+    ms = dict(p.basis.cpu_host_by_op).get(op, 0.0) * p.constants.cpu_factor
+    return Outcome(ms, {"cpu": ms})
+
+
+def extrapolated(points: Mapping[float, Prediction], x: float) -> Prediction:
+    """A prediction at width `x` from predictions at other widths: every sum of the basis as a power law
+    of the width through the points (least squares in log-log), as a compiled width that would not
+    build here grows. The layer counts are the widest point's."""
+    import numpy as np
+
+    xs = sorted(points)
+    last = points[xs[-1]]
+    values = {}
+    for f in fields(Basis):
+        ys = [getattr(points[k].basis, f.name) for k in xs]
+        if not all(isinstance(y, (int, float)) for y in ys) or f.name.endswith("layers"):
+            values[f.name] = getattr(last.basis, f.name)
+        elif any(y <= 0 for y in ys):
+            values[f.name] = type(ys[-1])(0)
+        else:
+            k, a = np.polyfit(np.log(xs), np.log(ys), 1)
+            values[f.name] = type(ys[-1])(math.exp(a) * x ** k)
+    return replace(last, basis=Basis(**values))
+
+
+# --- the table ----------------------------------------------------------------------------------------
+def predictions(cases: Cases, layers: Mapping[str, Sequence], models: Mapping[str, object] | None = None,
+                constants: Constants | None = None) -> dict[str, Prediction]:
+    """Each engine's prediction from its layer table (`layers` by engine name)."""
+    by_name = {e.name: e for e in cases.engines}
+    return {name: predict(table, by_name[name].target, by_name[name].mask, constants=constants,
+                          model=(models or {}).get(name)) for name, table in layers.items()}
+
+
+def fit_constants(cases: Cases, preds: Mapping[str, Prediction], fitted_on: str = "") -> Constants:
+    """The constants that fit the FITTED figures best (log error, least squares)."""
+    chosen = [f for f in cases.figures if f.key in FITTED]
+    missing = sorted(set(FITTED) - {f.key for f in chosen})
+    if missing:
+        raise ValueError(f"the fitted figures {', '.join(missing)} have no case: run the full calibration")
+
+    def residuals(c: Constants) -> list[float]:
+        at = {k: p.at(c) for k, p in preds.items()}
+        out = []
+        for f in chosen:
+            theirs = f.theirs()
+            out.append(math.log(f.predict(at).value / (sum(theirs) / len(theirs))))
+        return out
+
+    return fit(residuals, START, fitted_on=fitted_on)
+
+
+def rows(cases: Cases, preds: Mapping[str, Prediction], builds: Mapping[str, str]) -> list[dict]:
+    """One row per figure: theirs, the prediction, its error, fitted or held out, and the verdict computed
+    from them (a miss names the term that carries the prediction, and by how much it would have to move
+    alone). `builds` says how each engine was built."""
+    out = []
+    for f in cases.figures:
+        ref = reference_figure(f.study, f.figure)
+        theirs = f.theirs()
+        shown = sorted(set(theirs))
+        row = {"figure": f.key, "quantity": f.quantity, "unit": f.unit,
+               "theirs": f"{shown[0]:g} to {shown[-1]:g}" if len(shown) > 1 else f"{shown[0]:g}",
+               "role": role(f.key), "engines": "; ".join(builds.get(e, e) for e in f.engines),
+               "assumes": f.how, "reference": f"{f.study}: {f.figure}", "document": ref["document"]}
+        missing = [preds[e].cannot for e in f.engines if e in preds and preds[e].ms is None]
+        if missing or any(e not in preds for e in f.engines):
+            out.append({**row, "predicted": "", "error_pct": "", "within_25_pct": "",
+                        "verdict": "cannot speak: " + ("; ".join(missing) or "an engine was not built in this run"),
+                        "term": ""})
+            continue
+        outcome = f.predict(preds)
+        err = relative_error(outcome.value, theirs)
+        term, part = max(outcome.parts.items(), key=lambda kv: abs(kv[1]))
+        row.update({"predicted": _round(outcome.value), "error_pct": round(100 * err, 1),
+                    "within_25_pct": abs(err) <= TOLERANCE, "term": term,
+                    **{f"part_{k}": _round(v) for k, v in outcome.parts.items()}})
+        row["verdict"] = verdict(err, term, part, outcome.value, theirs)
+        out.append(row)
+    return out
+
+
+def verdict(err: float, term: str, part: float, value: float, theirs: Sequence[float]) -> str:
+    """'within +-25 %' or the miss, naming the term that carries the prediction: what that term alone would
+    have to become to reach theirs."""
+    if abs(err) <= TOLERANCE:
+        return f"within +-25 % ({100 * err:+.1f} %)"
+    target = min(theirs, key=lambda v: abs(v - value))
+    need = part + (target - value)
+    how = f"x{need / part:.2f}" if part and need > 0 else "cannot reach theirs alone"
+    return (f"misses by {100 * err:+.1f} %: the {term} term carries {_round(part)} of the {_round(value)}; alone it "
+            f"would have to move {how}")
+
+
+def engine_rows(preds: Mapping[str, Prediction], builds: Mapping[str, dict]) -> list[dict]:
+    """One row per engine: its build, the layer table's sums, and the prediction's terms."""
+    out = []
+    for name, p in preds.items():
+        b = p.basis
+        out.append({"engine": name, **builds.get(name, {}), "layers": b.compute_layers if b else "",
+                    "conv_layers": b.conv_layers if b else "", "elementwise_layers": b.elementwise_layers if b else "",
+                    "cpu_layers": b.cpu_layers if b else "", "cycles_m": round(b.cycles / 1e6, 3) if b else "",
+                    "rw_mb": round(b.rw_bytes / 1e6, 2) if b else "",
+                    "elementwise_mb": round(b.elementwise_bytes / 1e6, 2) if b else "",
+                    "cpu_ops": " ".join(f"{op}:{ms:.3g}ms" for op, ms in b.cpu_host_by_op) if b else "",
+                    **p.row(), "where": "host", "target": p.soc})
+    return out
+
+
+def summary(table: Sequence[Mapping]) -> dict:
+    """How many held-out figures the model predicts within +-25 %, of how many it could speak for."""
+    held = [r for r in table if r["role"] == "held out" and r["within_25_pct"] != ""]
+    return {"held_out": len(held), "held_out_within_25_pct": sum(bool(r["within_25_pct"]) for r in held),
+            "fitted": sum(r["role"] != "held out" for r in table), "figures": len(table),
+            "worst_held_out_error_pct": max((abs(r["error_pct"]) for r in held), default=float("nan"))}
+
+
+def _round(x: float) -> float:
+    return round(x, 3) if abs(x) < 100 else round(x, 1)
+
+
+# --- one run ------------------------------------------------------------------------------------------
+@dataclass
+class Run:
+    """The engines built for one calibration run: their layer tables' predictions (at START; `at` moves
+    them to other constants) and how each was built."""
+
+    cases: Cases
+    predictions: dict[str, Prediction]
+    builds: dict[str, dict]
+
+    def at(self, constants: Constants) -> dict[str, Prediction]:
+        return {k: p.at(constants) for k, p in self.predictions.items()}
+
+    def built_as(self) -> dict[str, str]:
+        """Each engine's build in a few words, for the figure rows."""
+        return {k: f"{k} ({b['toolkit']}, {b['target']}, {b['layers_printed']} layers, mask {b['mask']})"
+                for k, b in self.builds.items()}
+
+
+def build(quick: bool, progress: bool = True) -> Run:
+    """Build every case's engine verbosely (the shared cache serves one built under the same key), read its
+    layer table and time its CPU layers and I/O on this host."""
+    from tqdm.auto import tqdm
+
+    from .. import graph
+    from ..process import shows_progress
+    from . import log
+    from .build import build_engine
+
+    cases = collect(quick)
+    preds, builds = {}, {}
+    for e in tqdm(cases.engines, desc="engines", disable=not shows_progress(progress)):
+        onnx_path = e.make()
+        report = build_engine(onnx_path, e.target, verbose=True, toolkit=e.toolkit)
+        table = log.layer_table(Path(report.log).read_text(encoding="utf-8", errors="replace")) if report.ok else []
+        builds[e.name] = {"toolkit": report.toolkit_version, "target": e.target, "mask": e.mask,
+                          "status": report.status, "regtask": report.regtask,
+                          "engine_mb": round(report.engine_bytes / 1e6, 2), "build_s": round(report.seconds, 1),
+                          "layers_printed": len(table), "onnx": onnx_path.name}
+        if report.ok:
+            preds[e.name] = predict(table, e.target, e.mask, constants=START, model=graph.load(onnx_path))
+    return Run(cases, preds, builds)
