@@ -7,23 +7,27 @@ cycles and their bytes; CPU layers print zeros. The model adds six terms, each a
 
     npu_ms_predicted = conv + dram + elementwise + dispatch + cpu + io      (milliseconds per call)
 
-* conv: the NPU cycles of every layer that prints cycles, at the SoC's NPU clock. Under a multi-core
-  mask the model assumes the compiler splits each such layer evenly over the cores the mask gives
-  (the ideal split: an upper bound on what the mask buys); every other term runs as on one core.
-* dram: what those layers wait for their bytes beyond their compute, per layer max(0, bytes at the
-  SoC's DRAM bandwidth - compute): a layer cannot finish before its reads and writes have moved.
-* elementwise: NPU layers that print bytes but no cycles, at the NPU's elementwise rate (calibrated).
+* conv: the NPU cycles of every layer that prints cycles, at the SoC's NPU clock, on one core. A
+  multi-core mask is recorded and does not shorten the prediction: the RKNN decoder-path document saw
+  the driver run these engines on one core under the AUTO mask and measured 1.8 % from the 0_1_2 mask
+  on the Qwen3 vocoder stage, so the model does not assume the compiler splits a layer over cores.
+* dram: what those layers wait for their bytes beyond their compute, per layer max(0, bytes at the NPU's
+  memory rate - compute): a layer cannot finish before its reads and writes have moved.
+* elementwise: NPU layers that print bytes but no cycles: their bytes at the NPU's memory rate.
 * dispatch: a fixed cost per compute layer, NPU or CPU (calibrated): the runtime starts each layer.
 * cpu: the CPU-fallback layers, each timed on this host's CPU at its shapes (onnxruntime on a one-node
-  graph, one thread), times the CPU factor (calibrated: the board's CPU time per ms of this host's).
+  graph, one thread, the fastest of several runs), times the CPU factor (calibrated: the board's CPU time
+  per ms of this host's).
 * io: the graph's inputs and outputs, which the runtime converts on the CPU (fp32 <-> fp16 and the NPU's
   channel-blocked layout), timed here as a cast and a transposing copy, times the same CPU factor.
 
-The per-SoC figures (NPU clock, cores, DRAM bandwidth) are in SOCS, each with its source. The free
-constants (elementwise rate, dispatch, CPU factor) are fitted by rkstudy.toolkit.calibration on a
-third of the reference documents' board figures and held to the rest (notebook 09). Where the model
-cannot speak (a SoC with no DRAM figure, a table without the cost columns) the prediction says why
-and has no value; layers with neither cycles nor bytes are counted and named in the row.
+The NPU's memory rate is the SoC's DRAM bandwidth times a share (calibrated): the DRAM figure is a CPU
+STREAM ceiling, and what the NPU's own layers reach of it is what the board figures say. The per-SoC
+figures (NPU clock, cores, DRAM bandwidth) are in SOCS, each with its source. The free constants (the
+DRAM share, dispatch, CPU factor) are fitted by rkstudy.toolkit.calibration on a third of the reference
+documents' board figures and held to the rest (notebook 09). Where the model cannot speak (a SoC with no
+DRAM figure, a table without the cost columns) the prediction says why and has no value; layers with
+neither cycles nor bytes are counted and named in the row.
 """
 
 from __future__ import annotations
@@ -88,18 +92,18 @@ def soc_rows() -> list[dict]:
 # --- the free constants -----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Constants:
-    """The model's free constants. `elementwise_gbps`: GB/s an NPU elementwise layer moves; `dispatch_us`:
-    microseconds per compute layer; `cpu_factor`: the board's CPU milliseconds per millisecond of this
-    host's (one thread). `fitted_on` names the host and the figures they were fitted on."""
+    """The model's free constants. `dram_share`: the share of the SoC's DRAM bandwidth at which the NPU's
+    layers move their bytes; `dispatch_us`: microseconds per compute layer; `cpu_factor`: the board's CPU
+    milliseconds per millisecond of this host's (one thread). `fitted_on` names the host and the figures
+    they were fitted on."""
 
-    elementwise_gbps: float
+    dram_share: float
     dispatch_us: float
     cpu_factor: float
     fitted_on: str = ""
 
     def row(self) -> dict:
-        return {"elementwise_gbps": self.elementwise_gbps, "dispatch_us": self.dispatch_us,
-                "cpu_factor": self.cpu_factor}
+        return {"dram_share": self.dram_share, "dispatch_us": self.dispatch_us, "cpu_factor": self.cpu_factor}
 
 
 # The calibrated constants, None until notebook 09's full run fits them: a prediction without constants
@@ -125,8 +129,8 @@ class Basis:
     """What a prediction is made of before the free constants: sums over the layer table (and this host's
     CPU timings), from which `Prediction.at` computes the terms for any constants."""
 
-    conv_ms: float            # NPU cycles at the clock, split over the cores
-    dram_ms: float            # bytes past compute at the DRAM bandwidth
+    conv_ms: float            # NPU cycles at the clock, one core
+    dram_gbps: float          # the SoC's DRAM bandwidth (the memory rate is this times the DRAM share)
     elementwise_bytes: int    # NPU layers with bytes and no cycles
     compute_layers: int       # NPU and CPU layers (the I/O rows left out)
     cpu_host_ms: float        # CPU layers on this host
@@ -138,6 +142,7 @@ class Basis:
     elementwise_layers: int = 0
     cpu_layers: int = 0
     cpu_host_by_op: tuple[tuple[str, float], ...] = ()   # (op, this host's ms) of the CPU layers, by op
+    conv_costs: tuple[tuple[float, int], ...] = ()        # (compute ms, bytes) of each layer with cycles
     uncosted: tuple[str, ...] = ()   # NPU layers with neither cycles nor bytes, as 'Op:count'
 
 
@@ -158,9 +163,10 @@ class Prediction:
         if self.basis is None or self.constants is None:
             return {}
         b, c = self.basis, self.constants
-        return {"conv": b.conv_ms, "dram": b.dram_ms, "elementwise": b.elementwise_bytes / (c.elementwise_gbps * 1e6),
-                "dispatch": b.compute_layers * c.dispatch_us / 1e3, "cpu": b.cpu_host_ms * c.cpu_factor,
-                "io": b.io_host_ms * c.cpu_factor}
+        per_ms = b.dram_gbps * c.dram_share * 1e6   # bytes per ms at the NPU's memory rate
+        return {"conv": b.conv_ms, "dram": sum(max(0.0, n / per_ms - ms) for ms, n in b.conv_costs),
+                "elementwise": b.elementwise_bytes / per_ms, "dispatch": b.compute_layers * c.dispatch_us / 1e3,
+                "cpu": b.cpu_host_ms * c.cpu_factor, "io": b.io_host_ms * c.cpu_factor}
 
     @property
     def ms(self) -> float | None:
@@ -226,28 +232,26 @@ def predict(layers: Sequence[Layer], soc: str = "rk3588", cores: str = "0_1_2", 
     s = SOCS[soc]
     constants = constants or CALIBRATED
     n = effective_cores(s, cores)
-    missing = [what for what, v in (("an NPU clock", s.npu_clock_mhz), ("a DRAM bandwidth", s.dram_gbps),
-                                    ("a core count", n)) if v is None]
+    missing = [what for what, v in (("NPU clock", s.npu_clock_mhz), ("DRAM bandwidth", s.dram_gbps),
+                                    ("core count", n)) if v is None]
     costed = [x for x in layers if x.op not in IO_OPS]
     if not costed or any(x.cycles is None for x in costed):
-        missing.append("the compiler's cost columns (build verbose: the layer table's Cycles and RW)")
+        missing.append("Cycles and RW columns in the layer table (a verbose build prints them)")
     if missing:
         how = f" ({s.sources['dram_gbps']})" if s.dram_gbps is None else ""
         return Prediction(soc, cores, n or 0, None, constants,
-                          cannot=f"cannot speak for {soc}: no {' and no '.join(missing)}{how}")
+                          cannot=f"cannot speak for {soc}: no {', no '.join(missing)}{how}")
     cpu_time = _times(cpu_ms, _timer(model))
     io_time = _times(io_ms, host_io_ms)
-    hz, bytes_per_ms = s.npu_clock_mhz * 1e3, s.dram_gbps * 1e6   # cycles per ms, bytes per ms
-    conv = dram = 0.0
+    hz = s.npu_clock_mhz * 1e3   # cycles per ms
+    convs = []
     elementwise, kinds, cpu_host, uncosted = 0, Counter(), Counter(), Counter()
     for x in costed:
         if x.target == "CPU":
             cpu_host[x.op] += cpu_time(x)
             kinds["cpu"] += 1
         elif x.npu_cycles or x.cycles:
-            compute = x.npu_cycles / (hz * n)
-            conv += compute
-            dram += max(0.0, x.rw_bytes / bytes_per_ms - compute)
+            convs.append((x.npu_cycles / hz, x.rw_bytes))
             kinds["conv"] += 1
         elif x.rw_kb:
             elementwise += x.rw_bytes
@@ -255,7 +259,8 @@ def predict(layers: Sequence[Layer], soc: str = "rk3588", cores: str = "0_1_2", 
         else:
             uncosted[x.op] += 1
     io_host = sum(io_time(x) for x in layers if x.op in IO_OPS)
-    basis = Basis(conv_ms=conv, dram_ms=dram, elementwise_bytes=elementwise, compute_layers=len(costed),
+    basis = Basis(conv_ms=sum(ms for ms, _ in convs), dram_gbps=s.dram_gbps, elementwise_bytes=elementwise,
+                  compute_layers=len(costed), conv_costs=tuple(convs),
                   cpu_host_ms=sum(cpu_host.values()), io_host_ms=io_host, cycles=sum(x.cycles for x in costed),
                   npu_cycles=sum(x.npu_cycles for x in costed), rw_bytes=sum(x.rw_bytes or 0 for x in layers),
                   conv_layers=kinds["conv"], elementwise_layers=kinds["elementwise"], cpu_layers=kinds["cpu"],
@@ -286,24 +291,28 @@ def shapes(column: str) -> list[tuple[int, ...]]:
     return [tuple(int(d) for d in m.split(",") if d) for m in re.findall(r"\(([0-9,]*)\)", column)]
 
 
-def median_ms(run: Callable[[], object], budget_s: float = 0.05, least: int = 5, most: int = 200) -> float:
-    """The median wall time of `run()` in ms, after one warm-up call, over at least `least` calls and until
-    `budget_s` has passed (at most `most` calls)."""
+def fastest_ms(run: Callable[[], object], budget_s: float = 0.2, least: int = 5, most: int = 200) -> float:
+    """The fastest wall time of `run()` in ms, after one warm-up call, over at least `least` calls and until
+    `budget_s` has passed (at most `most` calls): on a shared host other work only ever adds time, so the
+    fastest call is the one nearest the op's own cost."""
     run()
     times, start = [], time.perf_counter()
     while len(times) < least or (time.perf_counter() - start < budget_s and len(times) < most):
         t = time.perf_counter()
         run()
         times.append(time.perf_counter() - t)
-    return float(np.median(times)) * 1e3
+    return float(np.min(times)) * 1e3
 
 
-def _session(model):
+def host_session(model):
+    """An onnxruntime session of `model` (a ModelProto or its bytes) on one thread of this host: the board
+    runs a CPU layer on one core."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
-    opts.intra_op_num_threads = opts.inter_op_num_threads = 1   # the board runs a CPU layer on one core
-    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    opts.intra_op_num_threads = opts.inter_op_num_threads = 1
+    data = model if isinstance(model, bytes) else model.SerializeToString()
+    return ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
 
 
 _timed: dict[tuple, tuple[float, str]] = {}   # one timing per op, shapes and node: repeats cost nothing
@@ -351,11 +360,11 @@ def layer_timing(layer: Layer, index=None) -> tuple[float, str]:
         out = (shapes(layer.output) or shapes(layer.inputs) or [(1,)])[0]
         src = np.ones(out, np.float32)
         dst = np.empty_like(src)
-        result = (median_ms(lambda: np.copyto(dst, src)), "a copy of its output")
+        result = (fastest_ms(lambda: np.copyto(dst, src)), "a copy of its output")
         _timed[key] = result
         return result
-    sess = _session(m)
-    result = (median_ms(lambda: sess.run(None, feeds)), how)
+    sess = host_session(m)
+    result = (fastest_ms(lambda: sess.run(None, feeds)), how)
     _timed[key] = result
     return result
 
@@ -397,7 +406,7 @@ def host_io_ms(layer: Layer) -> float:
     def convert():
         return np.ascontiguousarray(x.astype(np.float16).reshape(c, rest).T)
 
-    return median_ms(convert)
+    return fastest_ms(convert)
 
 
 # --- the fit ----------------------------------------------------------------------------------------
@@ -407,10 +416,10 @@ def fit(residuals: Callable[[Constants], Sequence[float]], start: Constants, fit
     from scipy.optimize import least_squares
 
     def make(v: np.ndarray) -> Constants:
-        g, d, f = np.exp(v)
-        return Constants(float(g), float(d), float(f), fitted_on)
+        share, d, f = np.exp(v)
+        return Constants(float(share), float(d), float(f), fitted_on)
 
-    x0 = np.log([start.elementwise_gbps, start.dispatch_us, start.cpu_factor])
+    x0 = np.log([start.dram_share, start.dispatch_us, start.cpu_factor])
     best = least_squares(lambda v: np.asarray(residuals(make(v)), float), x0)
     return make(best.x)
 

@@ -38,6 +38,8 @@ RUN = "Kokoro whole-text run: characters / audio / latent frames / windows of 72
 SINE_RATIO = "Kokoro generator ms on a 33.6 s utterance, engines interleaved: folded / clipped sine"
 SHARES = "Kokoro generator graph: share of NPU time in elementwise ops / convolutions"
 SIN_SHARE = "Kokoro w128 window: 48 Sin nodes on the CPU, share of window time"
+WIDE = "Kokoro generator W=136, folded sine"
+WIDE_RTF = "board RTF W=136 vs W=128 (14.85 s)"
 
 
 def npu_cost_cases(quick: bool):
@@ -46,8 +48,9 @@ def npu_cost_cases(quick: bool):
     generator time over its 1188-frame utterance (17 windows) and per latent frame, the folded engine's
     increase over the clipped one, the exact-sine engine's Sin layers on the CPU and its whole window, and
     the shares of that graph's NPU time in elementwise layers and convolutions (the graph before the
-    polynomial and the alpha fold, whose Sin layers the document ranked). Quick mode offers nothing: each
-    engine is a build of a minute or more."""
+    polynomial and the alpha fold, whose Sin layers the document ranked); and the folded W = 136 window,
+    whose 15 windows the document timed against the 17 of W = 128. Quick mode offers nothing: each engine
+    is a build of a minute or more."""
     from ...tables.results import reference_numbers
     from ...toolkit import calibration as cal
     from ...walk.window import plan_windows
@@ -65,7 +68,10 @@ def npu_cost_cases(quick: bool):
         return cal.Engine(name, lambda: produce(DEFAULT_FRAMES, DEFAULT_CONTEXT, rw).path)
 
     engines = [engine(CLIPPED, Rewrites(sine="clip")), engine(FOLDED, ENGINE),
-               engine(EXACT, Rewrites(sine="exact", alpha_fold=False))]
+               engine(EXACT, Rewrites(sine="exact", alpha_fold=False)),
+               cal.Engine(WIDE, lambda: produce(136, DEFAULT_CONTEXT, ENGINE).path)]
+    wide_calls = len(plan_windows(frames, 136 - 2 * DEFAULT_CONTEXT, DEFAULT_CONTEXT))
+    audio_s = reference_numbers("npu_cost", RUN)[1]
     figures = [
         cal.Figure("kokoro-clipped-generator-ms", "kokoro_generator",
                    "RKNN generator (128-frame window, clipped sine): RTF / peak RSS / generator ms", slice(2, 3),
@@ -89,5 +95,11 @@ def npu_cost_cases(quick: bool):
                    "share of the NPU's time in elementwise layers", "%", (EXACT,),
                    lambda p: cal.npu_share(p[EXACT], "elementwise"), "the exact-sine graph's NPU time"),
         cal.Figure("kokoro-conv-share", "npu_cost", SHARES, slice(1, 2), "share of the NPU's time in convolutions",
-                   "%", (EXACT,), lambda p: cal.npu_share(p[EXACT], "conv"), "the exact-sine graph's NPU time")]
+                   "%", (EXACT,), lambda p: cal.npu_share(p[EXACT], "conv"), "the exact-sine graph's NPU time"),
+        cal.Figure("kokoro-w136-saving-ms", "kokoro_generator", WIDE_RTF, slice(0, 2),
+                   f"generator ms the W=136 window saves over W=128 on {frames} frames", "ms", (FOLDED, WIDE),
+                   lambda p: cal.minus(cal.times(p[FOLDED], calls), cal.times(p[WIDE], wide_calls)),
+                   f"{calls} windows of 128 against {wide_calls} of 136 (the folded sine, the shipping engine); their "
+                   f"RTF difference is generator time over the same {audio_s:g} s",
+                   derive=lambda v: [(v[1] - v[0]) * audio_s * 1e3])]
     return cal.Cases(engines, figures)

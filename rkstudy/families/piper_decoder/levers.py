@@ -101,9 +101,10 @@ def speak_walk(voice, emit: int = DEFAULT_EMIT, context: int = DEFAULT_CONTEXT) 
 
 
 def npu_cost_cases(quick: bool):
-    """The 93-frame window built as the document built it (rknn-toolkit2 2.3.2, rk3588) and its two board
-    figures: the decoder's time on the 443-character text (25.18 s of audio) and per emitted slice. Both
-    are the window's time times the calls of the walk, from our text's calls per voiced frame."""
+    """The 93-frame window built as the document built it (rknn-toolkit2 2.3.2, rk3588), plain and with the dec
+    mask, and their board figures: the decoder's time on the 443-character text (25.18 s of audio), per
+    emitted slice, and what the dec mask adds to it. Each is a window's time times the calls of the walk,
+    from our text's calls per voiced frame."""
     from ...tables.results import reference_numbers
     from ...toolkit import calibration as cal
     from ..piper.voice import Voice
@@ -114,15 +115,24 @@ def npu_cost_cases(quick: bool):
     their_frames = audio_s * voice.sample_rate / voice.hop
     walk = (f"our 443-character text at chunk size 60: {calls} window calls for {frames} frames, "
             f"{calls / frames:.4f} calls per voiced frame")
-    engine = cal.Engine(WINDOW_ENGINE, lambda: produce_for_voice(voice).save())
-    return cal.Cases([engine], [
+    masked = f"{WINDOW_ENGINE}, dec mask"
+    engines = [cal.Engine(WINDOW_ENGINE, lambda: produce_for_voice(voice).save()),
+               cal.Engine(masked, lambda: produce_for_voice(voice, dec_mask=True).save())]
+    per_call = calls / frames * their_frames
+    return cal.Cases(engines, [
         cal.Figure("piper-decoder-ms", "piper_decoder", "RKNN decoder (93-frame window): RTF / peak RSS / decoder ms",
                    slice(2, 3), f"decoder ms for {audio_s:g} s of audio", "ms", (WINDOW_ENGINE,),
-                   lambda p: cal.times(p[WINDOW_ENGINE], calls / frames * their_frames),
+                   lambda p: cal.times(p[WINDOW_ENGINE], per_call),
                    f"{walk}; {their_frames:.0f} frames in {audio_s:g} s at {voice.sample_rate} Hz, hop {voice.hop}"),
         cal.Figure("piper-ms-per-slice", "npu_cost", PER_SLICE, slice(1, 2), "decoder ms per emitted slice", "ms",
-                   (WINDOW_ENGINE,), lambda p: cal.times(p[WINDOW_ENGINE], calls / frames), walk)])
+                   (WINDOW_ENGINE,), lambda p: cal.times(p[WINDOW_ENGINE], calls / frames), walk),
+        cal.Figure("piper-dec-mask-ms", "piper_decoder", DEC_MASK, slice(0, 2),
+                   f"decoder ms the dec mask adds over {audio_s:g} s of audio", "ms", (masked, WINDOW_ENGINE),
+                   lambda p: cal.minus(cal.times(p[masked], per_call), cal.times(p[WINDOW_ENGINE], per_call)),
+                   f"their RTF difference is decoder time over the same {audio_s:g} s text; {walk}",
+                   derive=lambda v: [(v[1] - v[0]) * audio_s * 1e3])])
 
 
 WHOLE_TEXT = "whole-text run: characters / chunks at --text-chunk-size 60 / audio"
 PER_SLICE = "Piper decoder ms per emitted slice: ggml -> RKNN (93-slice window)"
+DEC_MASK = "dec mask cost on a 443-char utterance (RTF)"

@@ -23,6 +23,7 @@ def lever_graphs(quick: bool) -> LeverGraphs:
 
 # --- the NPU cost model's calibration (notebook 09) -------------------------------------------------------
 STEPS = {64: "Qwen3 vocoder 64-token step", 16: "Qwen3 vocoder 16-token step"}
+STEP_TIME = "weights streamed per 64-token step / step time"
 ROLES = (("qwen3-offline-ms-per-token", "offline RKNN B=64: RTF / peak RSS / decoder ms per token",
           "decoder ms per token, offline"),
          ("qwen3-streaming-ms-per-token", "streaming RKNN 16+64: wall / first audio / decoder ms per token",
@@ -34,10 +35,11 @@ ROLES = (("qwen3-offline-ms-per-token", "offline RKNN B=64: RTF / peak RSS / dec
 
 def npu_cost_cases(quick: bool):
     """Full mode: the 64- and 16-token steps at the released widths (seeded random weights: the engine's
-    shape is the checkpoint's), built as the document built them (rknn-toolkit2 2.3.2, rk3588), and the
-    three roles' decoder ms per token. Each role voices its tokens in 64-token steps, so each is predicted
-    as the 64-token step per token; the streaming role's one 16-token first step is left out (one step of
-    the utterance's; its own ms per token is in the engine table). Quick mode offers nothing."""
+    shape is the checkpoint's), built as the document built them (rknn-toolkit2 2.3.2, rk3588), the three
+    roles' decoder ms per token, and the time of one 64-token step. Each role voices its tokens in 64-token
+    steps, so each is predicted as the 64-token step per token; the streaming role's one 16-token first
+    step is left out (one step of the utterance's; its own ms per token is in the engine table). Quick mode
+    offers nothing."""
     from ...toolkit import calibration as cal
     from .producer import produce
 
@@ -45,7 +47,9 @@ def npu_cost_cases(quick: bool):
         return cal.Cases()
     main = STEPS[64]
     engines = [cal.Engine(name, lambda b=b: produce(b).path) for b, name in STEPS.items()]
-    return cal.Cases(engines, [
-        cal.Figure(key, "qwen3_vocoder", figure, slice(2, 3), quantity, "ms", (main,),
-                   lambda p: cal.times(p[main], 1 / 64), "the 64-token step per token")
-        for key, figure, quantity in ROLES])
+    per_token = [cal.Figure(key, "qwen3_vocoder", figure, slice(2, 3), quantity, "ms", (main,),
+                            lambda p: cal.times(p[main], 1 / 64), "the 64-token step per token")
+                 for key, figure, quantity in ROLES]
+    step = cal.Figure("qwen3-step-ms", "qwen3_vocoder", STEP_TIME, slice(1, 2), "ms per 64-token step", "ms", (main,),
+                      lambda p: cal.times(p[main], 1), "one call of the 64-token step")
+    return cal.Cases(engines, [*per_token, step])
