@@ -178,3 +178,30 @@ def test_every_soc_figure_names_its_source():
         for k in ("npu_cores", "npu_clock_mhz", "dram_gbps"):
             assert row[f"{k}_source"], (row["soc"], k)
     assert cost.SOCS["rk3588"].dram_gbps == pytest.approx((26.4 + 29.4) / 2)
+
+
+@pytest.mark.slow   # the families' cases: the voice's walk of the 443-character text, the encoder's CPU share
+def test_the_committed_constants_are_what_their_recorded_inputs_fit():
+    """cost.CALIBRATED is what the fitted figures give from the record of the run that fitted it
+    (fixtures/npu_cost/fitted_inputs.json, calibration.record_fitted: the fitted engines' layer-table sums and
+    that host's CPU timings): the fit runs again here, without a toolkit or a build."""
+    record = Path(__file__).parent / "fixtures" / "npu_cost" / "fitted_inputs.json"
+    got = cal.fit_recorded(cal.collect(False), record)
+    c = cost.CALIBRATED
+    assert (got.dram_share, got.dispatch_us, got.cpu_factor) == pytest.approx(
+        (c.dram_share, c.dispatch_us, c.cpu_factor), rel=1e-3, abs=1e-6)
+    assert got.fitted_on == c.fitted_on
+
+
+def test_a_builds_prediction_reads_the_table_its_log_holds(tmp_path):
+    from types import SimpleNamespace
+
+    verbose = tmp_path / "verbose.log"
+    verbose.write_bytes(gzip.decompress((TABLES / PIPER).read_bytes()))
+    p = cost.for_build(SimpleNamespace(log=str(verbose), target="rk3588"), "0", constants=UNIT)
+    assert p.basis.npu_cycles == 8_192_768 and p.ms > p.terms["conv"] > 0
+    assert p.basis.cpu_layers == 4 and p.terms["cpu"] > 0   # its four CPU Slices, timed on this host
+    quiet = tmp_path / "quiet.log"
+    quiet.write_text("I rknn building done.\n")
+    q = cost.for_build(SimpleNamespace(log=str(quiet), target="rk3588"), constants=UNIT)
+    assert q.ms is None and "a verbose build prints them" in q.cannot

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from ..tables.results import reference_figure, reference_numbers
@@ -80,10 +80,16 @@ class Figure:
     predict: Callable[[Mapping[str, Prediction]], Outcome]
     how: str = ""   # what the prediction assumes beyond the engines (the walk, the calls)
     derive: Callable[[list[float]], list[float]] | None = None   # their quantity from their numbers (a ratio)
+    board_cpu_ms: float = 0.0   # board CPU time the figure covers beyond its engines (already the board's ms)
 
     def theirs(self) -> list[float]:
         picked = reference_numbers(self.study, self.figure)[self.numbers]
         return self.derive(picked) if self.derive else picked
+
+    def outcome(self, predictions: Mapping[str, Prediction]) -> Outcome:
+        """The prediction of this figure: its engines' part, plus the board CPU time it covers beyond them."""
+        got = self.predict(predictions)
+        return plus_cpu(got, self.board_cpu_ms) if self.board_cpu_ms else got
 
 
 @dataclass
@@ -204,7 +210,7 @@ def fit_constants(cases: Cases, preds: Mapping[str, Prediction], fitted_on: str 
         out = []
         for f in chosen:
             theirs = f.theirs()
-            out.append(math.log(f.predict(at).value / (sum(theirs) / len(theirs))))
+            out.append(math.log(f.outcome(at).value / (sum(theirs) / len(theirs))))
         return out
 
     return fit(residuals, START, fitted_on=fitted_on)
@@ -230,7 +236,7 @@ def rows(cases: Cases, preds: Mapping[str, Prediction], builds: Mapping[str, str
                         "verdict": "cannot speak: " + ("; ".join(missing) or "an engine was not built in this run"),
                         "term": ""})
             continue
-        outcome = f.predict(preds)
+        outcome = f.outcome(preds)
         err = relative_error(outcome.value, theirs)
         term, part = max(outcome.parts.items(), key=lambda kv: abs(kv[1]))
         row.update({"predicted": _round(outcome.value), "error_pct": round(100 * err, 1),
@@ -347,3 +353,39 @@ def constant_rows(constants: Constants, committed: Constants | None) -> list[dic
            else f"committed (rkstudy.toolkit.cost.CALIBRATED), fitted on {constants.fitted_on}")
     return [{"constant": k, "value": v, "unit": UNITS[k], "committed": committed.row()[k] if committed else "",
              "how": how, "where": "host", "target": "rk3588"} for k, v in constants.row().items()]
+
+
+# --- what the committed constants were fitted from --------------------------------------------------------
+def record_fitted(run: Run, constants: Constants, path: Path) -> Path:
+    """Write what `constants` were fitted from: each fitted figure's engines' bases (the layer tables' sums and
+    this host's CPU timings) and board CPU ms, so a test can fit them again without a toolkit or a build."""
+    import json
+
+    from .. import atomic
+
+    chosen = [f for f in run.cases.figures if f.key in FITTED]
+    engines = sorted({e for f in chosen for e in f.engines})
+    record = {"constants": constants.row(), "fitted_on": constants.fitted_on,
+              "engines": {e: {"soc": run.predictions[e].soc, "mask": run.predictions[e].mask,
+                              "cores": run.predictions[e].cores, "basis": asdict(run.predictions[e].basis)}
+                          for e in engines},
+              "board_cpu_ms": {f.key: f.board_cpu_ms for f in chosen}}
+    atomic.write_text(path, json.dumps(record, indent=1) + "\n")
+    return path
+
+
+def fit_recorded(cases: Cases, path: Path) -> Constants:
+    """The constants the FITTED figures give from a record of `record_fitted`: the recorded engines' bases and
+    board CPU times in place of this run's."""
+    import json
+
+    record = json.loads(Path(path).read_text(encoding="utf-8"))
+    preds = {}
+    for name, e in record["engines"].items():
+        b = dict(e["basis"])
+        b["conv_costs"] = tuple(tuple(x) for x in b["conv_costs"])
+        b["cpu_host_by_op"] = tuple(tuple(x) for x in b["cpu_host_by_op"])
+        b["uncosted"] = tuple(b["uncosted"])
+        preds[name] = Prediction(e["soc"], e["mask"], e["cores"], Basis(**b), START)
+    figures = [replace(f, board_cpu_ms=record["board_cpu_ms"][f.key]) for f in cases.figures if f.key in FITTED]
+    return fit_constants(Cases(cases.engines, figures), preds, fitted_on=record["fitted_on"])

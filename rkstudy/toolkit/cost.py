@@ -106,9 +106,12 @@ class Constants:
         return {"dram_share": self.dram_share, "dispatch_us": self.dispatch_us, "cpu_factor": self.cpu_factor}
 
 
-# The calibrated constants, None until notebook 09's full run fits them: a prediction without constants
-# shows its basis and no value.
-CALIBRATED: Constants | None = None
+# The constants rkstudy.toolkit.calibration fitted (notebook 09, full mode) on the host it names; what they were
+# fitted from is recorded in tests/fixtures/npu_cost/fitted_inputs.json, and tests/test_cost.py fits it again.
+# The dispatch cost sits at the fit's lower edge: the fitted figures need no time per layer beyond the terms.
+CALIBRATED = Constants(dram_share=0.12798559299740675, dispatch_us=1.3252891798113608e-07,
+                       cpu_factor=3.947569370811767,
+                       fitted_on='AMD EPYC: kokoro-sin-cpu-ms, kokoro-clipped-generator-ms, encoder-n128-ms')
 
 
 def host_cpu() -> str:
@@ -267,6 +270,19 @@ def predict(layers: Sequence[Layer], soc: str = "rk3588", cores: str = "0_1_2", 
                   cpu_host_by_op=tuple(sorted(cpu_host.items())),
                   uncosted=tuple(f"{op}:{k}" for op, k in sorted(uncosted.items())))
     return Prediction(soc, cores, n, basis, constants)
+
+
+def for_build(report, cores: str = "0_1_2", *, model=None, constants: Constants | None = None) -> Prediction:
+    """The prediction for the engine a build made (a rkstudy.toolkit.build.BuildReport), on the SoC it was built
+    for, from the layer table in its log. A build that was not verbose printed no table: the prediction then
+    says so (build with verbose=True; the cache serves a verbose build's record only to a verbose request)."""
+    from pathlib import Path
+
+    from .log import layer_table, strip_ansi
+
+    text = Path(report.log).read_text(encoding="utf-8", errors="replace") if report.log else ""
+    layers = layer_table(strip_ansi(text))
+    return predict(layers, report.target, cores, constants=constants, model=model)
 
 
 def _times(given, default: HostTimes) -> HostTimes:

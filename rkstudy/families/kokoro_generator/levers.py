@@ -60,7 +60,7 @@ def npu_cost_cases(quick: bool):
 
     if quick:
         return cal.Cases()
-    frames = int(reference_numbers("npu_cost", RUN)[2])
+    frames = int(reference_numbers("kokoro_generator", RUN)[2])
     calls = len(plan_windows(frames, DEFAULT_FRAMES - 2 * DEFAULT_CONTEXT, DEFAULT_CONTEXT))
     walk = f"{calls} windows of {DEFAULT_FRAMES} frames walk the document's {frames} latent frames"
 
@@ -71,7 +71,7 @@ def npu_cost_cases(quick: bool):
                engine(EXACT, Rewrites(sine="exact", alpha_fold=False)),
                cal.Engine(WIDE, lambda: produce(136, DEFAULT_CONTEXT, ENGINE).path)]
     wide_calls = len(plan_windows(frames, 136 - 2 * DEFAULT_CONTEXT, DEFAULT_CONTEXT))
-    audio_s = reference_numbers("npu_cost", RUN)[1]
+    audio_s = reference_numbers("kokoro_generator", RUN)[1]
     figures = [
         cal.Figure("kokoro-clipped-generator-ms", "kokoro_generator",
                    "RKNN generator (128-frame window, clipped sine): RTF / peak RSS / generator ms", slice(2, 3),
@@ -81,7 +81,7 @@ def npu_cost_cases(quick: bool):
                    "RKNN generator ms per latent frame processed (clipped sine)", slice(0, 1),
                    "generator ms per latent frame", "ms", (CLIPPED,), lambda p: cal.times(p[CLIPPED], calls / frames),
                    walk),
-        cal.Figure("kokoro-folded-increase", "npu_cost", SINE_RATIO, slice(0, 2),
+        cal.Figure("kokoro-folded-increase", "kokoro_generator", SINE_RATIO, slice(0, 2),
                    "folded-sine generator time over the clipped one", "%", (FOLDED, CLIPPED),
                    lambda p: cal.increase(p[FOLDED], p[CLIPPED]),
                    "the same walk for both engines, so the ratio of their window times",
@@ -91,11 +91,12 @@ def npu_cost_cases(quick: bool):
                    lambda p: cal.cpu_op(p[EXACT], "Sin")),
         cal.Figure("kokoro-exact-window-ms", "lint", SIN_SHARE, slice(2, 3), "ms of one exact-sine window", "ms",
                    (EXACT,), lambda p: cal.times(p[EXACT], 1)),
-        cal.Figure("kokoro-elementwise-share", "npu_cost", SHARES, slice(0, 1),
+        cal.Figure("kokoro-elementwise-share", "kokoro_generator", SHARES, slice(0, 1),
                    "share of the NPU's time in elementwise layers", "%", (EXACT,),
                    lambda p: cal.npu_share(p[EXACT], "elementwise"), "the exact-sine graph's NPU time"),
-        cal.Figure("kokoro-conv-share", "npu_cost", SHARES, slice(1, 2), "share of the NPU's time in convolutions",
-                   "%", (EXACT,), lambda p: cal.npu_share(p[EXACT], "conv"), "the exact-sine graph's NPU time"),
+        cal.Figure("kokoro-conv-share", "kokoro_generator", SHARES, slice(1, 2),
+                   "share of the NPU's time in convolutions", "%", (EXACT,), lambda p: cal.npu_share(p[EXACT], "conv"),
+                   "the exact-sine graph's NPU time"),
         cal.Figure("kokoro-w136-saving-ms", "kokoro_generator", WIDE_RTF, slice(0, 2),
                    f"generator ms the W=136 window saves over W=128 on {frames} frames", "ms", (FOLDED, WIDE),
                    lambda p: cal.minus(cal.times(p[FOLDED], calls), cal.times(p[WIDE], wide_calls)),

@@ -124,7 +124,7 @@ def npu_cost_cases(quick: bool):
                    slice(2, 3), f"decoder ms for {audio_s:g} s of audio", "ms", (WINDOW_ENGINE,),
                    lambda p: cal.times(p[WINDOW_ENGINE], per_call),
                    f"{walk}; {their_frames:.0f} frames in {audio_s:g} s at {voice.sample_rate} Hz, hop {voice.hop}"),
-        cal.Figure("piper-ms-per-slice", "npu_cost", PER_SLICE, slice(1, 2), "decoder ms per emitted slice", "ms",
+        cal.Figure("piper-ms-per-slice", "piper_decoder", PER_SLICE, slice(1, 2), "decoder ms per emitted slice", "ms",
                    (WINDOW_ENGINE,), lambda p: cal.times(p[WINDOW_ENGINE], calls / frames), walk),
         cal.Figure("piper-dec-mask-ms", "piper_decoder", DEC_MASK, slice(0, 2),
                    f"decoder ms the dec mask adds over {audio_s:g} s of audio", "ms", (masked, WINDOW_ENGINE),

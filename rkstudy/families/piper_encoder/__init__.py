@@ -2,8 +2,8 @@
 duration conditioning, with the relative-shift chains rewritten, and a ladder of widths.
 
 seam.py and tokens.py (seam and front end) · producer.py (host) · sidecar.py (the ladder, board side) ·
-study.py (host measurements, notebook 02) · lint_graphs.py (lint study graphs) · levers.py (lever and
-compiler-check graphs) · cli.py (`rkstudy piper encoder`) · board.py (`rkstudy board run piper_encoder`)."""
+study.py (host measurements, notebook 02) · lint_graphs.py (lint study graphs) · levers.py (lever, compiler-check
+and NPU-cost graphs) · cli.py (`rkstudy piper encoder`) · board.py (`rkstudy board run piper_encoder`)."""
 
 from .. import Family, register
 

@@ -118,16 +118,13 @@ def npu_cost_cases(quick: bool):
                        f"outside the encoder at {tokens} tokens ({share:.2f})")
     wide = f"extrapolated to n{WIDE} from the built widths {', '.join(map(str, BUILT_WIDTHS))} (power law per sum)"
 
-    def duration_stage(figure, engine):
-        return lambda p: cal.plus_cpu(cal.times(engine(p), 1), cpu[figure])
-
     return cal.Cases(engines, [
         cal.Figure("encoder-n128-ms", "piper_encoder", SHORT_CHUNKS, slice(3, 6),
                    "duration stage ms per chunk, bin 128", "ms", (names[128],),
-                   duration_stage(SHORT_CHUNKS, lambda p: p[names[128]]),
-                   "one call of the 128-token engine per chunk; " + how[SHORT_CHUNKS]),
+                   lambda p: cal.times(p[names[128]], 1), "one call of the 128-token engine per chunk; "
+                   + how[SHORT_CHUNKS], board_cpu_ms=cpu[SHORT_CHUNKS]),
         cal.Figure("encoder-n384-ms", "piper_encoder", LONG_CHUNKS, slice(3, 6),
                    "duration stage ms per chunk, bin 384", "ms", tuple(names.values()),
-                   duration_stage(LONG_CHUNKS,
-                                  lambda p: cal.extrapolated({n: p[names[n]] for n in BUILT_WIDTHS}, WIDE)),
-                   f"one call of the 384-token engine per chunk, {wide}; " + how[LONG_CHUNKS])])
+                   lambda p: cal.times(cal.extrapolated({n: p[names[n]] for n in BUILT_WIDTHS}, WIDE), 1),
+                   f"one call of the 384-token engine per chunk, {wide}; " + how[LONG_CHUNKS],
+                   board_cpu_ms=cpu[LONG_CHUNKS])])
