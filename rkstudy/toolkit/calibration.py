@@ -229,19 +229,20 @@ def rows(cases: Cases, preds: Mapping[str, Prediction], builds: Mapping[str, str
                "theirs": f"{shown[0]:g} to {shown[-1]:g}" if len(shown) > 1 else f"{shown[0]:g}",
                "theirs_low": _round(shown[0]), "theirs_high": _round(shown[-1]),
                "role": role(f.key), "engines": "; ".join(builds.get(e, e) for e in f.engines),
-               "assumes": f.how, "reference": f"{f.study}: {f.figure}", "document": ref["document"]}
+               "assumes": f.how, "reference": f"{f.study}: {f.figure}", "document": ref["document"],
+               "where": "host", "target": ref["target"]}
         missing = [preds[e].cannot for e in f.engines if e in preds and preds[e].ms is None]
         if missing or any(e not in preds for e in f.engines):
-            out.append({**row, "predicted": "", "error_pct": "", "within_25_pct": "",
-                        "verdict": "cannot speak: " + ("; ".join(missing) or "an engine was not built in this run"),
-                        "term": ""})
+            out.append({**row, "predicted": "", "error_pct": "", "within_25_pct": "", "term": "",
+                        **{f"part_{k}": "" for k in TERMS},
+                        "verdict": "cannot speak: " + ("; ".join(missing) or "an engine was not built in this run")})
             continue
         outcome = f.outcome(preds)
         err = relative_error(outcome.value, theirs)
         term, part = max(outcome.parts.items(), key=lambda kv: abs(kv[1]))
         row.update({"predicted": _round(outcome.value), "error_pct": round(100 * err, 1),
                     "within_25_pct": abs(err) <= TOLERANCE, "term": term,
-                    **{f"part_{k}": _round(v) for k, v in outcome.parts.items()}})
+                    **{f"part_{k}": _round(outcome.parts.get(k, 0.0)) for k in TERMS}})
         row["verdict"] = verdict(err, term, part, outcome.value, theirs)
         out.append(row)
     return out
@@ -269,7 +270,7 @@ def engine_rows(preds: Mapping[str, Prediction], builds: Mapping[str, dict]) -> 
                     "cpu_layers": b.cpu_layers if b else "", "cycles_m": round(b.cycles / 1e6, 3) if b else "",
                     "rw_mb": round(b.rw_bytes / 1e6, 2) if b else "",
                     "elementwise_mb": round(b.elementwise_bytes / 1e6, 2) if b else "",
-                    "cpu_ops": " ".join(f"{op}:{ms:.3g}ms" for op, ms in b.cpu_host_by_op) if b else "",
+                    "cpu_host_ms_by_op": " ".join(f"{op}:{ms:.3g}" for op, ms in b.cpu_host_by_op) if b else "",
                     **p.row(), "where": "host", "target": p.soc})
     return out
 
@@ -325,7 +326,7 @@ def build(quick: bool, progress: bool = True) -> Run:
         builds[e.name] = {"toolkit": report.toolkit_version, "target": e.target, "mask": e.mask,
                           "status": report.status, "regtask": report.regtask,
                           "engine_mb": round(report.engine_bytes / 1e6, 2), "build_s": round(report.seconds, 1),
-                          "layers_printed": len(table), "onnx": onnx_path.name}
+                          "layers_printed": len(table), "cpu_ops": log.cpu_ops(table), "onnx": onnx_path.name}
         if report.ok:
             preds[e.name] = predict(table, e.target, e.mask, constants=START, model=graph.load(onnx_path))
     return Run(cases, preds, builds)
@@ -389,3 +390,14 @@ def fit_recorded(cases: Cases, path: Path) -> Constants:
         preds[name] = Prediction(e["soc"], e["mask"], e["cores"], Basis(**b), START)
     figures = [replace(f, board_cpu_ms=record["board_cpu_ms"][f.key]) for f in cases.figures if f.key in FITTED]
     return fit_constants(Cases(cases.engines, figures), preds, fitted_on=record["fitted_on"])
+
+
+def reference_rows(cases: Cases) -> list[dict]:
+    """The reference documents' figures the calibration reads, as data/reference/figures.csv holds them (theirs,
+    each once, with the study it is filed under)."""
+    seen, out = set(), []
+    for f in cases.figures:
+        if (f.study, f.figure) not in seen:
+            seen.add((f.study, f.figure))
+            out.append({"study": f.study, **reference_figure(f.study, f.figure)})
+    return out
