@@ -35,7 +35,7 @@ class Family:
     planner: str | None = None             # "module:function() -> rkstudy.walk.planner.PlanTarget" (walked decoders)
     lint_graphs: str | None = None         # "module:function(quick) -> [rkstudy.lint.study.FamilyGraph]" (notebook 06)
     lever_graphs: str | None = None        # "module:function(quick) -> rkstudy.levers.LeverGraphs" (notebook 08)
-    # "module:function(quick) -> rkstudy.toolkit.calibration.Cases": the engines the reference documents ran on
+    # "module:function(quick) -> rkstudy.levers.npu_cost.Cases": the engines the reference documents ran on
     # a board and the board figures they predict (notebook 09)
     npu_cost_cases: str | None = None
     compiler_cases: str | None = None      # "module:function() -> [rkstudy.lint.against_toolkit.Case]" (notebook 06)

@@ -1,4 +1,4 @@
-"""rkstudy.toolkit.cost and rkstudy.toolkit.calibration on layer tables recorded from real verbose builds: the
+"""rkstudy.toolkit.cost and rkstudy.levers.npu_cost on layer tables recorded from real verbose builds: the
 Piper 93-frame window built with rknn-toolkit2 2.3.2 for rk3588 (the reference documents' toolkit and SoC;
 piper_decoder_w93_rk3588_toolkit232.log.gz) and the Kokoro W = 64 window built with 2.5.0
 (kokoro_generator_w64.log.gz). Host timings are passed in where a test needs exact numbers; where the host
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from rkstudy.errors import UsageError
-from rkstudy.toolkit import calibration as cal
+from rkstudy.levers import npu_cost as cal
 from rkstudy.toolkit import cost, log
 
 TABLES = Path(__file__).parent / "fixtures" / "layer_tables"

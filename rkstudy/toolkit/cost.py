@@ -24,7 +24,7 @@ cycles and their bytes; CPU layers print zeros. The model adds six terms, each a
 The NPU's memory rate is the SoC's DRAM bandwidth times a share (calibrated): the DRAM figure is a CPU
 STREAM ceiling, and what the NPU's own layers reach of it is what the board figures say. The per-SoC
 figures (NPU clock, cores, DRAM bandwidth) are in SOCS, each with its source. The free constants (the
-DRAM share, dispatch, CPU factor) are fitted by rkstudy.toolkit.calibration on a third of the reference
+DRAM share, dispatch, CPU factor) are fitted by rkstudy.levers.npu_cost on a third of the reference
 documents' board figures and held to the rest (notebook 09). Where the model cannot speak (a SoC with no
 DRAM figure, a table without the cost columns) the prediction says why and has no value; layers with
 neither cycles nor bytes are counted and named in the row.
@@ -106,7 +106,7 @@ class Constants:
         return {"dram_share": self.dram_share, "dispatch_us": self.dispatch_us, "cpu_factor": self.cpu_factor}
 
 
-# The constants rkstudy.toolkit.calibration fitted (notebook 09, full mode) on the host it names; what they were
+# The constants rkstudy.levers.npu_cost fitted (notebook 09, full mode) on the host it names; what they were
 # fitted from is recorded in tests/fixtures/npu_cost/fitted_inputs.json, and tests/test_cost.py fits it again.
 # The dispatch cost sits at the fit's lower edge: the fitted figures need no time per layer beyond the terms.
 CALIBRATED = Constants(dram_share=0.12798559299740675, dispatch_us=1.3252891798113608e-07,

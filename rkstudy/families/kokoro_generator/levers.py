@@ -51,8 +51,8 @@ def npu_cost_cases(quick: bool):
     polynomial and the alpha fold, whose Sin layers the document ranked); and the folded W = 136 window,
     whose 15 windows the document timed against the 17 of W = 128. Quick mode offers nothing: each engine
     is a build of a minute or more."""
+    from ...levers import npu_cost as cal
     from ...tables.results import reference_numbers
-    from ...toolkit import calibration as cal
     from ...walk.window import plan_windows
     from . import DEFAULT_CONTEXT, DEFAULT_FRAMES
     from .generator import ENGINE, Rewrites

@@ -105,8 +105,8 @@ def npu_cost_cases(quick: bool):
     mask, and their board figures: the decoder's time on the 443-character text (25.18 s of audio), per
     emitted slice, and what the dec mask adds to it. Each is a window's time times the calls of the walk,
     from our text's calls per voiced frame."""
+    from ...levers import npu_cost as cal
     from ...tables.results import reference_numbers
-    from ...toolkit import calibration as cal
     from ..piper.voice import Voice
 
     voice = Voice()

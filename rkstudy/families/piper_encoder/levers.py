@@ -98,8 +98,8 @@ def npu_cost_cases(quick: bool):
     weights in the pull request's build, whose converter needed most of a 31 GB host at 512) is not built
     here: its prediction extrapolates every sum of the built widths' predictions as a power law of the
     width. Quick mode offers nothing."""
+    from ...levers import npu_cost as cal
     from ...tables.results import reference_numbers
-    from ...toolkit import calibration as cal
     from ..piper.voice import Voice
     from .producer import produce
 

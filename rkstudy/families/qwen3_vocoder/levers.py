@@ -40,7 +40,7 @@ def npu_cost_cases(quick: bool):
     steps, so each is predicted as the 64-token step per token; the streaming role's one 16-token first
     step is left out (one step of the utterance's; its own ms per token is in the engine table). Quick mode
     offers nothing."""
-    from ...toolkit import calibration as cal
+    from ...levers import npu_cost as cal
     from .producer import produce
 
     if quick:

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from ..tables.results import reference_figure, reference_numbers
-from .cost import TERMS, Basis, Constants, Prediction, fit, predict, relative_error
+from ..toolkit.cost import TERMS, Basis, Constants, Prediction, fit, predict, relative_error
 
 # The figures the three free constants are fitted on, one figure per constant where it dominates, chosen
 # before any other figure was predicted:
@@ -314,8 +314,8 @@ def build(quick: bool, progress: bool = True) -> Run:
 
     from .. import graph
     from ..process import shows_progress
-    from . import log
-    from .build import build_engine
+    from ..toolkit import log
+    from ..toolkit.build import build_engine
 
     cases = collect(quick)
     preds, builds = {}, {}
@@ -335,7 +335,7 @@ def build(quick: bool, progress: bool = True) -> Run:
 def constants_for(run: Run, quick: bool) -> Constants:
     """Full mode: the constants fitted on this run's FITTED figures. Quick mode (which builds no fitted
     engine): the committed ones, which the last full run fitted."""
-    from . import cost
+    from ..toolkit import cost
 
     if not quick:
         return fit_constants(run.cases, run.predictions, fitted_on=f"{cost.host_cpu()}: {', '.join(FITTED)}")
