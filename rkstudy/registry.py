@@ -21,7 +21,7 @@ PACKAGE = "rkstudy.families"
 class Family:
     """What the command line, doctor, the board side and the results index need to know.
 
-    `cli`, `board`, `planner`, `lint_graphs`, `lever_graphs`, `compiler_cases` and `plan` are
+    `cli`, `board`, `planner`, `lint_graphs`, `lever_graphs`, `npu_cost_cases`, `compiler_cases` and `plan` are
     "module:function" strings resolved only when used, so registering a family imports nothing but this module.
     """
 
@@ -35,6 +35,9 @@ class Family:
     planner: str | None = None             # "module:function() -> rkstudy.walk.planner.PlanTarget" (walked decoders)
     lint_graphs: str | None = None         # "module:function(quick) -> [rkstudy.lint.study.FamilyGraph]" (notebook 06)
     lever_graphs: str | None = None        # "module:function(quick) -> rkstudy.levers.LeverGraphs" (notebook 08)
+    # "module:function(quick) -> rkstudy.levers.npu_cost.Cases": the engines the reference documents ran on
+    # a board and the board figures they predict (notebook 09)
+    npu_cost_cases: str | None = None
     compiler_cases: str | None = None      # "module:function() -> [rkstudy.lint.against_toolkit.Case]" (notebook 06)
     # stage 2 where it is not the stage-1 command with --onnx: "rkstudy port build --onnx {graph} --inputs ..."
     # ({graph} is the produced graph; a refusal's fix adds --target)

@@ -81,7 +81,7 @@ def test_paths_a_reader_sees_are_relative_to_the_repository():
 
 CONCLUDING = ["00_toolchain.ipynb", "01_piper_decoder.ipynb", "01b_piper_decoder_stateful.ipynb",
               "02_piper_encoder.ipynb", "03_kokoro_generator.ipynb", "04_qwen3_vocoder.ipynb",
-              "05_flow_estimator_memory.ipynb", "06_lint.ipynb"]
+              "05_flow_estimator_memory.ipynb", "06_lint.ipynb", "09_npu_cost.ipynb"]
 
 
 @pytest.mark.parametrize("name", CONCLUDING)

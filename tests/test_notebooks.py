@@ -240,6 +240,15 @@ EXPECT = {
         # the int16 section's quick stand-in: the Kokoro raw-sum W = 128 graph on the short utterance's
         # window, fp32 (measured 2026-12-01: 3 of 1,750 nodes past fp16, the largest 624,654)
         "Kokoro raw-sum W = 128: nodes past fp16 (fp32)": (1, 20)}),
+    # quick mode: the Piper 93-frame window alone (2.3.2, rk3588) under the committed constants; measured 2026-12-06:
+    # the compiler's table (233 compute layers, 8.3 M cycles, 87.2 MB a call) is the same bytes on every host; the
+    # prediction, 26.9 ms (8.2 conv, 8.6 waiting for bytes, 9.6 elementwise), 0.643 ms per emitted slice against the
+    # board's 0.46; the dec mask's cost is the quick run's one held-out figure
+    "npu_cost": ("09_npu_cost.ipynb", {
+        "Piper window: compute layers": (233, 233), "Piper window: cycles (M)": (8.3, 8.3),
+        "Piper window: MB per call": (87.2, 87.2), "Piper window: cost-model NPU ms per call": (20, 35),
+        "Piper: cost-model ms per emitted slice": (0.45, 0.85), "held-out figures predicted": (1, 1),
+        "constant: dram_share": (0.12, 0.14)}),
 }
 
 

@@ -166,11 +166,23 @@ def run_nodes(nodes: Sequence[onnx.NodeProto], feeds: Mapping[str, np.ndarray], 
               initializers: Mapping[str, np.ndarray] | None = None, *,
               opset_imports: Iterable[onnx.OperatorSetIdProto], ir_version: int | None = None,
               output_types: Mapping[str, int] | None = None) -> list[np.ndarray]:
-    """Run `nodes` as a model of their own (inputs `feeds`, constants `initializers`) in
-    onnxruntime's CPU provider and return `outputs`. The IR version is capped at 9, which every
-    onnxruntime this project supports reads."""
+    """Run `nodes` as a model of their own (`nodes_model`) in onnxruntime's CPU provider and return
+    `outputs`."""
     import onnxruntime as ort  # heavy import, host only
 
+    m = nodes_model(nodes, feeds, outputs, initializers, opset_imports=opset_imports, ir_version=ir_version,
+                    output_types=output_types)
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(list(outputs), {k: np.asarray(v) for k, v in feeds.items()})
+
+
+def nodes_model(nodes: Sequence[onnx.NodeProto], feeds: Mapping[str, np.ndarray], outputs: Sequence[str],
+                initializers: Mapping[str, np.ndarray] | None = None, *,
+                opset_imports: Iterable[onnx.OperatorSetIdProto], ir_version: int | None = None,
+                output_types: Mapping[str, int] | None = None) -> onnx.ModelProto:
+    """`nodes` as a model of their own: inputs shaped and typed as `feeds`, constants `initializers`,
+    `outputs` of `output_types` (float by default). The IR version is capped at 9, which every
+    onnxruntime this project supports reads."""
     ins = [helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(np.asarray(a).dtype), list(np.shape(a)))
            for name, a in feeds.items()]
     outs = [helper.make_tensor_value_info(o, (output_types or {}).get(o, TensorProto.FLOAT), None) for o in outputs]
@@ -178,8 +190,7 @@ def run_nodes(nodes: Sequence[onnx.NodeProto], feeds: Mapping[str, np.ndarray], 
     g = helper.make_graph(list(nodes), "probe", ins, outs, inits)
     m = helper.make_model(g, opset_imports=list(opset_imports))
     m.ir_version = min(ir_version or 8, 9)
-    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
-    return sess.run(list(outputs), {k: np.asarray(v) for k, v in feeds.items()})
+    return m
 
 
 def splice(model: onnx.ModelProto, insert: Mapping[int, Sequence[onnx.NodeProto]],

@@ -1,11 +1,13 @@
-"""The toolkit's own levers as a study (notebook 08): what changes when the same graphs are built another
+"""The toolkit's own levers as studies (notebooks 08 and 09): what changes when the same graphs are built another
 way, each lever in one module.
 
 * versions.py: the same ONNX bytes built and simulated with every rknn-toolkit2 version this project has
   a converter environment for, side by side;
 * quantization.py: fp16, int8 and hybrid builds of one stage scored against fp32 on data its calibration
   never saw, with the share of its MACs at 8 bits;
-* multi_shape.py: one multi-shape engine (`config(dynamic_input=...)`) against one engine per width.
+* multi_shape.py: one multi-shape engine (`config(dynamic_input=...)`) against one engine per width;
+* npu_cost.py: the NPU cost model (rkstudy.toolkit.cost) held to the reference documents' board figures,
+  on the engines each family offers through its `npu_cost_cases(quick)` hook (notebook 09).
 
 The graphs come from the families through the registry: each family's `lever_graphs(quick)` hook returns
 a LeverGraphs naming what it offers each lever; `collect` gathers them in registry order. Nothing here

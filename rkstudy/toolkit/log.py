@@ -7,8 +7,9 @@ the "Network Layer Information Table", one row per compiled layer:
     D RKNN: [20:08:25.162] 2    Sin                FLOAT16  CPU    (1,8,1,30)  (1,8,1,30)  0/0/0  0  Sin:/act/Sin
 
 (ID, OpType, DataType, Target, shapes, cycles, RW, FullName = `OpType:node`). Every reader of that
-table (lint's compiler verdicts, the Kokoro and flow-estimator builds) uses `layer_table`, so one log
-gives every caller the same layers. numpy is imported only by the accuracy-analysis reader.
+table (lint's compiler verdicts, the Kokoro and flow-estimator builds, the NPU cost model) uses
+`layer_table`, so one log gives every caller the same layers. rknn-toolkit2 2.3.2 prints the same columns.
+numpy is imported only by the accuracy-analysis reader.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ REGTASK_LIMIT = re.compile(r"limit: 0x([0-9a-fA-F]+)")
 IO_OPS = ("InputOperator", "OutputOperator")  # the table's I/O rows: CPU by definition, never a layer's work
 _ROW = re.compile(r"^[DI] RKNN: \[[^\]]+\]\s+(?P<id>\d+)\s+(?P<op>\S+)\s+(?P<dtype>\S+)\s+(?P<target>CPU|NPU|GPU)\s"
                   r"(?P<rest>.*)\s(?P<full>\S+)\s*$")
+_CYCLES = re.compile(r"^(\d+)/(\d+)/(\d+)$")  # Cycles(DDR/NPU/Total), the compiler's own estimate per layer
 _CONST = re.compile(r"^[DI] RKNN: \[[^\]]+\]\s+(?P<id>\d+)\s+(?P<user>\S+)\s+(?P<tensor>\S+)\s+(?P<dtype>[A-Z]+\d*)\s+"
                     r"\((?P<shape>[0-9,]*)\)\s+\|")
 _PLAN = re.compile(r"Total (Internal|Weight) Memory Size:\s*([0-9.]+)\s*(KB|MB|B)\b")
@@ -66,6 +68,19 @@ class Layer:
     dtype: str = ""
     inputs: str = ""
     output: str = ""
+    # The compiler's Cycles(DDR/NPU/Total) and RW(KB) columns: its estimate of the cycles the layer spends on
+    # memory traffic and on compute (Total is the larger of the two), and the KiB it reads and writes. None
+    # where the row printed no such columns (a table cut from another tool's output); 0/0/0 is printed for
+    # elementwise layers (their cost is their bytes) and for CPU layers.
+    ddr_cycles: int | None = None
+    npu_cycles: int | None = None
+    cycles: int | None = None
+    rw_kb: int | None = None
+
+    @property
+    def rw_bytes(self) -> int | None:
+        """What the layer reads and writes, in bytes (the table's KB are KiB, as the memory plan's are)."""
+        return None if self.rw_kb is None else self.rw_kb * 1024
 
     @property
     def node(self) -> str:
@@ -88,8 +103,16 @@ def layer_table(log_text: str) -> list[Layer]:
             full = m["full"]
             shapes = m["rest"].split()  # InputShape OutputShape Cycles RW
             layers.append(Layer(int(m["id"]), m["op"], m["target"], full.split(":", 1)[1] if ":" in full else full,
-                                m["dtype"], *(shapes[:2] + ["", ""])[:2]))
+                                m["dtype"], *(shapes[:2] + ["", ""])[:2], **_costs(shapes[2:])))
     return layers
+
+
+def _costs(columns: list[str]) -> dict:
+    """The Cycles(DDR/NPU/Total) and RW(KB) columns of a row, where it printed them."""
+    m = _CYCLES.match(columns[0]) if columns else None
+    if not m or len(columns) < 2 or not columns[1].isdigit():
+        return {}
+    return {"ddr_cycles": int(m[1]), "npu_cycles": int(m[2]), "cycles": int(m[3]), "rw_kb": int(columns[1])}
 
 
 WEIGHT_BITS = {"INT4": 4, "INT8": 8, "UINT8": 8, "INT16": 16, "FLOAT16": 16, "FLOAT": 32}

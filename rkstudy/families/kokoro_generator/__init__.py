@@ -10,8 +10,8 @@ notebook 03 section, gathered in study.py: recovery.py (the weights, the seam), 
 rewrites, the Snake sine), producer_gates.py, compiler_sweep.py (probes, the REGTASK sweep, the in-graph pieces),
 node_ranges.py, walks.py (fp32 and simulator walks), global_statistics.py, planning.py (the window planner's
 target), rows.py (where a row's numbers came from) · overflow.py (notebook 08's int16 rows), quantization.py
-(notebook 08's quantization stage) · lint_graphs.py (lint study graphs) · levers.py (lever and
-compiler-check graphs) · cli.py (`rkstudy kokoro generator`, `rkstudy kokoro inputs`) · board.py (`rkstudy
+(notebook 08's quantization stage) · lint_graphs.py (lint study graphs) · levers.py (lever, compiler-check
+and NPU-cost graphs) · cli.py (`rkstudy kokoro generator`, `rkstudy kokoro inputs`) · board.py (`rkstudy
 board run kokoro_generator`) · speak.py (the Kokoro plan and `rkstudy speak kokoro`: the int8 model's own
 front end and head around the generator on the NPU or the CPU)."""
 
@@ -30,4 +30,5 @@ FAMILY = register(Family(
     planner="rkstudy.families.kokoro_generator.planning:plan_target",
     lint_graphs="rkstudy.families.kokoro_generator.lint_graphs:lint_graphs",
     lever_graphs="rkstudy.families.kokoro_generator.levers:lever_graphs",
+    npu_cost_cases="rkstudy.families.kokoro_generator.levers:npu_cost_cases",
     plan="rkstudy.families.kokoro_generator.speak:plan"))

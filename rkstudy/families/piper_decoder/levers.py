@@ -77,3 +77,63 @@ def compiler_cases() -> list[Case]:
                  True, lambda: unfolded, "build", TOOLKIT_FOLDS, feeds),
             Case("shape chains (Shape -> ConstantOfShape)", "RK101", f"Piper decoder slice at {window}, folded",
                  False, lambda: graph.fold(unfolded, shapes), "build", feeds=feeds)]
+
+
+# --- the NPU cost model's calibration (notebook 09) -------------------------------------------------------
+WINDOW_ENGINE = "Piper decoder 93-frame window"
+
+
+def speak_walk(voice, emit: int = DEFAULT_EMIT, context: int = DEFAULT_CONTEXT) -> tuple[int, int]:
+    """(window calls, latent frames) of this voice walking the 443-character text cut at 60 characters, as
+    `rkstudy speak piper` walks it: one latent per chunk (its sentences' ids back to back, seeded per chunk),
+    each walked by the window. The document's own text is not available; ours has its length and chunking."""
+    from ...runtime import OrtRunner
+    from ...walk.window import plan_windows
+    from ..piper.frontend import ids_feed
+    from ..piper.voice import read_text, seed_random_nodes
+    from .speak import chunks_of
+    from .study import SPEAK_CHUNK, SPEAK_TEXT
+
+    frames = []
+    for k, (_, ids) in enumerate(chunks_of(voice.text_front, read_text(SPEAK_TEXT), SPEAK_CHUNK)):
+        z = OrtRunner(seed_random_nodes(voice.front, 1234 + k)).run({**ids_feed(ids), "scales": voice.scales})[0]
+        frames.append(int(z.shape[-1]))
+    return sum(len(plan_windows(n, emit, context)) for n in frames), sum(frames)
+
+
+def npu_cost_cases(quick: bool):
+    """The 93-frame window built as the document built it (rknn-toolkit2 2.3.2, rk3588), plain and with the dec
+    mask, and their board figures: the decoder's time on the 443-character text (25.18 s of audio), per
+    emitted slice, and what the dec mask adds to it. Each is a window's time times the calls of the walk,
+    from our text's calls per voiced frame."""
+    from ...levers import npu_cost as cal
+    from ...tables.results import reference_numbers
+    from ..piper.voice import Voice
+
+    voice = Voice()
+    calls, frames = speak_walk(voice)
+    audio_s = reference_numbers("piper_decoder", WHOLE_TEXT)[2]
+    their_frames = audio_s * voice.sample_rate / voice.hop
+    walk = (f"our 443-character text at chunk size 60: {calls} window calls for {frames} frames, "
+            f"{calls / frames:.4f} calls per voiced frame")
+    masked = f"{WINDOW_ENGINE}, dec mask"
+    engines = [cal.Engine(WINDOW_ENGINE, lambda: produce_for_voice(voice).save()),
+               cal.Engine(masked, lambda: produce_for_voice(voice, dec_mask=True).save())]
+    per_call = calls / frames * their_frames
+    return cal.Cases(engines, [
+        cal.Figure("piper-decoder-ms", "piper_decoder", "RKNN decoder (93-frame window): RTF / peak RSS / decoder ms",
+                   slice(2, 3), f"decoder ms for {audio_s:g} s of audio", "ms", (WINDOW_ENGINE,),
+                   lambda p: cal.times(p[WINDOW_ENGINE], per_call),
+                   f"{walk}; {their_frames:.0f} frames in {audio_s:g} s at {voice.sample_rate} Hz, hop {voice.hop}"),
+        cal.Figure("piper-ms-per-slice", "piper_decoder", PER_SLICE, slice(1, 2), "decoder ms per emitted slice", "ms",
+                   (WINDOW_ENGINE,), lambda p: cal.times(p[WINDOW_ENGINE], calls / frames), walk),
+        cal.Figure("piper-dec-mask-ms", "piper_decoder", DEC_MASK, slice(0, 2),
+                   f"decoder ms the dec mask adds over {audio_s:g} s of audio", "ms", (masked, WINDOW_ENGINE),
+                   lambda p: cal.minus(cal.times(p[masked], per_call), cal.times(p[WINDOW_ENGINE], per_call)),
+                   f"their RTF difference is decoder time over the same {audio_s:g} s text; {walk}",
+                   derive=lambda v: [(v[1] - v[0]) * audio_s * 1e3])])
+
+
+WHOLE_TEXT = "whole-text run: characters / chunks at --text-chunk-size 60 / audio"
+PER_SLICE = "Piper decoder ms per emitted slice: ggml -> RKNN (93-slice window)"
+DEC_MASK = "dec mask cost on a 443-char utterance (RTF)"

@@ -2,8 +2,8 @@
 duration conditioning, with the relative-shift chains rewritten, and a ladder of widths.
 
 seam.py and tokens.py (seam and front end) · producer.py (host) · sidecar.py (the ladder, board side) ·
-study.py (host measurements, notebook 02) · lint_graphs.py (lint study graphs) · levers.py (lever and
-compiler-check graphs) · cli.py (`rkstudy piper encoder`) · board.py (`rkstudy board run piper_encoder`)."""
+study.py (host measurements, notebook 02) · lint_graphs.py (lint study graphs) · levers.py (lever, compiler-check
+and NPU-cost graphs) · cli.py (`rkstudy piper encoder`) · board.py (`rkstudy board run piper_encoder`)."""
 
 from .. import Family, register
 
@@ -13,4 +13,5 @@ FAMILY = register(Family(
     notebook="02_piper_encoder.ipynb", command=("piper", "encoder"),
     cli="rkstudy.families.piper_encoder.cli:add_cli", board="rkstudy.families.piper_encoder.board:add_board",
     lint_graphs="rkstudy.families.piper_encoder.lint_graphs:lint_graphs",
-    lever_graphs="rkstudy.families.piper_encoder.levers:lever_graphs"))
+    lever_graphs="rkstudy.families.piper_encoder.levers:lever_graphs",
+    npu_cost_cases="rkstudy.families.piper_encoder.levers:npu_cost_cases"))

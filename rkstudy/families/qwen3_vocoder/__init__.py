@@ -11,7 +11,7 @@ model.py (host: the package's decoder, the released config, seeded weights) · s
 step and its cache layout) · producer.py (stage 1: the step, made to compile without REGTASK lines by
 rkstudy.graph.longaxis; the contract, the export census) · sidecar.py (board side: offline, 16+64 streaming
 and the window role over rkstudy.walk.stateful) · study.py (host measurements, notebook 04) · lint_graphs.py
-(lint study graphs) · levers.py (lever and compiler-check graphs) · cli.py (`rkstudy qwen3 vocoder`) ·
+(lint study graphs) · levers.py (lever, compiler-check and NPU-cost graphs) · cli.py (`rkstudy qwen3 vocoder`) ·
 board.py (`rkstudy board run qwen3_vocoder`) · speak.py (the Qwen3 plan and `rkstudy speak qwen3`: codes
 through the speech decoder, offline or streaming, on the NPU roles main, first and window or the CPU)."""
 
@@ -33,4 +33,5 @@ FAMILY = register(Family(
     requires=("qwen_tts", "transformers"),
     lint_graphs="rkstudy.families.qwen3_vocoder.lint_graphs:lint_graphs",
     lever_graphs="rkstudy.families.qwen3_vocoder.levers:lever_graphs",
+    npu_cost_cases="rkstudy.families.qwen3_vocoder.levers:npu_cost_cases",
     plan="rkstudy.families.qwen3_vocoder.speak:plan"))

@@ -19,3 +19,37 @@ def lever_graphs(quick: bool) -> LeverGraphs:
     step = QuantizationPlan(lambda: quantization_stage(producer.produce(16, widths="tiny").path),
                             {"targets": ("rk3588",), "auto_hybrid": (0.99,)})
     return LeverGraphs(quantization=[step])
+
+
+# --- the NPU cost model's calibration (notebook 09) -------------------------------------------------------
+STEPS = {64: "Qwen3 vocoder 64-token step", 16: "Qwen3 vocoder 16-token step"}
+STEP_TIME = "weights streamed per 64-token step / step time"
+ROLES = (("qwen3-offline-ms-per-token", "offline RKNN B=64: RTF / peak RSS / decoder ms per token",
+          "decoder ms per token, offline"),
+         ("qwen3-streaming-ms-per-token", "streaming RKNN 16+64: wall / first audio / decoder ms per token",
+          "decoder ms per token, streaming 16+64"),
+         ("qwen3-window-ms-per-token",
+          "streaming RKNN 16+64 window (main aliased): wall / first chunk / decoder ms per token",
+          "decoder ms per token, the window role"))
+
+
+def npu_cost_cases(quick: bool):
+    """Full mode: the 64- and 16-token steps at the released widths (seeded random weights: the engine's
+    shape is the checkpoint's), built as the document built them (rknn-toolkit2 2.3.2, rk3588), the three
+    roles' decoder ms per token, and the time of one 64-token step. Each role voices its tokens in 64-token
+    steps, so each is predicted as the 64-token step per token; the streaming role's one 16-token first
+    step is left out (one step of the utterance's; its own ms per token is in the engine table). Quick mode
+    offers nothing."""
+    from ...levers import npu_cost as cal
+    from .producer import produce
+
+    if quick:
+        return cal.Cases()
+    main = STEPS[64]
+    engines = [cal.Engine(name, lambda b=b: produce(b).path) for b, name in STEPS.items()]
+    per_token = [cal.Figure(key, "qwen3_vocoder", figure, slice(2, 3), quantity, "ms", (main,),
+                            lambda p: cal.times(p[main], 1 / 64), "the 64-token step per token")
+                 for key, figure, quantity in ROLES]
+    step = cal.Figure("qwen3-step-ms", "qwen3_vocoder", STEP_TIME, slice(1, 2), "ms per 64-token step", "ms", (main,),
+                      lambda p: cal.times(p[main], 1), "one call of the 64-token step")
+    return cal.Cases(engines, [*per_token, step])
