@@ -10,7 +10,8 @@ import sys
 import pytest
 import tomllib
 
-from test_envfiles import PYPROJECT, REPO  # tests/ is on sys.path, as for board_cli (a package may install its own top-level `tests`)
+# tests/ is on sys.path, as for board_cli: a package may install a top-level `tests` of its own
+from test_envfiles import PYPROJECT, REPO
 
 UNREACHABLE = ("Network is unreachable", "Failed to establish a new connection", "Temporary failure in name resolution",
                "Max retries exceeded", "ConnectionError", "No route to host")
