@@ -387,6 +387,19 @@ def _add_families(sub, board_sub) -> None:
             family.resolve("cli")(groups[group])
         if family.board:
             family.resolve("board")(board_sub)
+    for board_parser in board_sub.choices.values():  # the gate's and the runtime's options of every board run
+        board_parser.set_defaults(func=_with_board_options(board_parser.get_default("func")))
+
+
+def _with_board_options(func):
+    """A family's `board run` handler with the run's gate and runtime options in force (rkstudy.board.run,
+    imported when the command runs: building the parser imports nothing heavy)."""
+    def run(args) -> int:
+        from .board.run import with_options
+
+        return with_options(func)(args)
+
+    return run
 
 
 def parser() -> Parser:
@@ -406,7 +419,8 @@ def parser() -> Parser:
 
 
 def _error(message: str) -> None:
-    print(f"rkstudy: error: {one_line(message)}", file=sys.stderr)
+    # one line, long enough for the refusals that name two versions and three fixes (a compiler's dump is cut)
+    print(f"rkstudy: error: {one_line(message, 1000)}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:

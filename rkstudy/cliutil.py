@@ -86,6 +86,18 @@ def add_board_run_args(p: argparse.ArgumentParser, *,
     p.add_argument("--results", type=Path, help="results root for the row (default: results/)")
     p.add_argument("--cores", choices=("0_1_2", "0", "auto"), default="0_1_2",
                    help="NPU core mask (0_1_2 falls back to auto where the driver refuses it)")
+    gate = p.add_argument_group("the gate (every window or step against the fp32 graph the engine was compiled from)")
+    gate.add_argument("--no-gate", action="store_true",
+                      help="time the run without scoring it against fp32 (the row says ungated)")
+    gate.add_argument("--reference", type=Path, metavar="FILE",
+                      help="score against this reference, written on the host with --write-reference from the same "
+                           "inputs (where the fp32 pass is too slow for a board), instead of running fp32 here")
+    gate.add_argument("--write-reference", type=Path, metavar="FILE",
+                      help="on the host, no board needed: run the job on the engines' fp32 graphs and write the "
+                           "reference a board's run reads with --reference")
+    p.add_argument("--allow-older-runtime", action="store_true",
+                   help="run an engine of a newer rknn-toolkit2 than this board's librknnrt where that runtime is not "
+                        "known to refuse it (Rockchip pairs them release for release); the row records the warning")
 
 
 def add_engine_arg(p: argparse.ArgumentParser, what: str = "the .rknn (its .contract.json beside it)",

@@ -16,6 +16,10 @@ from pathlib import Path
 from rkstudy.paths import REPO
 
 BOARDS = REPO / "tests" / "fixtures" / "boards"
+# What stage 2 records of a clean build that passed the white-noise gate (rkstudy.toolkit.convert.build_record), for
+# the placeholder engines tests compile contracts for without a toolkit
+STAGE2_BUILD = {"regtask": 0, "regtask_max_value": 0, "gate": "simulator_vs_fp32_white_noise", "threshold_db": 15.0,
+                "simulator_db": 42.0}
 BOARD_VARIABLES = ("LIBRKNNRT_PATH", "SUDO_UID", "SUDO_GID", "RKSTUDY_DEBUG", "RKNNLITE_REPLAY_INIT_CODE")
 
 

@@ -16,13 +16,14 @@ def generate_job(*, contract, engine: Path, cores: str, payload: dict) -> dict:
     """In the measured child: walk every sentence through the engine, then the head; time both."""
     import numpy as np
 
-    from ...board.runner import BoardRunner, runtime_versions
+    from ...board.gate import open_engine
+    from ...board.runner import runtime_versions
     from . import head, input_file
     from .sidecar import GeneratorSidecar
 
     data = input_file.load(payload["inputs"])
     first = data.sentences[0]
-    runner = BoardRunner(engine, contract.input_names, cores=cores)
+    runner = open_engine(engine, contract.input_names, cores=cores)
     try:
         fine = (first.har.shape[1] - 1) // first.frames
         side = GeneratorSidecar(runner, contract, channels=first.x.shape[0], rows=first.har.shape[0],

@@ -19,11 +19,12 @@ def decode_latents(*, contract, engine: Path, cores: str, payload: dict, sidecar
     return the audio and what the row needs. Shared by both Piper decoder boards."""
     import numpy as np
 
-    from ...board.runner import BoardRunner, runtime_versions
+    from ...board.gate import open_engine
+    from ...board.runner import runtime_versions
     from ..piper import latents
 
     lat = latents.load(payload["latents"])
-    runner = BoardRunner(engine, contract.input_names, cores=cores)
+    runner = open_engine(engine, contract.input_names, cores=cores)
     try:
         side = sidecar_class(runner, contract, channels=lat.z[0].shape[0], hop=contract.params["hop"],
                              speaker_dims=lat.g[0].shape[0] if lat.g[0] is not None else 0)

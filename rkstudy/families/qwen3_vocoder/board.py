@@ -31,16 +31,17 @@ def decode_job(*, contract, engine: Path, cores: str, payload: dict) -> dict:
     """In the measured child: decode the codes (offline on the main engine, or streaming in events with
     the first engine for the first group); return the audio and the row."""
 
-    from ...board.runner import BoardRunner, runtime_versions
+    from ...board.gate import open_engine
+    from ...board.runner import runtime_versions
     from ...contract import for_engine
     from .sidecar import SAMPLE_RATE, VocoderSidecar, events, gather
 
     codes = _load_codes(payload, contract)
-    runners = [BoardRunner(engine, contract.input_names, cores=cores)]
+    runners = [open_engine(engine, contract.input_names, cores=cores)]
     first_contract = None
     if payload.get("first"):
         first_contract = for_engine(payload["first"], family=FAMILY, soc=contract.target, remake=REMAKE)
-        runners.append(BoardRunner(payload["first"], first_contract.input_names, cores=cores))
+        runners.append(open_engine(payload["first"], first_contract.input_names, cores=cores))
     try:
         side = VocoderSidecar(runners[0], contract, *(runners[1:2]), first_contract)
         t0 = time.perf_counter()
