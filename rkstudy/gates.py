@@ -9,7 +9,8 @@ a listener would judge (rkstudy.gates.perceptual: PESQ wide-band, STOI, a log-me
 because a waveform SNR penalises a delay or a phase change nobody hears and can pass a buzz everybody does.
 
 Board side: numpy only at import time. The perceptual scorers import pesq, pystoi, scipy and onnxruntime
-inside the functions (host packages of the converter extra; a board never scores).
+inside the functions: the converter extra has them all; the board extra has pystoi and scipy, for the board
+gate's STOI (rkstudy.board.gate), and pesq where a board compiled it.
 """
 
 from __future__ import annotations
