@@ -51,7 +51,8 @@ EXPECT = {
         "doctor": (0, r"\[ok\] librknnrt 2\.5\.0 \(5d2a7c5e3b@2025-10-20T10:00:00\) runs engines from rknn-toolkit2"),
         "check": (0, r"verdict: COMPARABLE"),
         "run": (0, r"piper_decoder on replay \(rk3588, cores 0_1_2\): RTF [\d.]+, 3\.19 s of audio, .*; gate "
-                   r"board_vs_fp32_white_noise passed: worst window \d+ of \d+ of " + ENGINE["rk3588"] + r" at inf dB")},
+                   r"board_vs_fp32_white_noise passed: worst window \d+ of \d+ of " + ENGINE["rk3588"]
+                   + r" at inf dB")},
     "rk3588-npu-powersave": {
         "doctor": (1, r"\[FAIL\] " + older("rk3588", "2.3.2")),
         "check": (1, r"verdict: NOT COMPARABLE .* NPU at 300 MHz under governor powersave"),
@@ -170,7 +171,8 @@ def test_the_readme_board_section_walks_on_every_recorded_tree(tmp_path):
     (row,) = [r for r in _rows(tmp_path / "results" / "rk3588-fixed")]
     assert re.fullmatch(rf"piper_decoder-w93-rk3588-{K}-tk2\.3\.2\.rknn", row["engine"]) and row["where"] == "replay"
     # gated against the graph stage 2 shipped beside it, at the floor the simulator gate used
-    assert (row["gate"], row["gate_threshold_db"], row["gate_worst_snr_db"]) == ("board_vs_fp32_white_noise", "15", "inf")
+    assert (row["gate"], row["gate_threshold_db"], row["gate_worst_snr_db"]) == ("board_vs_fp32_white_noise", "15",
+                                                                                 "inf")
     assert row["gate_reference"].startswith("fp32 onnxruntime on this board: decoder_z.onnx ")
     shutil.rmtree(work / "engines")
 
