@@ -74,7 +74,8 @@ def sets(tmp_path_factory):
                                      48, 8)
     (d / "port").mkdir()
     place_set(d / "port", window.save(d / "port" / "voc_w48.onnx"), ALIVE_GATE)
-    np.savez(d / "in.npz", mel=np.random.default_rng(0).standard_normal((1, architectures.MELS, 120)).astype(np.float32))
+    mel = np.random.default_rng(0).standard_normal((1, architectures.MELS, 120)).astype(np.float32)
+    np.savez(d / "in.npz", mel=mel)
     out["port"] = (d / "port", ["--inputs", d / "in.npz"], ALIVE_GATE)
     return out
 
