@@ -286,8 +286,23 @@ def _add_board_kit(board_cmds) -> None:
     d.set_defaults(func=_cmd_board_dram)
 
 
+def _cmd_bundle(args) -> int:
+    from .bundle import bundle
+
+    bundle(args.output, [m.strip() for m in args.model.split(",")] if args.model else None)
+    return 0
+
+
 def _add_core(sub) -> None:
     from .targets import TARGETS
+
+    bu = sub.add_parser("bundle", help="on the host: one archive a user with only a board copies (engines for every "
+                        "SoC with their contracts and fp32 graphs, the inputs, a plan per model, the source, a README)")
+    bu.add_argument("--model", help="models to put in, comma-separated (default: every model with a bundle: piper, "
+                    "kokoro, qwen3)")
+    bu.add_argument("--output", "-o", type=Path, default=Path("rkstudy-board.tar.gz"),
+                    help="the archive to write (default rkstudy-board.tar.gz)")
+    bu.set_defaults(func=_cmd_bundle)
 
     d = sub.add_parser("doctor", help="environment versions, board presence, and what to fix")
     d.add_argument("--board", action="store_true", help="check the board side instead of the converter")

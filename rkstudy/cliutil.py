@@ -8,10 +8,29 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import Failed, InputError, UsageError
 from .targets import ALL_TARGETS, TARGETS
+
+
+@dataclass(frozen=True)
+class BundlePart:
+    """What one model puts in the board bundle (`rkstudy bundle`, rkstudy.bundle), declared by its family
+    (Family.bundle): `host` are the rkstudy commands that make its engines for every SoC (each with its contract
+    and the fp32 graph beside it) and the inputs its board runs read, run in order inside the bundle's folder;
+    `board` the commands of the bundle's walk-through (after `.venv-board/bin/rkstudy`); `plan` its component
+    execution plan, in which "{engine:FAMILY}" names that family's engine for the plan's SoC (one plan per SoC
+    is written); `files` what is copied in ((a path on the host, its path in the bundle): the voice a plan
+    speaks with); `says` one line for the bundle's README."""
+
+    model: str
+    says: str
+    host: tuple[tuple[str, ...], ...]
+    board: tuple[tuple[str, ...], ...]
+    plan: dict | None = None
+    files: tuple[tuple[str, str], ...] = ()
 
 
 class Parser(argparse.ArgumentParser):

@@ -107,3 +107,27 @@ def add_board(sub) -> None:
             p.error("--text needs --voice-onnx (the voice the engine was made from)")
 
     p.set_defaults(func=_run, validate_args=check)
+
+
+BUNDLE_TEXT = "Call me at 555 0142."
+
+
+def bundle_part():
+    """The Piper voice in the board bundle (rkstudy.bundle): the W93 decoder for every SoC beside its stage-1 graph,
+    the voice's latents of a short text (the board run's input, its gate's too: the fp32 pass runs on the board),
+    the voice itself (the plan speaks with it) and the plan putting the decoder on the NPU. Host only."""
+    from ...cliutil import BundlePart
+    from ..piper.voice import default_voice_paths
+
+    voice, config = default_voice_paths()
+    return BundlePart(
+        model="piper", says="Piper (en_US-joe-medium): the decoder window engine, gated against its fp32 graph on the "
+                            "board",
+        host=(("piper", "decoder", "--skip-rknn", "--output", "engines/piper/decoder_z.onnx"),
+              ("piper", "decoder", "--onnx", "engines/piper/decoder_z.onnx", "--target", "all", "--out",
+               "engines/piper/"),
+              ("piper", "latents", "--text", BUNDLE_TEXT, "-o", "inputs/piper_latents.npz")),
+        board=(("board", "run", "piper_decoder", "--engine", "engines/piper/", "--latents", "inputs/piper_latents.npz",
+                "--audio", "piper.wav"),),
+        plan={"decoder": {"impl": "rknn", "artifacts": {"main": "{engine:piper_decoder}"}}},
+        files=((str(voice), f"voice/{Path(voice).name}"), (str(config), f"voice/{Path(config).name}")))
