@@ -88,7 +88,7 @@ def test_an_engine_of_a_newer_toolkit_is_refused_before_init_naming_both_version
                 "<voc_w48.onnx> --inputs <inputs.npz> --target rk3588 --toolkit 2.3.2`") in line
     else:
         assert "or build with rknn-toolkit2 2.3.0 or older, a version no converter environment here makes" in line
-    assert line.endswith("or try it anyway with --allow-older-runtime (the results row records it)")
+    assert line.endswith("or try it anyway: `rkstudy board run ... --allow-older-runtime` (its row records it)")
     assert "init_runtime" not in line and not (tmp_path / "results").exists()  # no child, no init, no row
 
 

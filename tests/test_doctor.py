@@ -126,7 +126,8 @@ def test_a_runtime_older_than_the_engines_compiler_is_refused(board, capsys, tmp
             "nothing recorded says what 2.3.2 does with a newer engine.") in out
     assert ("fix: put librknnrt 2.5.0 in /usr/lib (rknn-toolkit2's rknpu2/runtime/Linux/librknn_api/aarch64/), or "
             "build for 2.3.2: `make toolkit-venv TOOLKIT=2.3.2`, then `rkstudy piper decoder --onnx "
-            "<decoder_z.onnx> --target rk3588 --toolkit 2.3.2`, or try it anyway with --allow-older-runtime") in out
+            "<decoder_z.onnx> --target rk3588 --toolkit 2.3.2`, or try it anyway: `rkstudy board run ... "
+            "--allow-older-runtime`") in out
     assert out.rstrip().endswith("then rerun `rkstudy doctor --board`.")
 
 

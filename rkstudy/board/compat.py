@@ -142,7 +142,7 @@ def too_old(contract: Contract, runtime: str, soc: str | None = None) -> str | N
     else:
         rebuild = (f"build with rknn-toolkit2 {_dotted(rt)} or older, a version no converter environment here makes "
                    f"([tool.rkstudy] toolkits: {', '.join(toolkits()) or 'none'})")
-    tryit = "" if certain else f", or try it anyway with {ALLOW_OLDER} (the results row records it)"
+    tryit = "" if certain else f", or try it anyway: `rkstudy board run ... {ALLOW_OLDER}` (its row records it)"
     return (f"{said}. Fix: put librknnrt {_dotted(built)} in /usr/lib ({RUNTIME_DIR}), or {rebuild}{tryit}")
 
 

@@ -593,6 +593,40 @@ def request(options, family: str, payload: dict, contracts: Mapping[str, Contrac
     return {"mode": BOARD}
 
 
+def for_engines(engines) -> dict:
+    """The gate spec of a run whose NPU components are `engines` ((path, contract) pairs: `rkstudy speak`'s plan):
+    each one's floor recorded and its fp32 graph beside it, checked before the child starts."""
+    contracts = {Path(p).name: c for p, c in engines}
+    for c in contracts.values():
+        floor_gate(c)
+    check_graphs([p for p, _ in engines], contracts)
+    return {"mode": BOARD}
+
+
+def verdict(result: dict, contracts: Mapping[str, Contract], ungated: str = UNGATED) -> Verdict:
+    """The verdict of a child's result: its gate's (GateFailed, one line, when below the floor), or `ungated` for a
+    run that was not gated."""
+    if not result.get("gate"):
+        return Verdict(dict.fromkeys(COLUMNS, "") | {"gate": ungated})
+    found = Verdict.from_result(result["gate"], contracts)
+    if found.failure:
+        raise gates.GateFailed(found.failure)
+    return found
+
+
+def gated_child(spec: dict, run: Callable[[], dict], *, sample_npu: bool = True) -> dict:
+    """What a measured child does, for a board run and a whole-text synthesis alike: `run()` measured (its engine
+    calls spooled while the gate is on), then, the measurement done, the gate's reference pass and its scores in
+    `["gate"]`."""
+    from .child import measured
+
+    check = Check.from_spec(spec)
+    out = measured(lambda: check.measured_pass(run), sample_npu=sample_npu)
+    if check.on:
+        out["gate"] = check.score(run, out["audio"], out.get("sample_rate"))
+    return out
+
+
 def check_graphs(engines, contracts: Mapping[str, Contract]) -> None:
     """Every engine's fp32 graph is beside it with its digest (the BOARD pass opens them after the measurement:
     a missing one is said now, before the child starts)."""

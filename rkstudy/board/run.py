@@ -32,14 +32,14 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import atomic, gates
+from .. import atomic
 from ..cache import sha256_file
 from ..contract import Contract, beside, for_engine
 from ..errors import BoardUnavailable, InputError, UsageError
 from ..tables import results
 from ..targets import BOARD_SOCS
 from . import compat, gate, sysfs
-from .child import child_main, job_named, measured, run_child, write_child_result
+from .child import child_main, job_named, run_child, write_child_result
 from .runner import board_available
 
 NO_BOARD = (f"`rkstudy board run` runs on an RKNPU2 board ({BOARD_SOCS}) with "
@@ -224,9 +224,7 @@ def measure(family: str, *, engine: Path, job: str, payload: dict, cores: str = 
     spec = {"job": job, "engine": str(Path(engine).resolve()), "cores": cores, "payload": payload, "gate": gated}
     result, arrays = run_child("rkstudy.board.run", spec, label=f"the board run of {Path(engine).name}",
                                prefix="rkstudy-board-", timeout=timeout)
-    verdict = gate.Verdict.from_result(result["gate"], contracts) if result.get("gate") else gate.Verdict.ungated()
-    if verdict.failure:
-        raise gates.GateFailed(verdict.failure)
+    verdict = gate.verdict(result, contracts)  # GateFailed below the gate: nothing written
     pcm = arrays.pop("audio", np.zeros(0, np.float32))
     checked = {**verdict.row, "runtime_warning": "; ".join(warnings)}
     try:  # what is written is handed back under sudo even when a later write fails or is interrupted
@@ -316,10 +314,7 @@ def _child(spec_path: str) -> int:
         meta, arrays = check.write_pass(run)
         write_child_result(spec, {"audio": arrays.pop("audio"), "arrays": arrays, "reference": meta})
         return 0
-    out = measured(lambda: check.measured_pass(run))
-    if check.on:
-        out["gate"] = check.score(run, out["audio"], out.get("sample_rate"))
-    write_child_result(spec, out)
+    write_child_result(spec, gate.gated_child(spec, run))
     return 0
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..board import sysfs
-from ..board.runner import BoardRunner, board_available
+from ..board.runner import board_available
 from ..cache import sha256_file
 from ..contract import Contract, for_engine
 from ..errors import BoardUnavailable, EngineMismatch, UsageError
@@ -148,8 +148,10 @@ def load(path: Path, *, family: str, runtime: str, source: Path | None = None, r
 def open_runner(engine: dict, runtime: str, cores: str = "0_1_2"):
     """A runner for `engine` (Engine.to_json) on `runtime`, in the process that runs the synthesis."""
     contract = contract_of(engine["path"])
-    if runtime == BOARD:
-        return BoardRunner(engine["path"], contract.input_names, cores=cores, shape_sets=contract.shape_sets)
+    if runtime == BOARD:  # through the board gate's opener: its calls are scored against fp32 after the run
+        from ..board.gate import open_engine
+
+        return open_engine(engine["path"], contract.input_names, cores=cores, shape_sets=contract.shape_sets)
     if runtime == SIMULATOR:
         from ..toolkit.simulator import SimulatorRunner
 
