@@ -5,7 +5,8 @@ only a board needs everything made for them: this writes one .tar.gz holding, pe
 bundle for (Family.bundle, a rkstudy.cliutil.BundlePart), the engines for every SoC a board run serves
 (rkstudy.targets.ALL_TARGETS), each with its contract and the fp32 graph it was compiled from beside it (the
 board gate's reference), the inputs its board runs read (and, where the fp32 pass is too slow for a board's CPU,
-the reference made here), a component execution plan per SoC, the rkstudy source the board installs from
+the reference made here: decided per run by timing that pass here, see carry()), a component execution plan per
+SoC, the rkstudy source the board installs from
 (`make board-env` inside the unpacked folder: no clone), and a short README whose fenced commands are the
 walk-through, run by tests/test_bundle.py on every recorded board tree through the replay double of RKNNLite.
 
@@ -34,6 +35,9 @@ from .registry import hooked
 from .targets import ALL_TARGETS
 
 NAME = "rkstudy-board"
+# A board run's fp32 pass is carried from the host when it would take a board's CPU longer than this many seconds
+# per second of audio: more than twice the run it checks
+MAX_BOARD_PASS = 2.0
 # what the board installs from: the package, its data (the reference documents' figures `board check` compares with,
 # the texts) and what `make board-env` reads (pyproject.toml names README.md,
 # which the bundle's own README stands in for)
@@ -86,6 +90,44 @@ def engines_of(folder: Path) -> dict[str, dict[str, Path]]:
     return out
 
 
+def carry(chosen: list, root: Path) -> tuple[list, list[str]]:
+    """Each part's board runs, each gated on the board or against a reference made here: the run's fp32 pass is
+    timed here (`--write-reference`: the job's own seconds over the audio it made), scaled to a board's CPU by
+    the factor a part measures (BundlePart.board_cpu), and a pass estimated above MAX_BOARD_PASS seconds per second
+    of audio is carried (the reference kept, `--reference` added to the run), else dropped (the board runs it).
+    Returns the parts with their board commands so completed, and one line per run saying what was decided."""
+    from dataclasses import replace
+
+    from .board.gate import Reference
+
+    measure = next((p.board_cpu for p in parts() if p.board_cpu is not None), None)
+    factor, how = measure() if measure else (1.0, "no part measures a board's CPU: taken as this host's")
+    said = [f"a board's CPU taken as {factor:.2f} times slower than this host's ({how})"]
+    out = []
+    for part in chosen:
+        board = []
+        for k, argv in enumerate(part.board):
+            if tuple(argv[:2]) != ("board", "run"):
+                board.append(argv)
+                continue
+            bare = [a for i, a in enumerate(argv) if a != "--audio" and (i == 0 or argv[i - 1] != "--audio")]
+            ref = f"inputs/{part.model}_reference_{k}.npz"
+            run_host((*bare, "--write-reference", ref), root)
+            meta = Reference.load(root / ref).meta
+            per_s = meta["fp32_s"] / meta["audio_s"] * factor if meta.get("audio_s") else 0.0
+            carried = per_s > MAX_BOARD_PASS
+            if carried:
+                board.append((*argv, "--reference", ref))
+            else:
+                (root / ref).unlink()
+                board.append(argv)
+            said.append(f"`board run {argv[2]}`: its fp32 pass took {meta['fp32_s']:.2f} s here for "
+                        f"{meta['audio_s']:.2f} s of audio, about {per_s:.1f} s per second of audio on a board's CPU: "
+                        + (f"carried from the host ({ref})" if carried else "run on the board"))
+        out.append(replace(part, board=tuple(board)))
+    return out, said
+
+
 def plans(part, engines: dict[str, dict[str, Path]], root: Path) -> list[Path]:
     """The part's plan, one file per SoC (plans/<model>.<soc>.json), each naming that SoC's engines."""
     if part.plan is None:
@@ -106,7 +148,7 @@ def plans(part, engines: dict[str, dict[str, Path]], root: Path) -> list[Path]:
     return written
 
 
-def readme(chosen: list, engines: dict[str, dict[str, Path]], archive: str, root: Path) -> str:
+def readme(chosen: list, engines: dict[str, dict[str, Path]], archive: str, root: Path, carried: list[str]) -> str:
     """The bundle's README: what is in it, and the walk-through (one fenced block of the commands a board runs)."""
     from .tables.results import commit
 
@@ -140,6 +182,11 @@ Each `board run` takes this board's engine from the folder, times it in a measur
 or step against the fp32 graph beside the engine (or the reference made on the host, `--reference`), at the floor
 stage 2 held the simulator to. Below it the run ends with exit 1 and one line naming the worst window, the engine's
 REGTASK lines and largest field value, and the fixes; nothing is written. The rows go to `results/board/`.
+Where each run's reference comes from was measured when this bundle was made (a pass above {MAX_BOARD_PASS:g} s per
+second of audio on a board's CPU is carried from the host):
+
+{chr(10).join("* " + line for line in carried)}
+
 `rkstudy doctor --board` names what is missing (librknnrt, the NPU device's group, python3-venv), and an older
 librknnrt than the engines' toolkit is refused with its fixes (`--allow-older-runtime` tries it anyway).
 {plan_line}"""
@@ -169,13 +216,14 @@ def bundle(out: Path | str, models: list[str] | None = None) -> Path:
             for argv in part.host:
                 run_host(argv, root)
         engines = engines_of(root / "engines")
+        chosen, carried = carry(chosen, root)
         missing = {family: sorted(set(ALL_TARGETS) - set(by_soc)) for family, by_soc in engines.items()
                    if set(ALL_TARGETS) - set(by_soc)}
         if missing:
             raise Failed(f"the bundle lacks engines for {json.dumps(missing)}; every SoC a board run serves needs one")
         for part in chosen:
             plans(part, engines, root)
-        (root / "README.md").write_text(readme(chosen, engines, out.name, root), encoding="utf-8")
+        (root / "README.md").write_text(readme(chosen, engines, out.name, root, carried), encoding="utf-8")
         with atomic.replacing(out) as tmp_out:
             with tarfile.open(tmp_out, "w:gz") as tar:
                 tar.add(root, arcname=NAME)

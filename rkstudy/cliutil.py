@@ -20,10 +20,12 @@ class BundlePart:
     """What one model puts in the board bundle (`rkstudy bundle`, rkstudy.bundle), declared by its family
     (Family.bundle): `host` are the rkstudy commands that make its engines for every SoC (each with its contract
     and the fp32 graph beside it) and the inputs its board runs read, run in order inside the bundle's folder;
-    `board` the commands of the bundle's walk-through (after `.venv-board/bin/rkstudy`); `plan` its component
-    execution plan, in which "{engine:FAMILY}" names that family's engine for the plan's SoC (one plan per SoC
-    is written); `files` what is copied in ((a path on the host, its path in the bundle): the voice a plan
-    speaks with); `says` one line for the bundle's README."""
+    `board` the commands of the bundle's walk-through (after `.venv-board/bin/rkstudy`), whose `board run`s the
+    bundle gates with a reference made on the host where the fp32 pass is too slow for a board; `plan` its
+    component execution plan, in which "{engine:FAMILY}" names that family's engine for the plan's SoC (one plan
+    per SoC is written); `files` what is copied in ((a path on the host, its path in the bundle): the voice a plan
+    speaks with); `says` one line for the bundle's README. `board_cpu` (one part has it) measures how many times
+    slower a board's CPU runs onnxruntime than this host: a callable returning (factor, how it was measured)."""
 
     model: str
     says: str
@@ -31,6 +33,7 @@ class BundlePart:
     board: tuple[tuple[str, ...], ...]
     plan: dict | None = None
     files: tuple[tuple[str, str], ...] = ()
+    board_cpu: object = None
 
 
 class Parser(argparse.ArgumentParser):

@@ -382,7 +382,10 @@ class Check:
         with _pass("fp32", keep):
             out = run()
         arrays["audio"] = np.asarray(out.get("audio", np.zeros(0)), np.float32)
-        return {"calls": calls, "sample_rate": out.get("sample_rate")}, arrays
+        # the job's own time of the pass (its engines' work, without opening them) and the audio it made: what
+        # deciding whether a board can afford the pass reads (rkstudy.bundle)
+        return {"calls": calls, "sample_rate": out.get("sample_rate"), "fp32_s": out.get("seconds"),
+                "audio_s": out.get("audio_s")}, arrays
 
 
 def audio_scores(ref, test, sample_rate: int | None) -> dict:

@@ -130,4 +130,36 @@ def bundle_part():
         board=(("board", "run", "piper_decoder", "--engine", "engines/piper/", "--latents", "inputs/piper_latents.npz",
                 "--audio", "piper.wav"),),
         plan={"decoder": {"impl": "rknn", "artifacts": {"main": "{engine:piper_decoder}"}}},
-        files=((str(voice), f"voice/{Path(voice).name}"), (str(config), f"voice/{Path(config).name}")))
+        files=((str(voice), f"voice/{Path(voice).name}"), (str(config), f"voice/{Path(config).name}")),
+        board_cpu=board_cpu_factor)
+
+
+# The Piper voice's real-time factor on an RK3588's CPU, onnxruntime on its cores as Piper runs it: the Paroli
+# write-up (clehaxze.tw, 2023-12-24: "~0.65 on the RK3588 CPU"), a medium voice as en_US-joe-medium is
+BOARD_CPU_VOICE_RTF = 0.65
+
+
+def board_cpu_factor() -> tuple[float, str]:
+    """How many times slower an RK3588's CPU runs onnxruntime than this host: the published RTF of a medium Piper
+    voice there over this host's RTF of en_US-joe-medium (the whole voice, onnxruntime on this host's cores, the
+    best of three passes over the bundle's text). Host only."""
+    import time
+
+    import numpy as np
+
+    from ...runtime import OrtRunner
+    from ..piper.voice import Voice
+
+    voice = Voice()
+    runner = OrtRunner(voice.onnx_path)
+    best, samples = float("inf"), 0
+    for _ in range(3):
+        t0, samples = time.perf_counter(), 0
+        for ids in voice.sentences(BUNDLE_TEXT * 3):
+            feed = {"input": np.array([ids], np.int64), "input_lengths": np.array([len(ids)], np.int64),
+                    "scales": np.array(voice.scales, np.float32)}
+            samples += runner.run([feed[n] for n in runner.input_names])[0].size
+        best = min(best, time.perf_counter() - t0)
+    rtf = best / (samples / voice.sample_rate)
+    return BOARD_CPU_VOICE_RTF / rtf, (f"the Piper voice's RTF on an RK3588's CPU, {BOARD_CPU_VOICE_RTF} (the Paroli "
+                                       f"write-up), over en_US-joe-medium's {rtf:.3f} on this host")

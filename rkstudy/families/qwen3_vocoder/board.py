@@ -103,19 +103,15 @@ BUNDLE_CODES, BUNDLE_SEED = 128, 0
 
 def bundle_part():
     """The Qwen3 vocoder in the board bundle (rkstudy.bundle): the 64-token step for every SoC beside its stage-1
-    graph, and the fp32 reference of seeded random codes written here (a board's CPU takes ~8 s per second of audio
-    for it: README, On a board), and the plan putting the speech decoder on the NPU. Host only."""
+    graph, seeded random codes for its board run (the weights are seeded random too), and the plan putting the
+    speech decoder on the NPU. Host only."""
     from ...cliutil import BundlePart
 
     codes = ("--tokens", str(BUNDLE_CODES), "--seed", str(BUNDLE_SEED))
     return BundlePart(
-        model="qwen3", says="Qwen3-TTS 12 Hz vocoder (seeded random weights): the 64-token step engine, gated against "
-                           "a reference made on the host",
+        model="qwen3", says="Qwen3-TTS 12 Hz vocoder (seeded random weights): the 64-token step engine",
         host=(("qwen3", "vocoder", "--codes-length", "64", "--skip-rknn", "--output", "engines/qwen3/step_b64.onnx"),
               ("qwen3", "vocoder", "--onnx", "engines/qwen3/step_b64.onnx", "--target", "all", "--out",
-               "engines/qwen3/"),
-              ("board", "run", FAMILY, "--engine", "engines/qwen3/", *codes, "--write-reference",
-               "inputs/qwen3_reference.npz")),
-        board=(("board", "run", FAMILY, "--engine", "engines/qwen3/", *codes, "--reference",
-                "inputs/qwen3_reference.npz", "--audio", "qwen3.wav"),),
+               "engines/qwen3/")),
+        board=(("board", "run", FAMILY, "--engine", "engines/qwen3/", *codes, "--audio", "qwen3.wav"),),
         plan={"speech_decoder": {"impl": "rknn", "artifacts": {"main": "{engine:qwen3_vocoder}"}}})
