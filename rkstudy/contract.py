@@ -232,6 +232,23 @@ class Contract:
                                  f"{actual[:12]}, the contract says {self.engine.sha256[:12]}); "
                                  f"convert it again with `{self.remake_engine()}`")
 
+    def graph_beside(self, engine_path: Path | str, missing: str) -> Path:
+        """The graph the engine was compiled from, beside it, with the digest this contract records (stage 2 puts
+        it there): EngineMismatch when no graph is named, another one is there, or none is (then `missing` is its
+        line: what the caller needs it for and the fix)."""
+        engine_path = Path(engine_path)
+        if self.onnx is None:
+            raise EngineMismatch(f"the contract beside {engine_path.name} names no compiled graph; convert it again "
+                                 f"with `{self.remake_engine()}`")
+        graph = engine_path.parent / self.onnx.file
+        if not graph.is_file():
+            raise EngineMismatch(missing)
+        if sha256_file(graph) != self.onnx.sha256:
+            raise EngineMismatch(f"{graph.name} beside {engine_path.name} is not the graph the engine was compiled "
+                                 f"from (its contract says sha256 {self.onnx.sha256[:12]}); copy that graph beside it, "
+                                 f"or convert this one with `{self.remake_engine()}`")
+        return graph
+
     def check_target(self, soc: str | None) -> None:
         """The engine was compiled for this board's SoC (an .rknn is not portable between NPUs). `soc`
         None means the caller is not on a board and checks nothing."""

@@ -8,10 +8,8 @@ A tree whose librknnrt is older than the engines' toolkit (2.3.x under 2.5.0 eng
 --allow-older-runtime, and its row records the warning; the tree without a librknnrt refuses before any child
 starts, since there no engine can run."""
 
-import numpy as np
-import onnx
 import pytest
-from board_cli import BOARDS, STAGE2_BUILD, run_cli
+from board_cli import BOARDS, STAGE2_BUILD, place, port_engine_set, run_cli
 
 from rkstudy import graph
 from rkstudy.cli import main
@@ -30,12 +28,9 @@ def place_set(folder, onnx_path, gate) -> None:
     """One placeholder engine per SoC beside `onnx_path` (in `folder`), each with the compiled contract stage 2
     writes after passing `gate`."""
     contract = from_metadata(graph.metadata(onnx_path), where=onnx_path.name, remake="x")
-    build = {**STAGE2_BUILD, "gate": gate.name, "threshold_db": gate.threshold}
     for target in ALL_TARGETS:
-        engine = folder / contract.engine_name(target, "k")
-        engine.write_bytes(f"placeholder engine for {target}".encode())
-        contract.compiled(target=target, toolkit="rknn-toolkit2 2.5.0", onnx_path=onnx_path, engine_path=engine,
-                          build=build).write_beside(engine)
+        place(folder, contract, onnx_path, target,
+              build={**STAGE2_BUILD, "gate": gate.name, "threshold_db": gate.threshold})
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +38,6 @@ def sets(tmp_path_factory):
     """Per family: (engines folder, the `board run` arguments after --engine, the gate it must record)."""
     from rkstudy.families.kokoro_generator.producer import SIM_GATE as KOKORO
     from rkstudy.families.piper_encoder.producer import SIM_GATE as ENCODER
-    from rkstudy.families.port import architectures, producer
     from rkstudy.families.qwen3_vocoder.producer import SIM_GATE as QWEN3
     from rkstudy.toolkit.convert import ALIVE_GATE
 
@@ -68,15 +62,9 @@ def sets(tmp_path_factory):
         assert main([*argv, "--output", str(folder / f"{family}.onnx")]) == 0
         place_set(folder, folder / f"{family}.onnx", gate)
         out[family] = (folder, run_args, gate)
-    v = architectures.BUILDERS["hifigan_v3"]()
-    onnx.save(v.model, d / "voc.onnx")
-    window = producer.produce_window(producer.port_from_flags(d / "voc.onnx", ["mel:2:1"], [], [f"audio:{v.hop}"]),
-                                     48, 8)
     (d / "port").mkdir()
-    place_set(d / "port", window.save(d / "port" / "voc_w48.onnx"), ALIVE_GATE)
-    mel = np.random.default_rng(0).standard_normal((1, architectures.MELS, 120)).astype(np.float32)
-    np.savez(d / "in.npz", mel=mel)
-    out["port"] = (d / "port", ["--inputs", d / "in.npz"], ALIVE_GATE)
+    port_engine_set(d / "port", frames=48, context=8, mel_frames=120)
+    out["port"] = (d / "port" / "engines", ["--inputs", d / "port" / "in.npz"], ALIVE_GATE)
     return out
 
 

@@ -14,15 +14,13 @@ import re
 import shutil
 
 import numpy as np
-import onnx
 import pytest
-from board_cli import STAGE2_BUILD, run_cli
+from board_cli import STAGE2_BUILD, port_engine_set, run_cli
 
 from rkstudy import gates
 from rkstudy.contract import beside
-from rkstudy.families.port import architectures, producer
+from rkstudy.families.port import architectures
 from rkstudy.tables import results
-from rkstudy.targets import ALL_TARGETS
 from rkstudy.toolkit import convert
 
 FRAMES, CONTEXT, MEL_FRAMES = 48, 8, 200
@@ -34,19 +32,7 @@ AT_RISK = {**STAGE2_BUILD, "regtask": 18, "regtask_max_value": 16352}
 def engines(tmp_path_factory):
     """engines/: the window graph beside one placeholder engine per SoC; in.npz: a mel of several windows."""
     d = tmp_path_factory.mktemp("gate")
-    v = architectures.BUILDERS["hifigan_v3"]()
-    onnx.save(v.model, d / "voc.onnx")
-    port = producer.port_from_flags(d / "voc.onnx", ["mel:2:1"], [], [f"audio:{v.hop}"])
-    window = producer.produce_window(port, FRAMES, CONTEXT)
-    (d / "engines").mkdir()
-    graph = window.save(d / "engines" / f"voc_w{FRAMES}.onnx")
-    for target in ALL_TARGETS:
-        engine = d / "engines" / window.contract.engine_name(target, "k")
-        engine.write_bytes(f"placeholder engine for {target}".encode())
-        window.contract.compiled(target=target, toolkit="rknn-toolkit2 2.5.0", onnx_path=graph, engine_path=engine,
-                                 build=AT_RISK).write_beside(engine)
-    mel = np.random.default_rng(0).standard_normal((1, architectures.MELS, MEL_FRAMES)).astype(np.float32)
-    np.savez(d / "in.npz", mel=mel)
+    port_engine_set(d, frames=FRAMES, context=CONTEXT, mel_frames=MEL_FRAMES, build=AT_RISK)
     return d
 
 
@@ -141,31 +127,33 @@ def test_an_init_that_fails_with_the_runtimes_code_is_one_line_and_writes_nothin
     nothing_written(tmp_path)
 
 
-def test_a_child_that_segfaults_is_one_line_and_writes_nothing(engines, tmp_path):
-    proc = board_run(engines, tmp_path, env={"RKNNLITE_REPLAY_FAULT": "segfault", "RKNNLITE_REPLAY_FAULT_AT": "2"},
-                     check=1)
-    assert one_line(proc.stderr) == (
-        f"rkstudy: error: the board run of port-w{FRAMES}-{TREE}-k.rknn crashed inside the runtime (SIGSEGV): a graph "
-        "librknnrt cannot run, as the rel-logit chain crashed it on the Piper duration-encoder pull request's board "
-        "(rc=139); `rkstudy lint` on the engine's graph names the patterns known to do this, and `dmesg | tail` what "
-        "the kernel saw; nothing was written")
-    nothing_written(tmp_path)
+SEGFAULT = ("crashed inside the runtime (SIGSEGV): a graph librknnrt cannot run, as the rel-logit chain crashed it on "
+            "the Piper duration-encoder pull request's board (rc=139); `rkstudy lint` on the engine's graph names the "
+            "patterns known to do this, and `dmesg | tail` what the kernel saw; nothing was written")
+SUBMIT = ("failed with code -1 (RKNN_ERR_FAIL: execute failed; the runtime could not run the engine: `dmesg | tail` "
+          "names what the driver refused")
 
 
-def test_an_inference_the_driver_refuses_is_one_line_without_the_runtimes_traceback(engines, tmp_path):
-    proc = board_run(engines, tmp_path, env={"RKNNLITE_REPLAY_FAULT": "submit-fails", "RKNNLITE_REPLAY_FAULT_AT": "2"},
+@pytest.mark.parametrize("fault,starts", [("segfault", f"the board run of port-w{FRAMES}-{TREE}-k.rknn {SEGFAULT}"),
+                                          ("submit-fails", f"inference(port-w{FRAMES}-{TREE}-k.rknn) {SUBMIT}")])
+def test_a_run_the_runtime_crashes_or_refuses_midway_is_one_line_and_writes_nothing(engines, tmp_path, fault, starts):
+    """The child's supervision (a crash: the child dies on SIGSEGV in its second window) and the runner's (the
+    driver refuses the second window's job): one line each, exit 1, nothing written."""
+    proc = board_run(engines, tmp_path, env={"RKNNLITE_REPLAY_FAULT": fault, "RKNNLITE_REPLAY_FAULT_AT": "2"},
                      check=1)
     line = one_line(proc.stderr)
-    assert line.startswith(f"rkstudy: error: inference(port-w{FRAMES}-{TREE}-k.rknn) failed with code -1 "
-                           "(RKNN_ERR_FAIL: execute failed; the runtime could not run the engine: `dmesg | tail` names "
-                           "what the driver refused")
-    assert 'RKNNLite caught "rknn_run failed. error code: RKNN_ERR_FAIL"' in line
-    assert 'librknnrt said "failed to submit!"' in line
+    assert line.startswith(f"rkstudy: error: {starts}"), line
+    if fault == "submit-fails":
+        assert 'RKNNLite caught "rknn_run failed. error code: RKNN_ERR_FAIL"' in line
+        assert 'librknnrt said "failed to submit!"' in line
     nothing_written(tmp_path)
+
+
+def test_the_runtimes_log_of_a_refused_inference_is_shown_under_debug(engines, tmp_path):
     debug = run_cli("--debug", "board", "run", "port", "--engine", engines / "engines", "--inputs",
                     engines / "in.npz", "--results", tmp_path / "results", board=TREE,
                     env={"RKNNLITE_REPLAY_FAULT": "submit-fails"}, check=1)
-    assert "E Catch exception when running RKNN model." in debug.stderr  # the runtime's log, under --debug
+    assert "E Catch exception when running RKNN model." in debug.stderr
 
 
 # --- timing only, and what the gate needs before the child starts --------------------------------------------

@@ -20,13 +20,11 @@ import shutil
 import signal
 
 import numpy as np
-import onnx
 import psutil
 import pytest
-from board_cli import BOARDS, STAGE2_BUILD, run_cli, signal_while_the_child_runs
+from board_cli import BOARDS, STAGE2_BUILD, place, port_engine_set, run_cli, signal_while_the_child_runs
 
 from rkstudy.contract import Contract, Digest, Tensor
-from rkstudy.families.port import architectures, producer
 from rkstudy.tables import results
 from rkstudy.targets import ALL_TARGETS
 
@@ -37,30 +35,12 @@ def rkstudy(*argv, board, env=None, check=None, timeout=600):
     return run_cli(*argv, board=board, env=env, check=check, timeout=timeout)
 
 
-def place(folder, contract: Contract, graph, target: str, toolkit: str = "rknn-toolkit2 2.5.0", key: str = "k"):
-    """A placeholder engine for `target` beside `graph`, with the compiled contract stage 2 would write."""
-    engine = folder / contract.engine_name(target, key)
-    engine.write_bytes(f"placeholder engine for {target} by {toolkit}".encode())
-    contract.compiled(target=target, toolkit=toolkit, onnx_path=graph, engine_path=engine,
-                      build=STAGE2_BUILD).write_beside(engine)
-    return engine
-
-
 @pytest.fixture(scope="module")
 def port_set(tmp_path_factory):
     """engines/: the window graph and one engine per SoC (--target all); in.npz: a mel of 40 frames."""
     d = tmp_path_factory.mktemp("traps")
-    v = architectures.BUILDERS["hifigan_v3"]()
-    onnx.save(v.model, d / "voc.onnx")
-    port = producer.port_from_flags(d / "voc.onnx", ["mel:2:1"], [], [f"audio:{v.hop}"])
-    window = producer.produce_window(port, FRAMES, 8)
-    (d / "engines").mkdir()
-    graph = window.save(d / "engines" / f"voc_w{FRAMES}.onnx")
-    for target in ALL_TARGETS:
-        place(d / "engines", window.contract, graph, target)
-    mel = np.random.default_rng(0).standard_normal((1, architectures.MELS, 40)).astype(np.float32)
-    np.savez(d / "in.npz", mel=mel)
-    return d, window.contract, graph
+    contract, graph = port_engine_set(d, frames=FRAMES, context=8, mel_frames=40)
+    return d, contract, graph
 
 
 def one_line(stderr: str) -> str:

@@ -64,20 +64,11 @@ def fp32_graph(engine: Path | str, contract: Contract) -> Path:
     """The graph `engine` was compiled from, beside it, with the digest its contract records (stage 2 writes it
     there). InputError naming the fixes when it is missing or another graph."""
     engine = Path(engine)
-    if contract.onnx is None:
-        raise EngineMismatch(f"the contract beside {engine.name} names no compiled graph; convert it again with "
-                             f"`{contract.remake_engine()}`")
-    graph = engine.parent / contract.onnx.file
-    if not graph.is_file():
-        raise InputError(f"the gate scores {engine.name} against {contract.onnx.file}, the fp32 graph it was "
-                         f"compiled from, and it is not beside the engine: copy it from the host (stage 2 writes it "
-                         f"beside the engine), pass --reference FILE made on the host with --write-reference, or "
-                         f"--no-gate for timing only")
-    if sha256_file(graph) != contract.onnx.sha256:
-        raise EngineMismatch(f"{graph.name} beside {engine.name} is not the graph the engine was compiled from "
-                             f"(its contract says sha256 {contract.onnx.sha256[:12]}); copy that graph beside it, or "
-                             f"convert this one with `{contract.remake_engine()}`")
-    return graph
+    named = contract.onnx.file if contract.onnx else "?"
+    return contract.graph_beside(engine, f"the gate scores {engine.name} against {named}, the fp32 graph it was "
+                                 "compiled from, and it is not beside the engine: copy it from the host (stage 2 "
+                                 "writes it beside the engine), pass --reference FILE made on the host with "
+                                 "--write-reference, or --no-gate for timing only")
 
 
 def floor_gate(contract: Contract, where: str = "board") -> gates.Gate:

@@ -76,19 +76,10 @@ def choose_runtime(runtime: str | None, npu_components: list[str]) -> str:
 
 def stage1_graph(path: Path, contract: Contract) -> Path:
     """The graph the engine was compiled from, beside it, with the digest the contract names."""
-    if contract.onnx is None:
-        raise EngineMismatch(f"the contract beside {path.name} names no compiled graph; convert it again with "
-                             f"`{contract.remake_engine()}`")
-    graph = path.parent / contract.onnx.file
-    if not graph.is_file():
-        raise EngineMismatch(f"--runtime simulator and onnx run the graph {path.name} was compiled from, "
-                             f"{contract.onnx.file}, and it is not beside the engine; put it there (stage 1 writes "
-                             f"it: `{contract.remake}`)")
-    if sha256_file(graph) != contract.onnx.sha256:
-        raise EngineMismatch(f"{graph.name} beside {path.name} is not the graph the engine was compiled from (sha256 "
-                             f"{contract.onnx.sha256[:12]} in its contract); put that graph there, or convert this one "
-                             f"with `{contract.remake_engine()}`")
-    return graph
+    named = contract.onnx.file if contract.onnx else "?"
+    return contract.graph_beside(path, f"--runtime simulator and onnx run the graph {path.name} was compiled from, "
+                                       f"{named}, and it is not beside the engine; put it there (stage 1 writes it: "
+                                       f"`{contract.remake}`)")
 
 
 def check_on_board(contract: Contract) -> None:
