@@ -18,7 +18,7 @@ imports inside functions included):
     levers                                             the toolkit-lever study (versions, quantization, multi-shape)
     cliutil                                            what every family's command line shares
     families                                           one folder per model family
-    notebook cli doctor __main__                       the notebook helper, the command line, the environment check
+    notebook cli doctor bundle __main__                the notebook helper, the command line, doctor, the board bundle
 
 A shared layer never names a family: where it needs a family's graph it asks the registry for the
 family's hook.

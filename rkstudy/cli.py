@@ -286,8 +286,23 @@ def _add_board_kit(board_cmds) -> None:
     d.set_defaults(func=_cmd_board_dram)
 
 
+def _cmd_bundle(args) -> int:
+    from .bundle import bundle
+
+    bundle(args.output, [m.strip() for m in args.model.split(",")] if args.model else None)
+    return 0
+
+
 def _add_core(sub) -> None:
     from .targets import TARGETS
+
+    bu = sub.add_parser("bundle", help="on the host: one archive a user with only a board copies (engines for every "
+                        "SoC with their contracts and fp32 graphs, the inputs, a plan per model, the source, a README)")
+    bu.add_argument("--model", help="models to put in, comma-separated (default: every model with a bundle: piper, "
+                    "kokoro, qwen3)")
+    bu.add_argument("--output", "-o", type=Path, default=Path("rkstudy-board.tar.gz"),
+                    help="the archive to write (default rkstudy-board.tar.gz)")
+    bu.set_defaults(func=_cmd_bundle)
 
     d = sub.add_parser("doctor", help="environment versions, board presence, and what to fix")
     d.add_argument("--board", action="store_true", help="check the board side instead of the converter")
@@ -387,6 +402,19 @@ def _add_families(sub, board_sub) -> None:
             family.resolve("cli")(groups[group])
         if family.board:
             family.resolve("board")(board_sub)
+    for board_parser in board_sub.choices.values():  # the gate's and the runtime's options of every board run
+        board_parser.set_defaults(func=_with_board_options(board_parser.get_default("func")))
+
+
+def _with_board_options(func):
+    """A family's `board run` handler with the run's gate and runtime options in force (rkstudy.board.run,
+    imported when the command runs: building the parser imports nothing heavy)."""
+    def run(args) -> int:
+        from .board.run import with_options
+
+        return with_options(func)(args)
+
+    return run
 
 
 def parser() -> Parser:
@@ -406,7 +434,8 @@ def parser() -> Parser:
 
 
 def _error(message: str) -> None:
-    print(f"rkstudy: error: {one_line(message)}", file=sys.stderr)
+    # one line, long enough for the refusals that name two versions and three fixes (a compiler's dump is cut)
+    print(f"rkstudy: error: {one_line(message, 1000)}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:

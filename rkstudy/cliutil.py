@@ -8,10 +8,32 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import Failed, InputError, UsageError
 from .targets import ALL_TARGETS, TARGETS
+
+
+@dataclass(frozen=True)
+class BundlePart:
+    """What one model puts in the board bundle (`rkstudy bundle`, rkstudy.bundle), declared by its family
+    (Family.bundle): `host` are the rkstudy commands that make its engines for every SoC (each with its contract
+    and the fp32 graph beside it) and the inputs its board runs read, run in order inside the bundle's folder;
+    `board` the commands of the bundle's walk-through (after `.venv-board/bin/rkstudy`), whose `board run`s the
+    bundle gates with a reference made on the host where the fp32 pass is too slow for a board; `plan` its
+    component execution plan, in which "{engine:FAMILY}" names that family's engine for the plan's SoC (one plan
+    per SoC is written); `files` what is copied in ((a path on the host, its path in the bundle): the voice a plan
+    speaks with); `says` one line for the bundle's README. `board_cpu` (one part has it) measures how many times
+    slower a board's CPU runs onnxruntime than this host: a callable returning (factor, how it was measured)."""
+
+    model: str
+    says: str
+    host: tuple[tuple[str, ...], ...]
+    board: tuple[tuple[str, ...], ...]
+    plan: dict | None = None
+    files: tuple[tuple[str, str], ...] = ()
+    board_cpu: object = None
 
 
 class Parser(argparse.ArgumentParser):
@@ -86,6 +108,18 @@ def add_board_run_args(p: argparse.ArgumentParser, *,
     p.add_argument("--results", type=Path, help="results root for the row (default: results/)")
     p.add_argument("--cores", choices=("0_1_2", "0", "auto"), default="0_1_2",
                    help="NPU core mask (0_1_2 falls back to auto where the driver refuses it)")
+    gate = p.add_argument_group("the gate (every window or step against the fp32 graph the engine was compiled from)")
+    gate.add_argument("--no-gate", action="store_true",
+                      help="time the run without scoring it against fp32 (the row says ungated)")
+    gate.add_argument("--reference", type=Path, metavar="FILE",
+                      help="score against this reference, written on the host with --write-reference from the same "
+                           "inputs (where the fp32 pass is too slow for a board), instead of running fp32 here")
+    gate.add_argument("--write-reference", type=Path, metavar="FILE",
+                      help="on the host, no board needed: run the job on the engines' fp32 graphs and write the "
+                           "reference a board's run reads with --reference")
+    p.add_argument("--allow-older-runtime", action="store_true",
+                   help="run an engine of a newer rknn-toolkit2 than this board's librknnrt where that runtime is not "
+                        "known to refuse it (Rockchip pairs them release for release); the row records the warning")
 
 
 def add_engine_arg(p: argparse.ArgumentParser, what: str = "the .rknn (its .contract.json beside it)",

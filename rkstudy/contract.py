@@ -39,14 +39,18 @@ METADATA_KEY = "rkstudy.contract"
 ROLES = ("walked", "padded", "mask", "length", "constant", "state")
 DTYPES = ("float32", "int64")
 FIELDS = ("schema", "family", "stage", "target", "toolkit", "inputs", "outputs", "window", "state",
-          "source", "onnx", "engine", "producer", "params", "shapes", "quantization")
-# written only by a multi-shape engine (shapes) or a quantized one (quantization), so every single-shape fp16
-# contract (and the ONNX carrying it) keeps its bytes
-OPTIONAL_FIELDS = ("shapes", "quantization")
+          "source", "onnx", "engine", "producer", "params", "shapes", "quantization", "build")
+# written only by a multi-shape engine (shapes), a quantized one (quantization) or stage 2 (build), so every
+# stage-1 contract (the ONNX carrying it) keeps its bytes, and a contract written before a field existed reads
+OPTIONAL_FIELDS = ("shapes", "quantization", "build")
 # What rknn.config(quantized_dtype=...) documents, by its weight and activation bits (which target takes
 # which is not documented: notebook 08 measures it per target).
 QUANTIZED_DTYPES = {"w8a8": (8, 8), "w8a16": (8, 16), "w16a16i_dfp": (16, 16), "w4a16": (4, 16)}
 QUANTIZATION_FIELDS = ("dtype", "algorithm", "method", "label", "calibration_samples", "fp16_tensors")
+# What stage 2's build logged and scored, for whoever runs the engine where the simulator cannot see (a board):
+# the REGTASK lines and their largest field value, and the simulator-vs-fp32 gate it passed (its name, the floor
+# in dB and the worst SNR measured on the probe; None for an exact match).
+BUILD_FIELDS = ("regtask", "regtask_max_value", "gate", "threshold_db", "simulator_db")
 TENSOR_FIELDS = ("name", "shape", "dtype", "role", "axis", "rate", "extra")
 WINDOW_FIELDS = ("frames", "emit", "context", "hop")
 DIGEST_FIELDS = ("file", "sha256")
@@ -131,6 +135,9 @@ class Contract:
     # and method, the build's label, how many calibration samples, how many tensors a hybrid kept in
     # float16); None for an fp16 engine. The inputs and outputs stay float32 either way: the runtime casts.
     quantization: Mapping[str, Any] | None = None
+    # stage 2: what the build logged and the simulator gate it passed (BUILD_FIELDS); None before stage 2 and in
+    # a contract written before stage 2 recorded it
+    build: Mapping[str, Any] | None = None
 
     # --- reading ------------------------------------------------------------------------
     def tensor(self, name: str) -> Tensor:
@@ -177,21 +184,24 @@ class Contract:
         d["params"] = dict(self.params)
         d["shapes"] = [[list(x) for x in one] for one in self.shapes]
         d["quantization"] = dict(self.quantization) if self.quantization else None
+        d["build"] = dict(self.build) if self.build else None
         return {k: d[k] for k in FIELDS if k not in OPTIONAL_FIELDS or d[k]}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True, indent=1)
 
     def compiled(self, *, target: str, toolkit: str, onnx_path: Path | str, engine_path: Path | str,
-                 quantization: Mapping[str, Any] | None = None) -> Contract:
+                 quantization: Mapping[str, Any] | None = None, build: Mapping[str, Any] | None = None) -> Contract:
         """The stage-2 contract: this one plus the target, toolkit, compiled graph and engine digests (and,
-        for a quantized engine, what it computes in)."""
+        for a quantized engine, what it computes in; `build`: what the build logged and the gate it passed)."""
         from dataclasses import replace
 
         if quantization is not None:
             quantization = _quantization(dict(quantization), self.remake)
+        if build is not None:
+            build = _build(dict(build), self.remake)
         return replace(self, target=target, toolkit=toolkit, onnx=Digest.of(onnx_path),
-                       engine=Digest.of(engine_path), quantization=quantization)
+                       engine=Digest.of(engine_path), quantization=quantization, build=build)
 
     @property
     def dtype(self) -> str:
@@ -222,6 +232,23 @@ class Contract:
             raise EngineMismatch(f"{Path(engine_path).name} has changed since it was converted (sha256 "
                                  f"{actual[:12]}, the contract says {self.engine.sha256[:12]}); "
                                  f"convert it again with `{self.remake_engine()}`")
+
+    def graph_beside(self, engine_path: Path | str, missing: str) -> Path:
+        """The graph the engine was compiled from, beside it, with the digest this contract records (stage 2 puts
+        it there): EngineMismatch when no graph is named, another one is there, or none is (then `missing` is its
+        line: what the caller needs it for and the fix)."""
+        engine_path = Path(engine_path)
+        if self.onnx is None:
+            raise EngineMismatch(f"the contract beside {engine_path.name} names no compiled graph; convert it again "
+                                 f"with `{self.remake_engine()}`")
+        graph = engine_path.parent / self.onnx.file
+        if not graph.is_file():
+            raise EngineMismatch(missing)
+        if sha256_file(graph) != self.onnx.sha256:
+            raise EngineMismatch(f"{graph.name} beside {engine_path.name} is not the graph the engine was compiled "
+                                 f"from (its contract says sha256 {self.onnx.sha256[:12]}); copy that graph beside it, "
+                                 f"or convert this one with `{self.remake_engine()}`")
+        return graph
 
     def check_target(self, soc: str | None) -> None:
         """The engine was compiled for this board's SoC (an .rknn is not portable between NPUs). `soc`
@@ -422,6 +449,23 @@ def _quantization(d, remake: str) -> dict:
     return dict(d)
 
 
+def _build(d, remake: str) -> dict:
+    """Stage 2's build record, checked: every BUILD_FIELDS entry, counts as integers, the floor and the
+    measured SNR as numbers (the SNR None for an exact match)."""
+    d = _keys(d, BUILD_FIELDS, "the contract's build", remake)
+    for key in ("regtask", "regtask_max_value"):
+        _int(d[key], f"the contract's build {key}", remake, 0)
+    if not isinstance(d["gate"], str) or not d["gate"]:
+        raise _refuse(f"the contract's build gate is {d['gate']!r}", remake)
+    for key in ("threshold_db", "simulator_db"):
+        value = d[key]
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if number or (value is None and key == "simulator_db"):
+            continue
+        raise _refuse(f"the contract's build {key} is {value!r}, not a number", remake)
+    return dict(d)
+
+
 def _digest(d, where: str, remake: str) -> Digest | None:
     if d is None:
         return None
@@ -481,12 +525,13 @@ def from_dict(d: Mapping, *, remake: str = DEFAULT_REMAKE) -> Contract:
             raise _refuse(f"the contract's {key} is {d[key]!r}", remake)
     shapes = _shape_sets(d.get("shapes", []), inputs, remake)
     quantization = _quantization(d["quantization"], remake) if d.get("quantization") else None
+    build = _build(d["build"], remake) if d.get("build") else None
     return Contract(family=d["family"], stage=d["stage"], inputs=inputs, outputs=outputs,
                     source=_digest(d["source"], "the source", remake), producer=d["producer"],
                     params=dict(d["params"]), window=window, state=tuple(state), target=d["target"],
                     toolkit=d["toolkit"], onnx=_digest(d["onnx"], "the compiled graph", remake),
                     engine=_digest(d["engine"], "the engine", remake), schema=d["schema"], shapes=shapes,
-                    quantization=quantization)
+                    quantization=quantization, build=build)
 
 
 def from_json(text: str, *, where: str, remake: str = DEFAULT_REMAKE) -> Contract:

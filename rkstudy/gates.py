@@ -9,7 +9,8 @@ a listener would judge (rkstudy.gates.perceptual: PESQ wide-band, STOI, a log-me
 because a waveform SNR penalises a delay or a phase change nobody hears and can pass a buzz everybody does.
 
 Board side: numpy only at import time. The perceptual scorers import pesq, pystoi, scipy and onnxruntime
-inside the functions (host packages of the converter extra; a board never scores).
+inside the functions: the converter extra has them all; the board extra has pystoi and scipy, for the board
+gate's STOI (rkstudy.board.gate), and pesq where a board compiled it.
 """
 
 from __future__ import annotations
@@ -428,6 +429,42 @@ class Gate:
             raise GateFailed(f"gate {self.name!r} failed{where}: measured {measured:.4g} {self.unit}, "
                              f"needs {op} {self.threshold:g} {self.unit}")
         return row
+
+
+# --- an engine against the fp32 graph it was compiled from: one floor per kind, wherever it runs ---------
+@dataclass(frozen=True)
+class EngineFloor:
+    """The SNR an engine's outputs must reach against the fp32 graph it was compiled from, fed the same inputs:
+    in the simulator at stage 2 (the family's probe, rkstudy.toolkit.convert) and on a board (the run's own
+    inputs, every window or step: rkstudy.board.gate). Both read the floor from here, so a board never passes
+    an engine below what stage 2 refuses. `kind` names what stage 2 probes it with; `why` says where the
+    number comes from."""
+
+    kind: str
+    db: float
+    why: str
+
+    def gate(self, where: str = "simulator") -> Gate:
+        """The floor as a Gate named for where it is measured (`simulator_vs_fp32_tokens`, `board_vs_fp32_tokens`)."""
+        return Gate(f"{where}_vs_fp32_{self.kind}", self.db)
+
+
+ENGINE_FLOORS = {f.kind: f for f in (
+    EngineFloor("white_noise", 15.0, "a decoder on white noise is alive: the fp16 noise floor of real decoders sits at "
+                                     "22-36 dB, a broken engine far below"),
+    EngineFloor("tokens", 30.0, "the Piper encoder: 40-48 dB on the Piper duration-encoder pull request's board, "
+                                "55-61 dB in the simulator; its overflowed ladder scored 9.9-16 dB on that board"),
+    EngineFloor("window", 40.0, "the Kokoro generator's probe window: 61.8-65.7 dB in the simulator"),
+    EngineFloor("step", 30.0, "a vocoder step with its cache: the fp16 engine alive, the cache path included"),
+    EngineFloor("estimator", 30.0, "a flow estimator: the stand-in measured 46-59 dB in the simulator"),
+)}
+
+
+def engine_floor(gate_name: str | None) -> EngineFloor | None:
+    """The floor a gate named `<where>_vs_fp32_<kind>` stands for (a stage-2 gate as its contract records it),
+    or None for a gate that is no engine floor."""
+    kind = str(gate_name or "").partition("_vs_fp32_")[2]
+    return ENGINE_FLOORS.get(kind)
 
 
 # --- board risk: what a simulator number cannot vouch for ----------------------------------------

@@ -21,8 +21,9 @@ PACKAGE = "rkstudy.families"
 class Family:
     """What the command line, doctor, the board side and the results index need to know.
 
-    `cli`, `board`, `planner`, `lint_graphs`, `lever_graphs`, `npu_cost_cases`, `compiler_cases` and `plan` are
-    "module:function" strings resolved only when used, so registering a family imports nothing but this module.
+    `cli`, `board`, `planner`, `lint_graphs`, `lever_graphs`, `npu_cost_cases`, `compiler_cases`, `plan` and
+    `bundle` are "module:function" strings resolved only when used, so registering a family imports nothing but
+    this module.
     """
 
     name: str                              # the registry key, the contract's family, the study
@@ -43,6 +44,7 @@ class Family:
     # ({graph} is the produced graph; a refusal's fix adds --target)
     stage2: str | None = None
     plan: str | None = None                # "module:function() -> rkstudy.plan.ModelPlan" (`rkstudy speak`)
+    bundle: str | None = None              # "module:function() -> rkstudy.cliutil.BundlePart" (`rkstudy bundle`)
     # a stage that is a flag of another family's command: the module whose handlers that command calls
     # (`rkstudy piper decoder --stateful`), found through this record, never imported by name
     handlers: str | None = None

@@ -16,7 +16,45 @@ from pathlib import Path
 from rkstudy.paths import REPO
 
 BOARDS = REPO / "tests" / "fixtures" / "boards"
+# What stage 2 records of a clean build that passed the white-noise gate (rkstudy.toolkit.convert.build_record), for
+# the placeholder engines tests compile contracts for without a toolkit
+STAGE2_BUILD = {"regtask": 0, "regtask_max_value": 0, "gate": "simulator_vs_fp32_white_noise", "threshold_db": 15.0,
+                "simulator_db": 42.0}
 BOARD_VARIABLES = ("LIBRKNNRT_PATH", "SUDO_UID", "SUDO_GID", "RKSTUDY_DEBUG", "RKNNLITE_REPLAY_INIT_CODE")
+
+
+def place(folder, contract, graph, target: str, toolkit: str = "rknn-toolkit2 2.5.0", key: str = "k",
+          build: dict | None = None):
+    """A placeholder engine for `target` beside `graph`, with the compiled contract stage 2 would write (its build
+    record `build`, a clean one by default): the double serves the graph the contract names, never the bytes."""
+    engine = Path(folder) / contract.engine_name(target, key)
+    engine.write_bytes(f"placeholder engine for {target} by {toolkit}".encode())
+    contract.compiled(target=target, toolkit=toolkit, onnx_path=graph, engine_path=engine,
+                      build=build or STAGE2_BUILD).write_beside(engine)
+    return engine
+
+
+def port_engine_set(d, *, frames: int, context: int, mel_frames: int, build: dict | None = None):
+    """`d/engines/`: a real `rkstudy port` window graph (a seeded HiFi-GAN V3) beside a placeholder engine per SoC
+    (`--target all`), each with its compiled contract; `d/in.npz`: a seeded mel of `mel_frames` frames. Returns the
+    window's contract and graph."""
+    import numpy as np
+    import onnx
+
+    from rkstudy.families.port import architectures, producer
+    from rkstudy.targets import ALL_TARGETS
+
+    v = architectures.BUILDERS["hifigan_v3"]()
+    onnx.save(v.model, d / "voc.onnx")
+    window = producer.produce_window(producer.port_from_flags(d / "voc.onnx", ["mel:2:1"], [], [f"audio:{v.hop}"]),
+                                     frames, context)
+    (d / "engines").mkdir()
+    graph = window.save(d / "engines" / f"voc_w{frames}.onnx")
+    for target in ALL_TARGETS:
+        place(d / "engines", window.contract, graph, target, build=build)
+    mel = np.random.default_rng(0).standard_normal((1, architectures.MELS, mel_frames)).astype(np.float32)
+    np.savez(d / "in.npz", mel=mel)
+    return window.contract, graph
 
 
 def run_cli(*argv, board=None, env=None, check: int | None = 0, timeout: float = 900) -> subprocess.CompletedProcess:

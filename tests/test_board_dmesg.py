@@ -261,28 +261,59 @@ def test_minus_6_with_no_other_context_resident_is_not_an_aperture_overrun(board
     assert "aperture overrun (too many" not in str(err.value)
 
 
-@pytest.mark.parametrize("tree,code,name", [("rk3588", -6, "RKNN_ERR_MODEL_INVALID"),
-                                            ("rk3566-orangepi-3b", -6, "RKNN_ERR_MODEL_INVALID")])
-def test_a_runtime_older_than_the_engines_toolkit_fails_at_init_as_the_real_one_does(board, monkeypatch, capfd,
-                                                                                     tree, code, name):
-    """The double on the 2.3.2 and 2.3.0 trees, with an engine of rknn-toolkit2 2.5.0: librknnrt's own lines,
-    then the wheel's traceback; the runner's one line says what that means and no traceback reaches stderr."""
+def _tree_with_runtime(tmp_path, tree: str, runtime: str) -> Path:
+    """A copy of a recorded tree whose librknnrt is `runtime`."""
+    import shutil
+    import sys as _sys
+
+    root = tmp_path / f"{tree}-{runtime.split()[0]}"
+    shutil.copytree(FIXTURES / "boards" / tree, root)
+    _sys.path.insert(0, str(FIXTURES / "boards"))
+    try:
+        from make_trees import fake_library
+    finally:
+        _sys.path.remove(str(FIXTURES / "boards"))
+    (root / "usr" / "lib" / "librknnrt.so").write_bytes(fake_library(runtime))
+    return root
+
+
+@pytest.mark.parametrize("tree,runtime,code,name", [
+    ("rk3588", "1.4.0 (a10f100eb@2022-09-09T09:07:14)", -1, "RKNN_ERR_FAIL"),            # airockchip/rknn-toolkit2#281
+    ("rk3566-orangepi-3b", "1.5.0 (e6fe0c678@2023-05-25T08:09:20)", -6, "RKNN_ERR_MODEL_INVALID")])  # rockchip #316
+def test_a_runtime_older_than_the_engine_format_fails_at_init_as_the_real_one_does(board, monkeypatch, capfd, tmp_path,
+                                                                                   tree, runtime, code, name):
+    """The double with librknnrt 1.4.0 and 1.5.0 and an engine of rknn-toolkit2 2.5.0 (the format 1.5.2 introduced):
+    librknnrt's own lines, then the wheel's traceback; the runner's one line says what that means and no traceback
+    reaches stderr."""
     from rkstudy.board.runner import BoardRunner
 
     monkeypatch.setattr(dmesg, "read_dmesg", lambda: [])
-    monkeypatch.setenv("RKSTUDY_SYSROOT", str(FIXTURES / "boards" / tree))
+    monkeypatch.setenv("RKSTUDY_SYSROOT", str(_tree_with_runtime(tmp_path, tree, runtime)))
     contract = json.loads(board.with_suffix(".contract.json").read_text())
     board.with_suffix(".contract.json").write_text(json.dumps({**contract, "toolkit": "rknn-toolkit2 2.5.0"}))
     with pytest.raises(InitRefused) as err:
         BoardRunner(board, ["x"])
     e = err.value
-    runtime = "2.3.2" if tree == "rk3588" else "2.3.0"
-    assert e.code == code and f"librknnrt {runtime} said \"Invalid RKNN model version 6\"" in str(e)
+    version = runtime.split()[0]
+    assert e.code == code and f"librknnrt {version} said \"Invalid RKNN model version 6\"" in str(e)
     assert f"({name}: the engine is from a newer rknn-toolkit2 than this librknnrt: install that toolkit's " \
            "librknnrt into /usr/lib" in str(e)
-    assert re.search(rf"I RKNN: \[[\d:.]+\] RKNN Runtime Information: librknnrt version: {runtime} ", e.log)
+    assert re.search(rf"I RKNN: \[[\d:.]+\] RKNN Runtime Information: librknnrt version: {version} ", e.log)
     assert "E RKNN:" in e.log and f"Exception: RKNN init failed. error code: {name}" in e.log
     assert capfd.readouterr().err == ""
+
+
+def test_a_2x_runtime_older_than_the_engines_toolkit_is_not_refused_by_the_double(board, monkeypatch):
+    """librknnrt 2.3.2 (the rk3588 tree's) with an engine of rknn-toolkit2 2.5.0: no log shows what a 2.x runtime does
+    with a newer 2.x engine, so the double runs it (rkstudy refuses that pairing itself, rkstudy.board.compat)."""
+    from rkstudy.board.runner import BoardRunner
+
+    monkeypatch.setattr(dmesg, "read_dmesg", lambda: [])
+    contract = json.loads(board.with_suffix(".contract.json").read_text())
+    board.with_suffix(".contract.json").write_text(json.dumps({**contract, "toolkit": "rknn-toolkit2 2.5.0"}))
+    runner = BoardRunner(board, ["x"])
+    assert np.array_equal(runner.run({"x": np.ones((1, 4), np.float32)})[0], -np.ones((1, 4)))
+    runner.close()
 
 
 def test_a_single_core_soc_refuses_the_mask_with_minus_13_and_runs_on_auto(board, monkeypatch, capfd):

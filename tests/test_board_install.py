@@ -26,6 +26,7 @@ def board_requirements() -> list[str]:
 def test_board_extra_holds_only_what_board_code_imports():
     names = {re.match(r"[A-Za-z0-9_.\-]+", r).group(0).lower() for r in board_requirements()}
     assert {"rknn-toolkit-lite2", "numpy", "tqdm", "onnxruntime", "soundfile"} <= names  # soundfile: speak's audio
+    assert {"pystoi", "scipy"} <= names and "pesq" not in names  # the gate's STOI; PESQ-WB compiles C (an sdist)
     board = PYPROJECT["project"]["optional-dependencies"]["board"]
     assert any(r.startswith("rknn-toolkit-lite2==2.5.0;") and "aarch64" in r for r in board)
     assert tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["requires-python"] == ">=3.10,<3.13"
@@ -49,6 +50,21 @@ def test_board_extra_resolves_for_aarch64(python, tmp_path):
     assert "rknn-toolkit-lite2-2.5.0" in would and "numpy-1.26.4" in would, would
     assert any(w.startswith("onnxruntime-1.23.2") for w in would), would
     assert any(w.startswith("soundfile-") for w in would), would
+    assert "pystoi-0.4.1" in would and any(w.startswith("scipy-") for w in would), would  # the gate's STOI
+
+
+@pytest.mark.slow
+def test_pesq_has_no_wheel_so_the_board_extra_leaves_it_out(tmp_path):
+    """pesq==0.0.4 is published as an sdist only (its C is compiled at install): no aarch64 board installs it
+    without a compiler and Python's headers, which is why the board gate reports PESQ-WB as not scored there."""
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--platform",
+           "manylinux2014_aarch64", "--python-version", "3.11", "--implementation", "cp", "-d", str(tmp_path),
+           "--disable-pip-version-check", "pesq==0.0.4"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    if any(s in out for s in UNREACHABLE):
+        pytest.skip(f"pip cannot reach the package index: {out.strip().splitlines()[-1]}")
+    assert proc.returncode != 0 and "No matching distribution found for pesq==0.0.4" in out, out[-2000:]
 
 
 # --- make board-env on a python3 without ensurepip (Debian and Ubuntu without python3-venv) ----------------------

@@ -20,13 +20,11 @@ import shutil
 import signal
 
 import numpy as np
-import onnx
 import psutil
 import pytest
-from board_cli import BOARDS, run_cli, signal_while_the_child_runs
+from board_cli import BOARDS, STAGE2_BUILD, place, port_engine_set, run_cli, signal_while_the_child_runs
 
 from rkstudy.contract import Contract, Digest, Tensor
-from rkstudy.families.port import architectures, producer
 from rkstudy.tables import results
 from rkstudy.targets import ALL_TARGETS
 
@@ -37,29 +35,12 @@ def rkstudy(*argv, board, env=None, check=None, timeout=600):
     return run_cli(*argv, board=board, env=env, check=check, timeout=timeout)
 
 
-def place(folder, contract: Contract, graph, target: str, toolkit: str = "rknn-toolkit2 2.5.0", key: str = "k"):
-    """A placeholder engine for `target` beside `graph`, with the compiled contract stage 2 would write."""
-    engine = folder / contract.engine_name(target, key)
-    engine.write_bytes(f"placeholder engine for {target} by {toolkit}".encode())
-    contract.compiled(target=target, toolkit=toolkit, onnx_path=graph, engine_path=engine).write_beside(engine)
-    return engine
-
-
 @pytest.fixture(scope="module")
 def port_set(tmp_path_factory):
     """engines/: the window graph and one engine per SoC (--target all); in.npz: a mel of 40 frames."""
     d = tmp_path_factory.mktemp("traps")
-    v = architectures.BUILDERS["hifigan_v3"]()
-    onnx.save(v.model, d / "voc.onnx")
-    port = producer.port_from_flags(d / "voc.onnx", ["mel:2:1"], [], [f"audio:{v.hop}"])
-    window = producer.produce_window(port, FRAMES, 8)
-    (d / "engines").mkdir()
-    graph = window.save(d / "engines" / f"voc_w{FRAMES}.onnx")
-    for target in ALL_TARGETS:
-        place(d / "engines", window.contract, graph, target)
-    mel = np.random.default_rng(0).standard_normal((1, architectures.MELS, 40)).astype(np.float32)
-    np.savez(d / "in.npz", mel=mel)
-    return d, window.contract, graph
+    contract, graph = port_engine_set(d, frames=FRAMES, context=8, mel_frames=40)
+    return d, contract, graph
 
 
 def one_line(stderr: str) -> str:
@@ -77,15 +58,57 @@ def test_an_engine_of_a_newer_toolkit_is_refused_before_init_naming_both_version
     proc = rkstudy("board", "run", "port", "--engine", engine, "--inputs", d / "in.npz", "--results",
                    tmp_path / "results", board=tree, check=2)
     line = one_line(proc.stderr)
-    assert line.startswith(f"rkstudy: error: {engine.name} is from rknn-toolkit2 2.5.0; this board's librknnrt "
-                           f"{runtime} is older and refuses it at init. Fix: put librknnrt 2.5.0 in /usr/lib "
-                           "(rknn-toolkit2's rknpu2/runtime/Linux/librknn_api/aarch64/), or ")
+    assert line.startswith(f"rkstudy: error: {engine.name} is from rknn-toolkit2 2.5.0 and this board's librknnrt "
+                           f"{runtime} is older: Rockchip upgrades librknnrt with the toolkit, release for release "
+                           f"(older engines keep running), and nothing recorded says what {runtime} does with a newer "
+                           "engine. Fix: put librknnrt 2.5.0 in /usr/lib (rknn-toolkit2's "
+                           "rknpu2/runtime/Linux/librknn_api/aarch64/), or ")
     if runtime == "2.3.2":  # a converter environment for the board's own version is one make target away
-        assert line.endswith("or build for 2.3.2: `make toolkit-venv TOOLKIT=2.3.2`, then `rkstudy port build --onnx "
-                             "<voc_w48.onnx> --inputs <inputs.npz> --target rk3588 --toolkit 2.3.2`")
+        assert ("or build for 2.3.2: `make toolkit-venv TOOLKIT=2.3.2`, then `rkstudy port build --onnx "
+                "<voc_w48.onnx> --inputs <inputs.npz> --target rk3588 --toolkit 2.3.2`") in line
     else:
-        assert line.endswith(f"or build with rknn-toolkit2 {runtime} or older (no converter environment here is)")
+        assert "or build with rknn-toolkit2 2.3.0 or older, a version no converter environment here makes" in line
+    assert line.endswith("or try it anyway: `rkstudy board run ... --allow-older-runtime` (its row records it)")
     assert "init_runtime" not in line and not (tmp_path / "results").exists()  # no child, no init, no row
+
+
+def test_allow_older_runtime_runs_the_engine_and_the_row_records_the_warning(port_set, tmp_path):
+    d, _, _ = port_set
+    engine = next((d / "engines").glob("*-rk3588-*.rknn"))
+    proc = rkstudy("board", "run", "port", "--engine", engine, "--inputs", d / "in.npz", "--results",
+                   tmp_path / "results", "--allow-older-runtime", board="rk3588", check=0)
+    assert "port on replay (rk3588, cores 0_1_2)" in proc.stdout and proc.stderr == ""
+    (row,) = results.read_table(tmp_path / "results" / "board" / "port.csv")
+    assert row["runtime_warning"] == (f"{engine.name} is from rknn-toolkit2 2.5.0 and this board's librknnrt 2.3.2 is "
+                                      "older: Rockchip upgrades librknnrt with the toolkit, release for release (older "
+                                      "engines keep running), and nothing recorded says what 2.3.2 does with a newer "
+                                      "engine; run with --allow-older-runtime")
+    fresh = rkstudy("board", "run", "port", "--engine", engine, "--inputs", d / "in.npz", "--results",
+                    tmp_path / "r2", board="rk3588-librknnrt-2.5.0", check=0)  # a runtime as new: no warning
+    (row,) = results.read_table(tmp_path / "r2" / "board" / "port.csv")
+    assert row["runtime_warning"] == "" and "port on replay" in fresh.stdout
+
+
+def test_a_runtime_older_than_the_engine_format_is_refused_even_when_allowed(port_set, tmp_path, monkeypatch):
+    """librknnrt 1.4.0 (airockchip/rknn-toolkit2#281's) refuses every engine of rknn-toolkit2 1.5.2 or later at
+    init: the flag cannot help, and the line says so before any init."""
+    d, _, _ = port_set
+    tree = tmp_path / "rk3588-1.4.0"
+    shutil.copytree(BOARDS / "rk3588", tree)
+    monkeypatch.syspath_prepend(str(BOARDS))
+    from make_trees import fake_library
+
+    (tree / "usr" / "lib" / "librknnrt.so").write_bytes(fake_library("1.4.0 (a10f100eb@2022-09-09T09:07:14)"))
+    engine = next((d / "engines").glob("*-rk3588-*.rknn"))
+    proc = rkstudy("board", "run", "port", "--engine", engine, "--inputs", d / "in.npz", "--results",
+                   tmp_path / "results", "--allow-older-runtime", board=tree, check=2)
+    line = one_line(proc.stderr)
+    assert line.startswith(f"rkstudy: error: {engine.name} is from rknn-toolkit2 2.5.0 and this board's librknnrt "
+                           "1.4.0 refuses it at init: runtimes before 1.5.2 do not read the engine format "
+                           "rknn-toolkit2 1.5.2 introduced (\"Invalid RKNN model version 6\"). Fix: put librknnrt "
+                           "2.5.0 in /usr/lib")
+    assert line.endswith("(--allow-older-runtime cannot help: this runtime refuses the engine format)")
+    assert not (tmp_path / "results").exists()
 
 
 def test_the_same_engine_runs_once_the_runtime_the_refusal_names_is_installed(port_set, tmp_path):
@@ -264,7 +287,8 @@ def _rung(folder, width: int, target: str, source: str):
     c = Contract(family="piper_encoder", stage="encoder", inputs=(Tensor("ids", (1, width), "int64", "padded", 1),),
                  outputs=(Tensor("stats", (1, 192, width), role="padded", axis=2),), source=Digest("v.onnx", source),
                  producer="rkstudy piper encoder --skip-rknn", params={"width": width})
-    c.compiled(target=target, toolkit="rknn-toolkit2 2.5.0", onnx_path=graph, engine_path=engine).write_beside(engine)
+    c.compiled(target=target, toolkit="rknn-toolkit2 2.5.0", onnx_path=graph, engine_path=engine,
+               build=STAGE2_BUILD).write_beside(engine)
     return engine
 
 

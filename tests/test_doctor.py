@@ -121,11 +121,13 @@ def test_a_runtime_older_than_the_engines_compiler_is_refused(board, capsys, tmp
     assert main(["doctor", "--board", "--engine", str(engine)]) == 1
     out = capsys.readouterr().out
     assert "[ok] engine decoder-rk3588.rknn: compiled for rk3588 by rknn-toolkit2 2.5.0" in out
-    assert ("[FAIL] decoder-rk3588.rknn is from rknn-toolkit2 2.5.0; this board's librknnrt 2.3.2 is older and "
-            "refuses it at init.") in out
+    assert ("[FAIL] decoder-rk3588.rknn is from rknn-toolkit2 2.5.0 and this board's librknnrt 2.3.2 is older: "
+            "Rockchip upgrades librknnrt with the toolkit, release for release (older engines keep running), and "
+            "nothing recorded says what 2.3.2 does with a newer engine.") in out
     assert ("fix: put librknnrt 2.5.0 in /usr/lib (rknn-toolkit2's rknpu2/runtime/Linux/librknn_api/aarch64/), or "
             "build for 2.3.2: `make toolkit-venv TOOLKIT=2.3.2`, then `rkstudy piper decoder --onnx "
-            "<decoder_z.onnx> --target rk3588 --toolkit 2.3.2`") in out
+            "<decoder_z.onnx> --target rk3588 --toolkit 2.3.2`, or try it anyway: `rkstudy board run ... "
+            "--allow-older-runtime`") in out
     assert out.rstrip().endswith("then rerun `rkstudy doctor --board`.")
 
 
@@ -133,7 +135,8 @@ def test_a_runtime_no_converter_environment_matches_names_only_the_newer_runtime
     board("rk3562")  # librknnrt 2.3.0: [tool.rkstudy] toolkits has 2.5.0 and 2.3.2, both newer
     assert main(["doctor", "--board", "--engine", str(engine_for(tmp_path, "rk3562"))]) == 1
     out = capsys.readouterr().out
-    assert "or build with rknn-toolkit2 2.3.0 or older (no converter environment here is)" in out
+    assert ("or build with rknn-toolkit2 2.3.0 or older, a version no converter environment here makes "
+            "([tool.rkstudy] toolkits: 2.5.0, 2.3.2)") in out
 
 
 def test_a_folder_of_engines_checks_the_ones_this_soc_runs(board, capsys, tmp_path):

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from board_cli import STAGE2_BUILD
 
 from rkstudy.cli import main
 from rkstudy.contract import Contract, Digest, Tensor, WindowShape
@@ -233,7 +234,8 @@ def fake_engine(folder: Path, *, family="piper_decoder", target="rk3588", source
                  outputs=(Tensor("audio", (1, 1, 93 * 256), role="walked", axis=2, rate=256),),
                  source=Digest.of(source) if source else Digest("v.onnx", "a" * 64), window=window,
                  producer=f"rkstudy {family.replace('_', ' ', 1)} --skip-rknn", params=params or {})
-    c.compiled(target=target, toolkit=toolkit, onnx_path=onnx_path, engine_path=engine).write_beside(engine)
+    c.compiled(target=target, toolkit=toolkit, onnx_path=onnx_path, engine_path=engine,
+               build=STAGE2_BUILD).write_beside(engine)
     if not graph:
         onnx_path.unlink()
     return engine
@@ -286,8 +288,8 @@ def test_an_engine_from_a_toolkit_newer_than_the_boards_runtime_is_refused(board
     code, err = run(capsys, "piper", "--plan", json.dumps(plan), "--text", "Hello.", "--voice-onnx", voice_files,
                     "--results", tmp_path / "results")
     assert code == 2 and err.count("\n") == 1
-    assert "decoder.rknn is from rknn-toolkit2 2.5.0; this board's librknnrt 2.3.2 is older and refuses it at init" \
-        in err and "Fix: put librknnrt 2.5.0 in /usr/lib" in err
+    assert "decoder.rknn is from rknn-toolkit2 2.5.0 and this board's librknnrt 2.3.2 is older: Rockchip upgrades " \
+           "librknnrt with the toolkit, release for release" in err and "Fix: put librknnrt 2.5.0 in /usr/lib" in err
     assert not (tmp_path / "results").exists()
     from rkstudy.plan import engines
 

@@ -36,8 +36,9 @@ def commands(block: str) -> list[list[str]]:
 
 
 def older(soc: str, runtime: str) -> str:
-    return (rf"{ENGINE[soc]} is from rknn-toolkit2 2\.5\.0; this board's librknnrt {re.escape(runtime)} is older and "
-            r"refuses it at init\.")
+    return (rf"{ENGINE[soc]} is from rknn-toolkit2 2\.5\.0 and this board's librknnrt {re.escape(runtime)} is older: "
+            r"Rockchip upgrades librknnrt with the toolkit, release for release \(older engines keep running\), and "
+            rf"nothing recorded says what {re.escape(runtime)} does with a newer engine\.")
 
 
 NO_RUNTIME = r"librknnrt\.so is not where RKNNLite loads it \(/usr/lib/librknnrt\.so\)"
@@ -49,14 +50,17 @@ EXPECT = {
     "rk3588-librknnrt-2.5.0": {
         "doctor": (0, r"\[ok\] librknnrt 2\.5\.0 \(5d2a7c5e3b@2025-10-20T10:00:00\) runs engines from rknn-toolkit2"),
         "check": (0, r"verdict: COMPARABLE"),
-        "run": (0, r"piper_decoder on replay \(rk3588, cores 0_1_2\): RTF [\d.]+, 3\.19 s of audio")},
+        "run": (0, r"piper_decoder on replay \(rk3588, cores 0_1_2\): RTF [\d.]+, 3\.19 s of audio, .*; gate "
+                   r"board_vs_fp32_white_noise passed: worst window \d+ of \d+ of " + ENGINE["rk3588"]
+                   + r" at inf dB")},
     "rk3588-npu-powersave": {
         "doctor": (1, r"\[FAIL\] " + older("rk3588", "2.3.2")),
         "check": (1, r"verdict: NOT COMPARABLE .* NPU at 300 MHz under governor powersave"),
         "run": (2, r"rkstudy: error: " + older("rk3588", "2.3.2"))},
     "rk3576": {"doctor": (0, r"\[ok\] librknnrt 2\.5\.0 .* runs engines from rknn-toolkit2 2\.5\.0"),
                "check": (0, r"verdict: NOT COMPARABLE .* this is an rk3576"),
-               "run": (0, r"piper_decoder on replay \(rk3576, cores 0_1\): RTF")},
+               "run": (0, r"piper_decoder on replay \(rk3576, cores 0_1\): RTF .*; gate board_vs_fp32_white_noise "
+                          r"passed")},
     "rk3566": {"doctor": (1, r"\[FAIL\] " + NO_RUNTIME),
                "check": (0, r"verdict: NOT COMPARABLE .* this is an rk3566"),
                "run": (2, r"rkstudy: error: " + NO_RUNTIME + r": install the RKNPU2 runtime")},
@@ -81,6 +85,8 @@ def test_the_board_section_has_the_steps_the_walk_runs():
     assert [argv[:3] for argv in host] == [["rkstudy", "piper", "decoder"], ["rkstudy", "piper", "decoder"],
                                            ["rkstudy", "piper", "latents"]]
     assert host[1][host[1].index("--target") + 1] == "all" and host[1][host[1].index("--out") + 1] == "engines/"
+    # the stage-1 graph is written where stage 2 and the host runtimes look for it: beside the engines
+    assert host[0][host[0].index("--output") + 1] == host[1][host[1].index("--onnx") + 1] == "engines/decoder_z.onnx"
     assert board[0][:2] == ["git", "clone"] and board[1] == ["make", "board-env"]
     assert [argv[:3] for argv in board[2:]] == [[".venv-board/bin/rkstudy", "doctor", "--board"],
                                                 [".venv-board/bin/rkstudy", "board", "check"],
@@ -116,9 +122,10 @@ def _board(argv, work, tree, results):
         assert proc.returncode == 0 and "pip install --quiet -e '.[board]'" in proc.stdout, proc.stderr
         return None
     assert argv[0] == ".venv-board/bin/rkstudy", argv
-    env = {**os.environ, "RKSTUDY_SYSROOT": str(BOARDS / tree), "RKNNLITE_REPLAY_ONNX_DIR": str(work),
-           "RKSTUDY_RESULTS": str(results), "PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "doubles"), str(REPO)])}
-    for key in ("LIBRKNNRT_PATH", "SUDO_UID", "RKSTUDY_DEBUG"):
+    # the double finds each engine's graph beside it, as the gate does: no RKNNLITE_REPLAY_ONNX_DIR
+    env = {**os.environ, "RKSTUDY_SYSROOT": str(BOARDS / tree), "RKSTUDY_RESULTS": str(results),
+           "PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "doubles"), str(REPO)])}
+    for key in ("LIBRKNNRT_PATH", "SUDO_UID", "RKSTUDY_DEBUG", "RKNNLITE_REPLAY_ONNX_DIR"):
         env.pop(key, None)
     proc = subprocess.run([sys.executable, "-m", "rkstudy", *argv[1:]], cwd=work, capture_output=True, text=True,
                           env=env, timeout=900)
@@ -163,6 +170,10 @@ def test_the_readme_board_section_walks_on_every_recorded_tree(tmp_path):
     assert not problems, "\n".join(problems)
     (row,) = [r for r in _rows(tmp_path / "results" / "rk3588-fixed")]
     assert re.fullmatch(rf"piper_decoder-w93-rk3588-{K}-tk2\.3\.2\.rknn", row["engine"]) and row["where"] == "replay"
+    # gated against the graph stage 2 shipped beside it, at the floor the simulator gate used
+    assert (row["gate"], row["gate_threshold_db"], row["gate_worst_snr_db"]) == ("board_vs_fp32_white_noise", "15",
+                                                                                 "inf")
+    assert row["gate_reference"].startswith("fp32 onnxruntime on this board: decoder_z.onnx ")
     shutil.rmtree(work / "engines")
 
 

@@ -4,7 +4,7 @@ same slice exactly. Rows say `replay`, never `board`."""
 
 import numpy as np
 import pytest
-from board_cli import run_cli
+from board_cli import STAGE2_BUILD, run_cli
 
 from rkstudy.cli import main
 from rkstudy.families.piper import latents as latent_files
@@ -177,7 +177,11 @@ def test_board_run_kokoro_generator_equals_the_fp32_walk(tmp_path):
     engine = tmp_path / "generator_w32.rknn"
     engine.write_bytes(b"replay placeholder: the double serves the ONNX named in the contract")
     c = kokoro_contract(graph)
-    c.compiled(target="rk3588", toolkit=toolkit_version(), onnx_path=graph, engine_path=engine).write_beside(engine)
+    from rkstudy.families.kokoro_generator.producer import SIM_GATE
+
+    build = {**STAGE2_BUILD, "gate": SIM_GATE.name, "threshold_db": SIM_GATE.threshold}  # what stage 2 records
+    c.compiled(target="rk3588", toolkit=toolkit_version(), onnx_path=graph, engine_path=engine,
+               build=build).write_beside(engine)
     proc = rkstudy("board", "run", "kokoro_generator", "--engine", engine, "--inputs", tmp_path / "inputs.npz",
                    "--gain", "--overlap", 4, "--outputs", tmp_path / "out.npz", "--audio", tmp_path / "out.wav",
                    "--results", tmp_path / "results")

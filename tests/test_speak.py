@@ -13,7 +13,7 @@ import signal
 import numpy as np
 import psutil
 import pytest
-from board_cli import run_cli, signal_while_the_child_runs
+from board_cli import STAGE2_BUILD, run_cli, signal_while_the_child_runs
 
 from rkstudy import atomic, gates
 from rkstudy.cli import parser
@@ -44,7 +44,8 @@ def engine_from(product, folder, stem, target="rk3588", toolkit=TOOLKIT):
         atomic.save_onnx(product.model, graph)
     engine = folder / f"{stem}.rknn"
     engine.write_bytes(f"engine bytes of {stem}".encode())
-    product.contract.compiled(target=target, toolkit=toolkit, onnx_path=graph, engine_path=engine).write_beside(engine)
+    product.contract.compiled(target=target, toolkit=toolkit, onnx_path=graph, engine_path=engine,
+                              build=STAGE2_BUILD).write_beside(engine)
     return engine
 
 
@@ -124,6 +125,9 @@ def test_443_characters_with_the_decoder_and_the_encoder_ladder_through_the_repl
     assert npu_row["runtime"] == "rknnlite" and npu_row["cores"] == "0_1_2" and int(npu_row["npu_load_samples"]) >= 1
     assert npu_row["board_runtime"].startswith("driver none, api replay double")
     assert cpu_row["plan"] == "{}" and cpu_row["npu_load_samples"] == "0"
+    # the board gate (rkstudy.board.gate) scored every engine call against its fp32 graph; the CPU plan had none
+    assert (npu_row["gate_worst_snr_db"], npu_row["gate_nonfinite"]) == ("inf", "0") and cpu_row["gate"] == \
+        "no NPU component"
     # the double serves the engines' own graphs (fp32): the ladder voices the CPU plan's latent, and the
     # window walk stays within the fp32 walk's error of the one-call decoder
     assert npu_row["frames"] == cpu_row["frames"] and float(npu_row["audio_s"]) > 20

@@ -131,11 +131,32 @@ def _run(module: str, spec: dict, folder: Path, *, label: str, timeout: float) -
         failure = json.loads(error.read_text())
         raise (RknnError if failure["exit"] == 1 else InputError)(failure["message"])
     if proc.returncode != 0 or not Path(spec["result"]).is_file():
-        raise RknnError(f"{label} ended with exit {proc.returncode} and no result (killed by the system? "
-                        "dmesg | tail says why)")
+        raise RknnError(ended(label, proc.returncode))
     result = json.loads(Path(spec["result"]).read_text())
     with np.load(spec["arrays"]) as data:
         return result, {k: data[k] for k in data.files}
+
+
+# What a measured child that died on a signal met, in one line each (the child wrote nothing: no result, no error)
+CRASHES = {
+    signal.SIGSEGV: "crashed inside the runtime (SIGSEGV): a graph librknnrt cannot run, as the rel-logit chain "
+                    "crashed it on the Piper duration-encoder pull request's board (rc=139); `rkstudy lint` on the "
+                    "engine's graph names the patterns known to do this, and `dmesg | tail` what the kernel saw",
+    signal.SIGABRT: "aborted inside the runtime (SIGABRT: a check in librknnrt or a corrupted heap); `dmesg | tail` "
+                    "and --debug say more, and `rkstudy lint` on the engine's graph names the patterns it knows",
+    signal.SIGBUS: "crashed inside the runtime (SIGBUS: a mapping the NPU driver took back); `dmesg | tail` says why",
+    signal.SIGKILL: "was killed (SIGKILL: the kernel's out-of-memory killer, most often; `dmesg | tail` says which)",
+}
+
+
+def ended(label: str, returncode: int) -> str:
+    """The one line for a child that ended without its result: the signal that ended it and what that means,
+    or its exit code."""
+    if returncode < 0:
+        sig = signal.Signals(-returncode)
+        said = CRASHES.get(sig, f"was ended by {sig.name} (`dmesg | tail` says why)")
+        return f"{label} {said}; nothing was written"
+    return f"{label} ended with exit {returncode} and no result (killed by the system? dmesg | tail says why)"
 
 
 def stop_child(proc: subprocess.Popen, grace: float = STOP_GRACE_S) -> str:

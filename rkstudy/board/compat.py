@@ -1,14 +1,26 @@
 """Whether this board runs an engine, said before anything initializes: the SoC it was compiled for, and the
 board's librknnrt against the rknn-toolkit2 that compiled it; and which engine of a set is this board's.
 
-A librknnrt older than the toolkit that compiled an engine refuses it inside rknn_init, where RKNNLite
-hides the reason in a traceback: librknnrt 1.3.0-1.5.0 under engines of newer toolkits printed "Invalid RKNN
-model version 6" and failed with RKNN_ERR_FAIL or RKNN_ERR_MODEL_INVALID (airockchip/rknn-toolkit2#254,
-#281; rockchip-linux/rknn-toolkit2#316), and -6 with one context reads like the aperture overrun it means
-when many are resident. Vendor images mostly carry librknnrt 1.x-2.3.x, so this is the common first
-failure. check_engine() refuses such a pairing in one line naming both versions and both fixes: an engine
-built by the board's own toolkit version (`make toolkit-venv`, then stage 2 with `--toolkit`), or a newer
-librknnrt. `rkstudy board run`, `rkstudy doctor --board --engine` and `rkstudy speak` call it.
+What librknnrt refuses, from the runtime's own documentation and the logs of the runtimes that refused:
+* Rockchip's RKNN SDK release notes (the NPU README of each SDK release, 1.5.2, 1.6.0, 2.0.0b0) say librknnrt
+  must be upgraded in step with rknn-toolkit2, to the same release (patch releases such as 1.5.2 included), and
+  that engines of the previous toolkit need not be made again: a runtime runs engines of its own release and
+  older ones. Neither those notes, nor the runtime's API reference (RKNN_ERR_MODEL_INVALID: "RKNN model is
+  invalid"), nor the toolkit's and lite2's changelogs up to 2.3.2 say that a runtime runs an engine of a newer
+  toolkit, or that it refuses one.
+* The one refusal recorded in the runtime's own words is the engine format of rknn-toolkit2 1.5.2 (the
+  pre-compiled model of 1.5.1b2, whose changelog asks to re-export the model and update the runtime):
+  librknnrt 1.3.0, 1.4.0 and 1.5.0 refused such engines inside rknn_init with "Invalid RKNN model version 6"
+  and RKNN_ERR_FAIL or RKNN_ERR_MODEL_INVALID (airockchip/rknn-toolkit2#254, #281; rockchip-linux/rknn-
+  toolkit2#316; a 1.5.2 engine on a 1.5.0 runtime in leafqycc/rknn-cpp-Multithreading#19), where RKNNLite
+  hides the reason in a traceback.
+* No log this project could find shows a 2.x librknnrt meeting an engine of a newer 2.x toolkit.
+So check_engine() refuses, in one line naming both versions and the fixes, a runtime older than the engine's
+toolkit release: without appeal where the runtime predates the 1.5.2 format (it refuses at init); by Rockchip's
+rule otherwise, where `--allow-older-runtime` runs the engine anyway and the results row records the warning.
+The fixes: an engine built by the board's own toolkit version (`make toolkit-venv`, then stage 2 with
+`--toolkit`), or that toolkit's librknnrt. `rkstudy board run`, `rkstudy doctor --board --engine` and `rkstudy
+speak` call it.
 
 The host builds one engine per SoC in one command (`--target all`); choose() picks this board's from the
 set: the engines given (files or folders) whose contract says this family and a target this SoC runs, and
@@ -92,38 +104,70 @@ def board_runtime() -> tuple[str, str]:
     return version, path
 
 
-def too_old(contract: Contract, runtime: str, soc: str | None = None) -> str | None:
-    """The one line refusing `contract`'s engine on a librknnrt `runtime` older than its toolkit, or None
-    when the runtime is as new (or a version cannot be read: the init decides)."""
+# The engine format rknn-toolkit2 1.5.2 introduced, which older runtimes refuse at init ("Invalid RKNN model version 6")
+MODEL_V6_TOOLKIT = (1, 5, 2)
+ALLOW_OLDER = "--allow-older-runtime"
+
+
+def older_runtime(contract: Contract, runtime: str) -> tuple[str, bool] | None:
+    """(what is wrong, whether the runtime certainly refuses it) when `runtime` is older than the release of the
+    toolkit that compiled `contract`'s engine; None when it is as new, or a version cannot be read (the init
+    decides)."""
     built, rt = release(contract.toolkit), release(runtime)
     if built is None or rt is None or rt >= built:
         return None
     engine = contract.engine.file if contract.engine else "this engine"
+    if built >= MODEL_V6_TOOLKIT > rt:
+        return (f"{engine} is from rknn-toolkit2 {_dotted(built)} and this board's librknnrt {_dotted(rt)} refuses it "
+                f"at init: runtimes before {_dotted(MODEL_V6_TOOLKIT)} do not read the engine format rknn-toolkit2 "
+                f"{_dotted(MODEL_V6_TOOLKIT)} introduced (\"Invalid RKNN model version 6\")", True)
+    return (f"{engine} is from rknn-toolkit2 {_dotted(built)} and this board's librknnrt {_dotted(rt)} is older: "
+            f"Rockchip upgrades librknnrt with the toolkit, release for release (older engines keep running), and "
+            f"nothing recorded says what {_dotted(rt)} does with a newer engine", False)
+
+
+def too_old(contract: Contract, runtime: str, soc: str | None = None) -> str | None:
+    """The one line refusing `contract`'s engine on a librknnrt `runtime` older than its toolkit (see the module
+    docstring), its fixes after " Fix: "; None when the runtime is as new (or a version cannot be read)."""
+    older = older_runtime(contract, runtime)
+    if older is None:
+        return None
+    said, certain = older
+    built, rt = release(contract.toolkit), release(runtime)
     usable = sorted((release(v) for v in toolkits() if release(v) and release(v) <= rt), reverse=True)
     remake = contract.remake_engine(target=soc or contract.target)
     if usable:
         v = _dotted(usable[0])
         rebuild = f"build for {v}: `make toolkit-venv TOOLKIT={v}`, then `{remake} --toolkit {v}`"
     else:
-        rebuild = f"build with rknn-toolkit2 {_dotted(rt)} or older (no converter environment here is)"
-    return (f"{engine} is from rknn-toolkit2 {_dotted(built)}; this board's librknnrt {_dotted(rt)} is older and "
-            f"refuses it at init. Fix: put librknnrt {_dotted(built)} in /usr/lib ({RUNTIME_DIR}), or {rebuild}")
+        rebuild = (f"build with rknn-toolkit2 {_dotted(rt)} or older, a version no converter environment here makes "
+                   f"([tool.rkstudy] toolkits: {', '.join(toolkits()) or 'none'})")
+    tryit = "" if certain else f", or try it anyway: `rkstudy board run ... {ALLOW_OLDER}` (its row records it)"
+    return (f"{said}. Fix: put librknnrt {_dotted(built)} in /usr/lib ({RUNTIME_DIR}), or {rebuild}{tryit}")
 
 
-def check_engine(contract: Contract, *, soc: str | None = None, runtime: str | None = None) -> None:
+def check_engine(contract: Contract, *, soc: str | None = None, runtime: str | None = None,
+                 allow_older: bool = False) -> str | None:
     """Refuse, before any init, an engine this board cannot run: compiled for another SoC, or by a toolkit
-    newer than this board's librknnrt (EngineMismatch, one line naming both versions and both fixes).
-    `soc` and `runtime` default to what this board reports; a host with no board checks nothing. With no
-    librknnrt where RKNNLite looks, BoardUnavailable names the fix."""
+    newer than this board's librknnrt (EngineMismatch, one line naming both versions and the fixes). With
+    `allow_older`, an older runtime that is not known to refuse the engine is let through: the warning for the
+    results row is returned. `soc` and `runtime` default to what this board reports; a host with no board checks
+    nothing. With no librknnrt where RKNNLite looks, BoardUnavailable names the fix."""
     soc = soc or sysfs.soc()
     if soc is None:
-        return
+        return None
     contract.check_target(soc)
     if runtime is None:
         runtime, _ = board_runtime()
+    older = older_runtime(contract, runtime)
+    if older is None:
+        return None
+    if allow_older and not older[1]:
+        return f"{older[0]}; run with {ALLOW_OLDER}"
     refusal = too_old(contract, runtime, soc)
-    if refusal:
-        raise EngineMismatch(refusal)
+    if allow_older:
+        refusal += f" ({ALLOW_OLDER} cannot help: this runtime refuses the engine format)"
+    raise EngineMismatch(refusal)
 
 
 # --- choosing this board's engine from a set ---------------------------------------------------------------
@@ -208,13 +252,14 @@ def _newest_runnable(group: list[Path], contracts: dict[Path, Contract], runtime
 
 
 def checked(engine: Path | str, *, family: str, soc: str, remake: str | None = None,
-            source_sha256: str | None = None) -> Contract:
+            source_sha256: str | None = None, allow_older: bool = False) -> tuple[Contract, str | None]:
     """An engine's contract, validated for this board before anything runs: present, this family, its bytes
-    unchanged, this SoC, a librknnrt that runs it, and (given its digest) carved from the inputs' model."""
+    unchanged, this SoC, a librknnrt that runs it (with `allow_older`, an older one not known to refuse it: the
+    warning for the row is returned beside the contract), and (given its digest) carved from the inputs' model."""
     contract = for_engine(engine, family=family, soc=soc, remake=remake)
-    check_engine(contract, soc=soc)
+    warning = check_engine(contract, soc=soc, allow_older=allow_older)
     if source_sha256 is not None and source_sha256 != contract.source.sha256:
         raise EngineMismatch(f"the inputs come from a model with sha256 {source_sha256[:12]} and the engine was "
                              f"made from {contract.source.file} ({contract.source.sha256[:12]}); make inputs "
                              f"from {contract.source.file}, or an engine from theirs with `{contract.remake}`")
-    return contract
+    return contract, warning

@@ -71,10 +71,25 @@ ALONE_MEANING = {
         "engine of a newer rknn-toolkit2 than this librknnrt, or a damaged copy",
 }
 
+# What to do about a code (rkstudy's advice, not a reference document's finding): the header's words name no fix.
+FIXES = {
+    -2: "the NPU did not finish in time: `dmesg | tail`; reboot the board if the NPU stays busy",
+    -3: "the NPU device is unavailable: the rknpu driver is not loaded, or a killed run still holds it "
+        "(`dmesg | tail`, `ls -l /dev/dri/renderD* /dev/rknpu`); reboot the board if it stays busy",
+}
+# -1 from a run (not an init: an init's -1 is read from the runtime's own lines)
+RUN_FAILED = ("the runtime could not run the engine: `dmesg | tail` names what the driver refused (a driver that "
+              "cannot submit jobs prints \"failed to submit\"; `rkstudy board check` names its version), and "
+              "`rkstudy lint` on the engine's graph names the patterns known to break on the NPU")
+
 CODES_BY_NAME = {name: code for code, (name, _) in CODE_NAMES.items()}
-# The two failure lines of RKNNLite 2.5.0's log (format strings in its rknn_runtime extension); the
+# The failure lines of RKNNLite 2.5.0's log (format strings in its rknn_runtime extension); the
 # code is printed as its RKNN_ERR_* name, or as a number by runtimes that print it bare.
 _LITE_FAILURE = re.compile(r"RKNN (init|set core mask) failed\. error code:\s*(-?\d+|RKNN_[A-Z_]+)")
+# Every other "... failed. error code: X" / "failed, error code: X" line (setting inputs, getting outputs)
+_ANY_FAILURE = re.compile(r"(\w[\w ]*?) failed[.,!]? [Ee]rror code:\s*(-?\d+|RKNN_[A-Z_]+)")
+# The exception a traceback in RKNNLite's log ends with
+_RAISED = re.compile(r"^(?:E )?(?:Exception|[A-Za-z]+Error): (.+)$", re.MULTILINE)
 CORE_MASK_ONLY = "The core_mask is only supported by"
 # What the runtime raises when librknnrt.so is neither at $LIBRKNNRT_PATH nor in /usr/lib.
 NO_LIBRKNNRT = "Can not find dynamic library on"
@@ -272,13 +287,32 @@ def known_versions() -> Versions | None:
     return _seen
 
 
+def inference_failure(what: str, log_text: str) -> str:
+    """One line for an inference that returned no outputs, from the log RKNNLite and librknnrt wrote meanwhile:
+    the code a failure line names (with its fix), the exception RKNNLite caught, and librknnrt's own last error."""
+    codes = [(step, value) for step, value in _ANY_FAILURE.findall(log_text)]
+    code = None
+    if codes:
+        value = codes[-1][1]
+        code = CODES_BY_NAME.get(value) if value.startswith("RKNN_") else int(value)
+    raised = _RAISED.findall(log_text)
+    said = runtime_said(log_text).note()
+    notes = [f"RKNNLite caught \"{' '.join(raised[-1].split())}\"" if raised else
+             "RKNNLite returned no outputs and logged no reason (--debug shows its log)", said]
+    if code is None:
+        notes.append(RUN_FAILED)
+    meaning = f"{CODE_NAMES[-1][1]}; {RUN_FAILED}" if code == -1 else None
+    return format_failure(what, code, note="; ".join(n for n in notes if n), meaning=meaning)
+
+
 def describe_code(code: int, resident: int | None = None, meaning: str | None = None) -> str:
     """`RKNN_ERR_MALLOC_FAIL: <what the reference documents saw it mean>` for a librknnrt code; with
     `resident` 0 (no other context of this process holds the NPU), -6 is said for what it is then;
     `meaning`, where the runtime's own lines said what failed, replaces both."""
     name, header = CODE_NAMES.get(code, ("unknown code", "not in rknn_api.h 2.3.2"))
     meaning = meaning or (ALONE_MEANING.get(code) if resident == 0 else None)
-    return f"{name}: {meaning or REFERENCE_MEANING.get(code, header)}"
+    said = meaning or REFERENCE_MEANING.get(code) or (f"{header}; {FIXES[code]}" if code in FIXES else header)
+    return f"{name}: {said}"
 
 
 def format_failure(what: str, code: int | None, *, versions: Versions | None = None,

@@ -13,10 +13,11 @@ Three behaviours the reference documents measured (or that RKNNLite hides) and t
   the kernel log names, and, once any context in this process has initialized, the driver and
   runtime (API) versions it reported.
 * RKNNLite 2.5.0's init_runtime returns -1 for a failed init and logs librknnrt's code by name
-  inside a traceback, beside librknnrt's own lines (its version, "Invalid RKNN model version 6"); the
-  runner captures fds 1 and 2 around the constructor and init_runtime to read both back
-  (dmesg.lite_failures, dmesg.runtime_said) and says what they mean in its one line: the log itself,
-  traceback and all, reaches stderr only under --debug (RKSTUDY_DEBUG=1).
+  inside a traceback, beside librknnrt's own lines (its version, "Invalid RKNN model version 6"); its
+  inference returns None after logging the same way. The runner captures fds 1 and 2 around the
+  constructor, init_runtime and every inference to read both back (dmesg.lite_failures, dmesg.runtime_said)
+  and says what they mean in its one line: the log itself, traceback and all, reaches stderr only under
+  --debug (RKSTUDY_DEBUG=1).
 * -6 means an aperture overrun only when other contexts of this process are resident; the runner counts
   them, and with none the line says the runtime refused the file itself.
 
@@ -213,10 +214,10 @@ class BoardRunner(Runner):
         if len(self.shape_sets) > 1:
             refuse_unlisted(self.input_names, [x.shape for x in arrays], self.shape_sets)
         fmt = ["nchw" if x.ndim == 4 else None for x in arrays]
-        outs = self._lite.inference(inputs=arrays, data_format=fmt if any(fmt) else None)
-        if outs is None:
-            raise RknnError(dmesg.format_failure(f"inference({self.engine.name})", None,
-                                                 note="RKNNLite returned no outputs; its log says why"))
+        outs, text = capturing_fds(lambda: self._lite.inference(inputs=arrays, data_format=fmt if any(fmt) else None))
+        if outs is None:  # RKNNLite logged the runtime's exception and its traceback: one line says what it means
+            self.log += text
+            raise RknnError(dmesg.inference_failure(f"inference({self.engine.name})", text))
         return [np.asarray(o, dtype=np.float32) for o in outs]
 
     def close(self) -> None:

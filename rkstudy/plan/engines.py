@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..board import sysfs
-from ..board.runner import BoardRunner, board_available
+from ..board.runner import board_available
 from ..cache import sha256_file
 from ..contract import Contract, for_engine
 from ..errors import BoardUnavailable, EngineMismatch, UsageError
@@ -76,19 +76,10 @@ def choose_runtime(runtime: str | None, npu_components: list[str]) -> str:
 
 def stage1_graph(path: Path, contract: Contract) -> Path:
     """The graph the engine was compiled from, beside it, with the digest the contract names."""
-    if contract.onnx is None:
-        raise EngineMismatch(f"the contract beside {path.name} names no compiled graph; convert it again with "
-                             f"`{contract.remake_engine()}`")
-    graph = path.parent / contract.onnx.file
-    if not graph.is_file():
-        raise EngineMismatch(f"--runtime simulator and onnx run the graph {path.name} was compiled from, "
-                             f"{contract.onnx.file}, and it is not beside the engine; put it there (stage 1 writes "
-                             f"it: `{contract.remake}`)")
-    if sha256_file(graph) != contract.onnx.sha256:
-        raise EngineMismatch(f"{graph.name} beside {path.name} is not the graph the engine was compiled from (sha256 "
-                             f"{contract.onnx.sha256[:12]} in its contract); put that graph there, or convert this one "
-                             f"with `{contract.remake_engine()}`")
-    return graph
+    named = contract.onnx.file if contract.onnx else "?"
+    return contract.graph_beside(path, f"--runtime simulator and onnx run the graph {path.name} was compiled from, "
+                                       f"{named}, and it is not beside the engine; put it there (stage 1 writes it: "
+                                       f"`{contract.remake}`)")
 
 
 def check_on_board(contract: Contract) -> None:
@@ -148,8 +139,10 @@ def load(path: Path, *, family: str, runtime: str, source: Path | None = None, r
 def open_runner(engine: dict, runtime: str, cores: str = "0_1_2"):
     """A runner for `engine` (Engine.to_json) on `runtime`, in the process that runs the synthesis."""
     contract = contract_of(engine["path"])
-    if runtime == BOARD:
-        return BoardRunner(engine["path"], contract.input_names, cores=cores, shape_sets=contract.shape_sets)
+    if runtime == BOARD:  # through the board gate's opener: its calls are scored against fp32 after the run
+        from ..board.gate import open_engine
+
+        return open_engine(engine["path"], contract.input_names, cores=cores, shape_sets=contract.shape_sets)
     if runtime == SIMULATOR:
         from ..toolkit.simulator import SimulatorRunner
 

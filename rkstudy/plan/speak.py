@@ -31,7 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..board.child import CHILD_TIMEOUT_S, child_main, job_named, measured, run_child, write_child_result
+from ..board import gate
+from ..board.child import CHILD_TIMEOUT_S, child_main, job_named, run_child, write_child_result
 from ..errors import InputError, UsageError
 from ..tables import results
 from . import audio as audio_files
@@ -128,8 +129,13 @@ def speak(model: str, plan_text, args, *, runtime: str | None = None, cores: str
         print(note, flush=True)
     payload = payload_of(prepared, runtime, cores)
     timeout = CHILD_TIMEOUT_S if runtime == "rknnlite" and prepared.plan.on_npu else HOST_CHILD_TIMEOUT_S
-    result, arrays = run_child("rkstudy.plan.speak", {"job": f"{model_plan.speaker}:job", "payload": payload},
-                               label="the synthesis", prefix="rkstudy-speak-", default_timeout=timeout)
+    npu = [(e.path, e.contract) for es in prepared.engines.values() for e in es] if runtime == "rknnlite" else []
+    spec = {"job": f"{model_plan.speaker}:job", "payload": payload,
+            "gate": gate.for_engines(npu) if npu else {"mode": gate.OFF}}  # the board gate, as `board run`'s
+    result, arrays = run_child("rkstudy.plan.speak", spec, label="the synthesis", prefix="rkstudy-speak-",
+                               default_timeout=timeout)
+    if result["where"] in BOARD_WHERE:  # GateFailed below the gate: nothing written
+        prepared.row.update(gate.verdict(result, {p.name: c for p, c in npu}, "no NPU component").row)
     pcm = arrays.pop("audio")
     row = compose(prepared, runtime, result, pcm)
     study, table = table_for(model_plan, row["where"])
@@ -203,7 +209,8 @@ def _child(spec_path: str) -> int:
     """The child: run the model's job, write its audio and its result, with its own peak RSS."""
     spec = json.loads(Path(spec_path).read_text())
     job = job_named(spec["job"])
-    write_child_result(spec, measured(lambda: job(spec["payload"]), sample_npu=bool(spec["payload"].get("sample_npu"))))
+    write_child_result(spec, gate.gated_child(spec, lambda: job(spec["payload"]),
+                                              sample_npu=bool(spec["payload"].get("sample_npu"))))
     return 0
 
 

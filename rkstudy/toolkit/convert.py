@@ -24,7 +24,7 @@ from .simulator import SimulatorRunner
 
 # Stage 2 of a decoder probed with white noise: the engine is alive (the fp16 noise floor sits at 22-36 dB on
 # real decoders, a broken engine far below)
-ALIVE_GATE = gates.Gate("simulator_vs_fp32_white_noise", 15.0)
+ALIVE_GATE = gates.ENGINE_FLOORS["white_noise"].gate()
 
 
 @dataclass
@@ -262,8 +262,40 @@ def convert(onnx_path: Path | str, target: str, out: Path | str | None = None, *
     except gates.GateFailed:
         engine.unlink(missing_ok=True)  # an engine that failed its gate gets no contract and is not kept
         raise
+    ship_graph(onnx_path, engine.parent)
     compiled = contract.compiled(target=target, toolkit=simulated.report.toolkit_version,  # the build's own
                                  onnx_path=onnx_path, engine_path=engine,
-                                 quantization=quantize.record() if quantize else None)
+                                 quantization=quantize.record() if quantize else None,
+                                 build=build_record(simulated.report, gate, simulated.worst_snr_db))
     compiled.write_beside(engine)
     return Converted(engine=engine, contract=compiled, simulated=simulated)
+
+
+def build_record(report: BuildReport, gate: gates.Gate, simulator_db: float) -> dict:
+    """What a board needs of the build (Contract.build): the REGTASK lines and their largest field value (the
+    overflow the simulator cannot see), and the gate the simulator passed, with its floor and the worst SNR on
+    the probe (None for an exact match)."""
+    return {"regtask": int(report.regtask), "regtask_max_value": int(report.regtask_max), "gate": gate.name,
+            "threshold_db": float(gate.threshold),
+            "simulator_db": round(float(simulator_db), 2) if np.isfinite(simulator_db) else None}
+
+
+def ship_graph(onnx_path: Path, folder: Path) -> Path:
+    """The compiled graph beside the engine: a board gates the engine against it (onnxruntime fp32 on the same
+    inputs) and the host runtimes run it, both finding it by the name and digest the contract records. A copy
+    already there with the same bytes is kept; otherwise a hard link, or a copy where the folder is on another
+    file system."""
+    import os
+
+    from .. import atomic
+    from ..cache import sha256_file
+
+    onnx_path, there = Path(onnx_path), Path(folder) / Path(onnx_path).name
+    if there.exists() and (there.resolve() == onnx_path.resolve() or sha256_file(there) == sha256_file(onnx_path)):
+        return there
+    there.unlink(missing_ok=True)
+    try:
+        os.link(onnx_path, there)
+    except OSError:
+        atomic.write_bytes(there, onnx_path.read_bytes())
+    return there

@@ -31,7 +31,7 @@ from . import standin
 FAMILY = "flow_estimator"
 PRODUCER_VERSION = 1  # bump when the producer changes what it writes (keys the cache)
 PRODUCER = "rkstudy cosyvoice3 estimator --frames S --skip-rknn --output estimator_sS.onnx"
-SIM_GATE = gates.Gate("simulator_vs_fp32_estimator", 30.0)  # a floor: the stand-in measured 46-59 dB here
+SIM_GATE = gates.ENGINE_FLOORS["estimator"].gate()  # stage 2; a board gates at the same floor
 
 
 def producer_command(frames: int, cfg: standin.DiTConfig, seed: int) -> str:

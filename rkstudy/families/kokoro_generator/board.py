@@ -16,13 +16,14 @@ def generate_job(*, contract, engine: Path, cores: str, payload: dict) -> dict:
     """In the measured child: walk every sentence through the engine, then the head; time both."""
     import numpy as np
 
-    from ...board.runner import BoardRunner, runtime_versions
+    from ...board.gate import open_engine
+    from ...board.runner import runtime_versions
     from . import head, input_file
     from .sidecar import GeneratorSidecar
 
     data = input_file.load(payload["inputs"])
     first = data.sentences[0]
-    runner = BoardRunner(engine, contract.input_names, cores=cores)
+    runner = open_engine(engine, contract.input_names, cores=cores)
     try:
         fine = (first.har.shape[1] - 1) // first.frames
         side = GeneratorSidecar(runner, contract, channels=first.x.shape[0], rows=first.har.shape[0],
@@ -82,3 +83,22 @@ def add_board(sub) -> None:
     add_board_run_args(p, audio_help="write the audio here (16-bit WAV)",
                        outputs_help="write the audio and each sentence's generator rows here (.npz)")
     p.set_defaults(func=_run, validate_args=lambda a: a.overlap >= 0 or p.error("--overlap must be 0 or more"))
+
+
+BUNDLE_TEXT = "良い天気ですね。"
+
+
+def bundle_part():
+    """Kokoro in the board bundle (rkstudy.bundle): the default generator window for every SoC beside its stage-1
+    graph, the inputs of a short text, and the plan putting the generator on the NPU. Host only."""
+    from ...cliutil import BundlePart
+
+    return BundlePart(
+        model="kokoro", says="Kokoro-82M (Japanese): the generator window engine",
+        host=(("kokoro", "generator", "--skip-rknn", "--output", "engines/kokoro/generator.onnx"),
+              ("kokoro", "generator", "--onnx", "engines/kokoro/generator.onnx", "--target", "all", "--out",
+               "engines/kokoro/"),
+              ("kokoro", "inputs", "--text", BUNDLE_TEXT, "-o", "inputs/kokoro_inputs.npz")),
+        board=(("board", "run", "kokoro_generator", "--engine", "engines/kokoro/", "--inputs",
+                "inputs/kokoro_inputs.npz", "--audio", "kokoro.wav"),),
+        plan={"generator": {"impl": "rknn", "artifacts": {"main": "{engine:kokoro_generator}"}}})

@@ -16,6 +16,7 @@ FAMILY = register(Family(
     name="piper_decoder", title="Piper (VITS) decoder: pre-flow latent -> audio, fixed-window walk",
     notebook="01_piper_decoder.ipynb", command=("piper", "decoder"),
     cli="rkstudy.families.piper_decoder.cli:add_cli", board="rkstudy.families.piper_decoder.board:add_board",
+    bundle="rkstudy.families.piper_decoder.board:bundle_part",
     planner="rkstudy.families.piper_decoder.study:plan_target",
     lint_graphs="rkstudy.families.piper_decoder.lint_graphs:lint_graphs",
     lever_graphs="rkstudy.families.piper_decoder.levers:lever_graphs",

@@ -19,11 +19,12 @@ def decode_latents(*, contract, engine: Path, cores: str, payload: dict, sidecar
     return the audio and what the row needs. Shared by both Piper decoder boards."""
     import numpy as np
 
-    from ...board.runner import BoardRunner, runtime_versions
+    from ...board.gate import open_engine
+    from ...board.runner import runtime_versions
     from ..piper import latents
 
     lat = latents.load(payload["latents"])
-    runner = BoardRunner(engine, contract.input_names, cores=cores)
+    runner = open_engine(engine, contract.input_names, cores=cores)
     try:
         side = sidecar_class(runner, contract, channels=lat.z[0].shape[0], hop=contract.params["hop"],
                              speaker_dims=lat.g[0].shape[0] if lat.g[0] is not None else 0)
@@ -106,3 +107,59 @@ def add_board(sub) -> None:
             p.error("--text needs --voice-onnx (the voice the engine was made from)")
 
     p.set_defaults(func=_run, validate_args=check)
+
+
+BUNDLE_TEXT = "Call me at 555 0142."
+
+
+def bundle_part():
+    """The Piper voice in the board bundle (rkstudy.bundle): the W93 decoder for every SoC beside its stage-1 graph,
+    the voice's latents of a short text (the board run's input, its gate's too: the fp32 pass runs on the board),
+    the voice itself (the plan speaks with it) and the plan putting the decoder on the NPU. Host only."""
+    from ...cliutil import BundlePart
+    from ..piper.voice import default_voice_paths
+
+    voice, config = default_voice_paths()
+    return BundlePart(
+        model="piper", says="Piper (en_US-joe-medium): the decoder window engine, gated against its fp32 graph on the "
+                            "board",
+        host=(("piper", "decoder", "--skip-rknn", "--output", "engines/piper/decoder_z.onnx"),
+              ("piper", "decoder", "--onnx", "engines/piper/decoder_z.onnx", "--target", "all", "--out",
+               "engines/piper/"),
+              ("piper", "latents", "--text", BUNDLE_TEXT, "-o", "inputs/piper_latents.npz")),
+        board=(("board", "run", "piper_decoder", "--engine", "engines/piper/", "--latents", "inputs/piper_latents.npz",
+                "--audio", "piper.wav"),),
+        plan={"decoder": {"impl": "rknn", "artifacts": {"main": "{engine:piper_decoder}"}}},
+        files=((str(voice), f"voice/{Path(voice).name}"), (str(config), f"voice/{Path(config).name}")),
+        board_cpu=board_cpu_factor)
+
+
+# The Piper voice's real-time factor on an RK3588's CPU, onnxruntime on its cores as Piper runs it: the Paroli
+# write-up (clehaxze.tw, 2023-12-24: "~0.65 on the RK3588 CPU"), a medium voice as en_US-joe-medium is
+BOARD_CPU_VOICE_RTF = 0.65
+
+
+def board_cpu_factor() -> tuple[float, str]:
+    """How many times slower an RK3588's CPU runs onnxruntime than this host: the published RTF of a medium Piper
+    voice there over this host's RTF of en_US-joe-medium (the whole voice, onnxruntime on this host's cores, the
+    best of three passes over the bundle's text). Host only."""
+    import time
+
+    import numpy as np
+
+    from ...runtime import OrtRunner
+    from ..piper.voice import Voice
+
+    voice = Voice()
+    runner = OrtRunner(voice.onnx_path)
+    best, samples = float("inf"), 0
+    for _ in range(3):
+        t0, samples = time.perf_counter(), 0
+        for ids in voice.sentences(BUNDLE_TEXT * 3):
+            feed = {"input": np.array([ids], np.int64), "input_lengths": np.array([len(ids)], np.int64),
+                    "scales": np.array(voice.scales, np.float32)}
+            samples += runner.run([feed[n] for n in runner.input_names])[0].size
+        best = min(best, time.perf_counter() - t0)
+    rtf = best / (samples / voice.sample_rate)
+    return BOARD_CPU_VOICE_RTF / rtf, (f"the Piper voice's RTF on an RK3588's CPU, {BOARD_CPU_VOICE_RTF} (the Paroli "
+                                       f"write-up), over en_US-joe-medium's {rtf:.3f} on this host")

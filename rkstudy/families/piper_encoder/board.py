@@ -16,7 +16,8 @@ def ladder_job(*, contract, engine: Path, cores: str, payload: dict) -> dict:
     """In the measured child: route every chunk through the ladder; time each."""
     import numpy as np
 
-    from ...board.runner import BoardRunner, runtime_versions
+    from ...board.gate import open_engine
+    from ...board.runner import runtime_versions
     from ...contract import for_engine
     from ...runtime import OrtRunner
     from ..piper import latents
@@ -27,7 +28,7 @@ def ladder_job(*, contract, engine: Path, cores: str, payload: dict) -> dict:
     try:
         for path in payload["engines"]:
             c = for_engine(path, family="piper_encoder")
-            runners.append(BoardRunner(path, c.input_names, cores=cores, shape_sets=c.shape_sets))
+            runners.append(open_engine(path, c.input_names, cores=cores, shape_sets=c.shape_sets))
             engines.append(LadderEngine(runners[-1], c))
         fallback = OrtRunner(payload["fallback"]) if payload.get("fallback") else None
         ladder = Ladder(engines, fallback)

@@ -14,11 +14,12 @@ def decode_job(*, contract, engine: Path, cores: str, payload: dict) -> dict:
     (flattened, frame-major for a multi-channel output) is the audio."""
     import numpy as np
 
-    from ...board.runner import BoardRunner, runtime_versions
+    from ...board.gate import open_engine
+    from ...board.runner import runtime_versions
     from .sidecar import PortSidecar, input_names, load_inputs
 
     utterances = load_inputs(payload["inputs"], input_names(contract))
-    runner = BoardRunner(engine, contract.input_names, cores=cores)
+    runner = open_engine(engine, contract.input_names, cores=cores)
     try:
         side = PortSidecar(runner, contract)
         pieces, steps = [], 0

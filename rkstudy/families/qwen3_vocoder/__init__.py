@@ -30,6 +30,7 @@ FAMILY = register(Family(
     notebook="04_qwen3_vocoder.ipynb", command=("qwen3", "vocoder"),
     cli="rkstudy.families.qwen3_vocoder.cli:add_cli",
     board="rkstudy.families.qwen3_vocoder.board:add_board",
+    bundle="rkstudy.families.qwen3_vocoder.board:bundle_part",
     requires=("qwen_tts", "transformers"),
     lint_graphs="rkstudy.families.qwen3_vocoder.lint_graphs:lint_graphs",
     lever_graphs="rkstudy.families.qwen3_vocoder.levers:lever_graphs",

@@ -31,16 +31,17 @@ def decode_job(*, contract, engine: Path, cores: str, payload: dict) -> dict:
     """In the measured child: decode the codes (offline on the main engine, or streaming in events with
     the first engine for the first group); return the audio and the row."""
 
-    from ...board.runner import BoardRunner, runtime_versions
+    from ...board.gate import open_engine
+    from ...board.runner import runtime_versions
     from ...contract import for_engine
     from .sidecar import SAMPLE_RATE, VocoderSidecar, events, gather
 
     codes = _load_codes(payload, contract)
-    runners = [BoardRunner(engine, contract.input_names, cores=cores)]
+    runners = [open_engine(engine, contract.input_names, cores=cores)]
     first_contract = None
     if payload.get("first"):
         first_contract = for_engine(payload["first"], family=FAMILY, soc=contract.target, remake=REMAKE)
-        runners.append(BoardRunner(payload["first"], first_contract.input_names, cores=cores))
+        runners.append(open_engine(payload["first"], first_contract.input_names, cores=cores))
     try:
         side = VocoderSidecar(runners[0], contract, *(runners[1:2]), first_contract)
         t0 = time.perf_counter()
@@ -95,3 +96,22 @@ def add_board(sub) -> None:
     p.add_argument("--event", type=positive, default=12, help="streaming: tokens per event the talker hands over")
     add_board_run_args(p)
     p.set_defaults(func=_run)
+
+
+BUNDLE_CODES, BUNDLE_SEED = 128, 0
+
+
+def bundle_part():
+    """The Qwen3 vocoder in the board bundle (rkstudy.bundle): the 64-token step for every SoC beside its stage-1
+    graph, seeded random codes for its board run (the weights are seeded random too), and the plan putting the
+    speech decoder on the NPU. Host only."""
+    from ...cliutil import BundlePart
+
+    codes = ("--tokens", str(BUNDLE_CODES), "--seed", str(BUNDLE_SEED))
+    return BundlePart(
+        model="qwen3", says="Qwen3-TTS 12 Hz vocoder (seeded random weights): the 64-token step engine",
+        host=(("qwen3", "vocoder", "--codes-length", "64", "--skip-rknn", "--output", "engines/qwen3/step_b64.onnx"),
+              ("qwen3", "vocoder", "--onnx", "engines/qwen3/step_b64.onnx", "--target", "all", "--out",
+               "engines/qwen3/")),
+        board=(("board", "run", FAMILY, "--engine", "engines/qwen3/", *codes, "--audio", "qwen3.wav"),),
+        plan={"speech_decoder": {"impl": "rknn", "artifacts": {"main": "{engine:qwen3_vocoder}"}}})

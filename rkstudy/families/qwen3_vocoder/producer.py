@@ -42,7 +42,7 @@ from .sidecar import AUDIO, CACHE_IN, CACHE_OUT, CODES, FAMILY, SAMPLE_RATE, SAM
 PRODUCER_VERSION = 1  # bump when the producer changes what it writes (keys the cache)
 DEFAULT_CODES_LENGTH = 64
 PRODUCER = "rkstudy qwen3 vocoder --codes-length 64 --skip-rknn --output qwen3_vocoder_b64.onnx"
-SIM_GATE = gates.Gate("simulator_vs_fp32_step", 30.0)  # stage 2: fp16 engine alive, cache path included
+SIM_GATE = gates.ENGINE_FLOORS["step"].gate()  # stage 2; a board gates at the same floor
 
 
 class ExportUnavailable(UsageError):

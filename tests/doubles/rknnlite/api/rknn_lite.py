@@ -29,15 +29,32 @@ extension; tests/test_board_double.py compares them with the wheel when it is pr
   when init runtime!" and the traceback ending "Exception: RKNN init failed. error code: RKNN_ERR_FAIL" and
   returns -1. Those lines are from airockchip/rknn-toolkit2#254 and #281 (librknnrt 1.3.0 and 1.4.0,
   "6, 1", RKNN_ERR_FAIL) and rockchip-linux/rknn-toolkit2#316 (librknnrt 1.5.0, "6, 4",
-  RKNN_ERR_MODEL_INVALID); the double follows #316 for a runtime of 1.5 or later and the other two
-  below it, for any runtime older than the toolkit the contract names (what a 2.3.x runtime prints for a
-  2.5.0 engine was not recorded anywhere this double could read).
+  RKNN_ERR_MODEL_INVALID); the double follows #316 for a runtime of 1.5 and the other two below it, for a
+  runtime older than 1.5.2 meeting an engine of rknn-toolkit2 1.5.2 or later (the engine format those runtimes
+  refused). A newer runtime older than the engine's toolkit (2.3.2 under a 2.5.0 engine) runs it: what such a
+  runtime does was not recorded anywhere this double could read, and rkstudy refuses that pairing itself
+  unless told --allow-older-runtime.
 
 Instead of an NPU: init_runtime serves the ONNX the engine was compiled from, found through the engine's
 stage contract (`<engine>.contract.json`, beside the engine or in $RKNNLITE_REPLAY_ONNX_DIR, checked by
 sha256), with onnxruntime; the SoC, the driver and librknnrt (its version string) are the ones the recorded
 board tree under $RKSTUDY_SYSROOT holds. `RKNNLITE_REPLAY_INIT_CODE=-4` makes librknnrt refuse every init
 with that code; `RKNNLITE_REPLAY_INIT_SECONDS=N` makes every init take N seconds (an interrupted run).
+
+Faults boards show and the simulator does not (the Piper duration-encoder pull request measured each on a
+board), by `RKNNLITE_REPLAY_FAULT`, on every inference of the process or only its Nth
+(`RKNNLITE_REPLAY_FAULT_AT=N`, counted from 1 across engines):
+* `overflow`: a register-field overflow. Along each output's longest axis, the elements past the field's
+  reach are written where the wrapped address points: from `RKNNLITE_REPLAY_FIELD` (default 8192, the 13-bit
+  field's span; half the axis where it is shorter) on, the output repeats its own start, a corrupted span;
+* `nan-tail`: uninitialised pad memory in the last rows (the last 1/16 of the rows, or of the samples of a
+  one-row output) read back as NaN, +65504 and -65504 in turn;
+* `zeros`: an all-zero output;
+* `segfault`: the runtime crashes inside the inference (SIGSEGV, as the rel-logit chain did: rc=139);
+* `submit-fails`: the driver refuses the job: librknnrt's "failed to submit!" (the line a Rock 5B on rknpu
+  0.9.3 printed until 0.9.6), then RKNNLite's "Catch exception when running RKNN model." and a traceback, and
+  None. The exception's text is the double's own choice (RUN_FAILED, the code by name): the wheel assembles it
+  at run time and no log of it was found.
 `IS_TEST_DOUBLE` tells rkstudy's BoardRunner to label its rows `replay`. Used only by tests.
 """
 
@@ -80,6 +97,12 @@ C_DRIVER_INFO = "RKNN Driver Information: version: {}"
 C_MODEL_VERSION = "Invalid RKNN model version {}"
 C_LOAD_FAILED = "rknn_init, load model failed!"
 MODEL_VERSION = 6  # the engine format rknn-toolkit2 2.x writes, as those runtimes named it
+MODEL_V6_TOOLKIT = (1, 5, 2)  # the first toolkit release that wrote it
+FAULTS = ("overflow", "nan-tail", "zeros", "segfault", "submit-fails")
+C_SUBMIT_FAILED = "failed to submit!"
+RUN_FAILED = "rknn_run failed. error code: {}"
+FP16_MAX = 65504.0
+_inferences = [0]  # inference calls of this process, counted for RKNNLITE_REPLAY_FAULT_AT
 
 
 def _log(level, message):
@@ -141,6 +164,52 @@ def _driver():
     return None
 
 
+def _faulted(outputs):
+    """The outputs as RKNNLITE_REPLAY_FAULT corrupts them (see the module docstring), or as they are."""
+    fault = os.environ.get("RKNNLITE_REPLAY_FAULT")
+    _inferences[0] += 1
+    at = os.environ.get("RKNNLITE_REPLAY_FAULT_AT")
+    if not fault or (at and int(at) != _inferences[0]):
+        return outputs
+    if fault not in FAULTS:
+        raise ValueError(f"RKNNLITE_REPLAY_FAULT={fault!r}: one of {', '.join(FAULTS)}")
+    if fault == "segfault":
+        import signal
+
+        sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGSEGV)
+    if fault == "submit-fails":
+        _c_log("E", C_SUBMIT_FAILED)
+        try:
+            raise Exception(RUN_FAILED.format(ERROR_NAMES[-1]))
+        except Exception:
+            _log("E", "Catch exception when running RKNN model.")
+            _log("E", traceback.format_exc())
+        return None
+    out = []
+    for o in outputs:
+        o = np.array(o, np.float32)
+        if fault == "zeros":
+            o[...] = 0.0
+        elif fault == "overflow":
+            axis = int(np.argmax(o.shape))
+            n = o.shape[axis]
+            start = int(os.environ.get("RKNNLITE_REPLAY_FIELD") or 8192)
+            start = start if n > start else n // 2
+            moved = np.moveaxis(o, axis, -1)
+            moved[..., start:] = moved[..., : n - start].copy()
+        else:  # nan-tail
+            rows = o.reshape(-1, o.shape[-1]) if o.ndim > 1 and o.shape[-2] > 1 else o.reshape(1, -1)
+            if rows.shape[0] > 1:
+                tail = rows[-max(1, rows.shape[0] // 16):]
+            else:
+                tail = rows[:, -max(1, rows.shape[1] // 16):]
+            pattern = np.resize(np.array([np.nan, FP16_MAX, -FP16_MAX], np.float32), tail.size)
+            tail[...] = pattern.reshape(tail.shape)
+        out.append(o)
+    return out
+
+
 class _ReplayRuntime:
     """What RKNNRuntime stands for: the engine's ONNX served by onnxruntime."""
 
@@ -155,7 +224,7 @@ class _ReplayRuntime:
         _c_log("I", C_RUNTIME_INFO.format(runtime))
         _c_log("I", C_DRIVER_INFO.format(_driver() or "unknown"))
         built, rt = _release(toolkit), _release(runtime)
-        if built and rt and rt < built:  # an engine of a newer toolkit: rknn_init refuses its model version
+        if built and rt and rt < MODEL_V6_TOOLKIT <= built:  # the engine format these runtimes refused at init
             modern = rt >= (1, 5, 0)
             _c_log("E", f"{MODEL_VERSION}, {4 if modern else 1}")
             _c_log("E", C_MODEL_VERSION.format(MODEL_VERSION))
@@ -273,11 +342,12 @@ class RKNNLite:
             _log("E", traceback.format_exc())
             return None
         try:
-            return [np.asarray(o, np.float32) for o in session.run(None, feed)]
+            outputs = [np.asarray(o, np.float32) for o in session.run(None, feed)]
         except Exception:
             _log("E", "Catch exception when running RKNN model.")
             _log("E", traceback.format_exc())
             return None
+        return _faulted(outputs)
 
     def get_sdk_version(self):
         if self.rknn_runtime is None:
