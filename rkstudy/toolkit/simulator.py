@@ -198,7 +198,7 @@ def _feed_digest(arrays: Sequence[np.ndarray]) -> str:
     return cache.digest(*[(str(a.dtype), list(a.shape)) for a in arrays], *[a.tobytes() for a in arrays])
 
 
-def simulate(onnx_path, target: str, feeds: Sequence, *, verbose: bool = False, **build_kwargs) -> Simulated:
+def simulate(onnx_path, target: str, feeds: Sequence, *, verbose: bool = True, **build_kwargs) -> Simulated:
     """Build `onnx_path` for `target` and run the simulator on every feed ({name: array} or lists in
     input order), once per content key: the engine's key (rkstudy.toolkit.engine_cache.engine_key), the
     REGTASK limit, verbosity and the feeds' bytes. Whoever asks again (another cell, another study)
