@@ -322,8 +322,8 @@ def largest_clean_window(engine: Callable[[int], object], target: str, budget: t
     measure([lo] + [w for w in known if floor <= w <= hi])  # builds made elsewhere are data from the start
     if not within(builds[lo], budget):
         start = below(lo) if lo > floor else None
-        if start is None:
-            return _search_result(None, rows, f"{floor} over", builds)
+        if start is None:   # the narrowest window built is over: `floor` (built last by below), or `lo` itself
+            return _search_result(None, rows, f"{min(lo, floor)} over", builds)
         lo = start
     step, misses = 1, (None, 0)
     while True:
