@@ -230,3 +230,26 @@ def test_a_builds_prediction_reads_the_table_its_log_holds(tmp_path):
     quiet.write_text("I rknn building done.\n")
     q = cost.for_build(SimpleNamespace(log=str(quiet), target="rk3588"), constants=UNIT)
     assert q.ms is None and "a verbose build prints them" in q.cannot
+
+
+def test_a_build_record_another_version_wrote_is_read_and_predicted(tmp_path):
+    """The build cache is shared by every checkout on a machine: a record with a field this BuildReport does not
+    have (another version's) is the same engine, read with the fields this version knows, and its row predicts
+    from the verbose log beside it."""
+    import json
+
+    from rkstudy.toolkit import build
+
+    engine = tmp_path / "w93.rknn"
+    engine.write_bytes(b"engine")
+    log_path = tmp_path / "w93.log"
+    log_path.write_bytes(gzip.decompress((TABLES / PIPER).read_bytes()))
+    report = {"status": "ok", "target": "rk3588", "onnx": str(tmp_path / "gone.onnx"), "engine": str(engine),
+              "engine_bytes": 6, "seconds": 12.5, "regtask": 0, "toolkit_version": "rknn-toolkit2 2.3.2",
+              "log": str(log_path), "a_field_of_another_version": 1.5}
+    engine.with_suffix(".json").write_text(json.dumps({"key": "k", "verbose": True, "report": report}))
+    got = build.cached_report(engine, "k", verbose=True)
+    assert got.ok and got.seconds == 12.5 and not hasattr(got, "a_field_of_another_version")
+    row = got.row()
+    assert row["npu_cycles"] == 8_192_768 and row["npu_ms_predicted"] > row["npu_ms_conv"] > 8.19
+    assert build.cached_report(engine, "other key", verbose=True) is None

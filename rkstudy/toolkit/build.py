@@ -97,6 +97,16 @@ class BuildReport:
     def ok(self) -> bool:
         return self.status == "ok"
 
+    @classmethod
+    def recorded(cls, saved: Mapping) -> BuildReport:
+        """A report as a build record holds it. The build cache is shared by every checkout on a machine, so a
+        record may carry fields another version of this class added: the engine is the same (its key matched),
+        and the fields this version knows are read."""
+        from dataclasses import fields
+
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in saved.items() if k in known})
+
     def prediction(self, cores: str = NPU_MASK):
         """What the engine would take per call on the NPU of its target under the core mask `cores`: the cost
         model's prediction from this build's layer table (rkstudy.toolkit.cost.for_build), made once per
@@ -483,7 +493,7 @@ def cached_report(out: Path, key: str, *, verbose: bool = False) -> BuildReport 
     saved = json.loads(record.read_text())
     if saved.get("key") != key or (verbose and not saved.get("verbose")):
         return None
-    return BuildReport(**saved["report"])
+    return BuildReport.recorded(saved["report"])
 
 
 def record_report(out: Path, key: str, report: BuildReport, *, verbose: bool = False) -> None:

@@ -235,7 +235,7 @@ def simulate(onnx_path, target: str, feeds: Sequence, *, verbose: bool = True, *
                 record = json.loads(str(saved["record"]))
                 # a failed or refused build recorded no outputs (every n_outputs entry 0)
                 outputs = [[saved[f"out_{i}_{j}"] for j in range(n)] for i, n in enumerate(record["n_outputs"]) if n]
-            return Simulated(BuildReport(**record["report"]), ordered, outputs, record["run_s"],
+            return Simulated(BuildReport.recorded(record["report"]), ordered, outputs, record["run_s"],
                              record["peak_rss_mb"], record.get("inference_error"))
         out = default_engine_path(onnx_path, target, build_key)
         eng = SimulatorRunner(onnx_path, target, shapes, out, keep_failed=True, verbose=verbose, **build_kwargs)
