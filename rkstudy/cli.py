@@ -108,8 +108,8 @@ def _cmd_bench(args) -> int:
         from .walk.bench import WALKER_BUDGET_MS, walker_overhead
 
         row = walker_overhead()
-        print(f"walker: {row['value']} ms/window over {row['windows']} windows "
-              f"(budget {WALKER_BUDGET_MS} ms) -> {bench.record(row, 'walker')}")
+        print(f"walker on this host's CPU with an engine that does no work: {row['value']} ms/window over "
+              f"{row['windows']} windows (budget {WALKER_BUDGET_MS} ms) -> {bench.record(row, 'walker')}")
     else:
         row = bench.make_test_wall()
         print(f"make test: {row['value']} s (budget {bench.TEST_BUDGET_S} s) -> {bench.record(row, 'make_test')}")
@@ -138,14 +138,17 @@ def _cmd_plan_window(args) -> int:
         print(f"{family.name}: receptive field{label} {rf['left_frames']} frames left, {rf['right_frames']} right "
               f"of {rf['latent_frames']} (output change above {rf['level_db']:g} dB of its peak)")
     for r in tables["plan"]:
+        window = f"largest window within the budget ({r['budget']}) {r['largest_clean_window']}"
         if r["emit"]:
+            npu = (f"; the NPU cost model predicts {r['npu_ms_predicted']} ms per window call on {r['target']}, "
+                   f"{r['npu_ms_per_emitted_frame_predicted']} ms per emitted frame (a prediction, not a board number)"
+                   if r["npu_ms_predicted"] != "" else f"; {r['npu_cost_note']}")
             print(f"{r['target']} at {r['snr_target_db']:g} dB: context {r['min_context_speech']} (white noise "
-                  f"needs {r['min_context_white_noise']}), largest clean window {r['largest_clean_window']}, "
-                  f"emit {r['emit']}, compute ratio {r['compute_ratio']:.2f} -> --emit {r['emit']} "
-                  f"--context {r['min_context_speech']}")
+                  f"needs {r['min_context_white_noise']}), {window}, emit {r['emit']}, compute ratio "
+                  f"{r['compute_ratio']:.2f}{npu} -> --emit {r['emit']} --context {r['min_context_speech']}")
         else:
             print(f"{r['target']} at {r['snr_target_db']:g} dB: no plan (context {r['min_context_speech']}, "
-                  f"largest clean window {r['largest_clean_window']})")
+                  f"{window})")
     print(f"wrote {root / family.name}/window_plan*.csv")
     return 0
 
@@ -355,7 +358,8 @@ def _add_core(sub) -> None:
     w.add_argument("--target", choices=TARGETS, default="rk3588")
     w.add_argument("--snr", type=float, action="append", help="SNR targets in dB (repeat; default 60, 80, 100)")
     w.add_argument("--budget", type=positive, nargs=2, metavar=("LINES", "VALUE"),
-                   help="REGTASK budget (default: what today's window's build logs on this target)")
+                   help="allow an at-risk engine: up to LINES REGTASK lines with a largest field value up to VALUE "
+                        "(default: clean, no REGTASK line)")
     w.add_argument("--max-window", type=positive, help="upper end of the search (default: twice today's window)")
     w.add_argument("--results", type=Path, help="results root (default: results/)")
     w.set_defaults(func=_cmd_plan_window, validate_args=lambda a: setattr(a, "snr", a.snr or [60.0, 80.0, 100.0]))

@@ -252,11 +252,23 @@ def stage2_row(done, gate, probed_on: str) -> dict:
 def summary_line(row: dict) -> str:
     """Stage 2 in one line: the engine, what it is (target, dtype, bytes), what the compiler said
     (REGTASK lines and their largest field value), what it cost
-    (build seconds, converter peak), the simulator gate, measured against its threshold, and the
-    board-risk verdict of what the compiler logged (the simulator cannot see a register-field overflow)."""
+    (build seconds, converter peak), the simulator gate, measured against its threshold, the
+    board-risk verdict of what the compiler logged (the simulator cannot see a register-field overflow),
+    and what the NPU cost model predicts a call takes (npu_line)."""
     op = ">=" if row["passed"] else "<"
     return (f"{row['engine']}: {row['target']} {row['dtype']}, {row['engine_bytes']:,} bytes, REGTASK "
             f"{row['regtask']} lines (largest value {row['regtask_max_value']}), built in {row['build_s']} s, "
             f"converter peak {row['converter_peak_mb']:,.0f} MB; simulator vs fp32 on {row['probed_on']}: "
             f"{row['measured']:.1f} {row['unit']} {op} {row['threshold']:g} (gate {row['gate']}); board risk: "
-            f"{row['board_risk']}; contract {Path(row['contract']).name}")
+            f"{row['board_risk']}; {npu_line(row)}; contract {Path(row['contract']).name}")
+
+
+def npu_line(row: dict) -> str:
+    """A build row's NPU cost prediction in words: ms per call on its SoC with each term (the row's npu_ms_<term>
+    columns, in the model's order), said to be a prediction; or why the model cannot speak for it."""
+    if row.get("npu_ms_predicted", "") == "":
+        return f"NPU time per call: {row.get('npu_cost_note') or 'not predicted'}"
+    terms = ", ".join(f"{k.removeprefix('npu_ms_')} {v:g}" for k, v in row.items()
+                      if k.startswith("npu_ms_") and k != "npu_ms_predicted")
+    return (f"the NPU cost model predicts {row['npu_ms_predicted']:g} ms per call on {row['npu_soc']} ({terms} ms; "
+            "a prediction from the compiler's layer table, not a board number)")

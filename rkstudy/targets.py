@@ -7,7 +7,7 @@ Board side: standard library only.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -23,8 +23,9 @@ class Target:
     rkstudy.graph.REGISTER_FIELD_MAX is met by other ops' fields, not by this probe).
     tests/test_board_targets.py rebuilds the probe for every target and checks its entry.
 
-    The last three fields are what a cost model needs per SoC; None until they are measured or read from a
-    source that says where they come from.
+    `npu_cores`, `npu_clock_mhz` and `dram_gbps` are what the NPU cost model (rkstudy.toolkit.cost) reads of
+    the SoC, each None until it is measured or read from a source, and `npu_sources` says where each comes
+    from (or, for a None, how to measure it).
     """
 
     name: str                    # the toolkit's target_platform, the contract's target, the engine file's SoC
@@ -38,6 +39,11 @@ class Target:
     npu_cores: int | None = None
     npu_clock_mhz: float | None = None
     dram_gbps: float | None = None
+    npu_sources: tuple[tuple[str, str], ...] = field(default=())   # (field, where its value comes from)
+
+    def source(self, name: str) -> str:
+        """Where the record's `name` (npu_cores, npu_clock_mhz, dram_gbps) comes from."""
+        return dict(self.npu_sources).get(name, "")
 
     @property
     def in_all(self) -> bool:
@@ -52,20 +58,38 @@ class Target:
 # The RV110x parts are MCU-class NPUs: the toolkit refuses an fp16 build for them ("not support
 # do_quantization = False"), and rknn-toolkit-lite2 does not run on them, so no board run serves them
 # (no device-tree chip is mapped to them, and `all` leaves them out).
+_ZOO_CLOCK = ("airockchip/rknn_model_zoo scaling_frequency.sh: the NPU frequency Rockchip's benchmarks fix "
+              "for this chip")
+_ONE_CORE = "a single-core NPU: set_core_mask is refused there (rkstudy.board.dmesg; librknnrt's -13)"
+_NO_DRAM = "no DRAM figure for this SoC here: measure one with `rkstudy board dram` on a board"
+_NO_CLOCK = "no NPU clock figure for this SoC here (rknn_model_zoo fixes none for it)"
+_NO_CORES = "no NPU core count for this SoC here"
+_SINGLE = (("npu_cores", _ONE_CORE), ("npu_clock_mhz", _ZOO_CLOCK), ("dram_gbps", _NO_DRAM))
+_MCU = (("npu_cores", _NO_CORES), ("npu_clock_mhz", _NO_CLOCK), ("dram_gbps", _NO_DRAM))
 RK3588 = Target("rk3588", chips=("rk3588", "rk3588s"), npu="rk3588", fp16=True, register_field_bits=None,
-                npu_devfreq="fdab0000.npu", all_order=0, studied=True)  # rk3588s: an rk3588 in a smaller package
+                npu_devfreq="fdab0000.npu", all_order=0, studied=True,  # rk3588s: an rk3588 in a smaller package
+                npu_cores=3, npu_clock_mhz=1000.0, dram_gbps=27.9, npu_sources=(
+                    ("npu_cores", "the RKNN decoder-path document (Core0/Core1/Core2 in /sys/kernel/debug/rknpu/load)"),
+                    ("npu_clock_mhz", "the RKNN decoder-path document (every board figure at the 1000 MHz OPP under "
+                                      "rknpu_ondemand); " + _ZOO_CLOCK),
+                    ("dram_gbps", "the RKNN decoder-path document: a DRAM read ceiling of 26.4-29.4 GB/s (STREAM "
+                                  "triad, 4 A76 threads, 804 MB working set); the model takes the middle")))
 RK3566 = Target("rk3566", chips=("rk3566",), npu="rk356x", fp16=True, register_field_bits=None,
-                npu_devfreq="fde40000.npu", all_order=2, studied=True)
+                npu_devfreq="fde40000.npu", all_order=2, studied=True, npu_cores=1, npu_clock_mhz=1000.0,
+                npu_sources=_SINGLE)
 RK3568 = Target("rk3568", chips=("rk3568",), npu="rk356x", fp16=True, register_field_bits=None,
-                npu_devfreq="fde40000.npu", all_order=None)
+                npu_devfreq="fde40000.npu", all_order=None, npu_cores=1, npu_clock_mhz=1000.0, npu_sources=_SINGLE)
 RK3576 = Target("rk3576", chips=("rk3576",), npu="rk3576", fp16=True, register_field_bits=14,
-                npu_devfreq="27700000.npu", all_order=1)
+                npu_devfreq="27700000.npu", all_order=1, npu_cores=2, npu_clock_mhz=1000.0, npu_sources=(
+                    ("npu_cores", "two cores: rknn-toolkit2 2.3.2's changelog gives RK3576 multi-core ops, and its "
+                                  "core masks run to RKNN_NPU_CORE_0_1"),
+                    ("npu_clock_mhz", _ZOO_CLOCK), ("dram_gbps", _NO_DRAM)))
 RK3562 = Target("rk3562", chips=("rk3562",), npu="rk3562", fp16=True, register_field_bits=None,
-                npu_devfreq="ff300000.npu", all_order=3)
+                npu_devfreq="ff300000.npu", all_order=3, npu_cores=1, npu_clock_mhz=1000.0, npu_sources=_SINGLE)
 RV1103 = Target("rv1103", chips=(), npu="rv1103", fp16=False, register_field_bits=None, npu_devfreq=None,
-                all_order=None)
+                all_order=None, npu_sources=_MCU)
 RV1106 = Target("rv1106", chips=(), npu="rv1106", fp16=False, register_field_bits=None, npu_devfreq=None,
-                all_order=None)
+                all_order=None, npu_sources=_MCU)
 
 RECORDS = (RK3588, RK3566, RK3568, RK3576, RK3562, RV1103, RV1106)
 BY_NAME = {t.name: t for t in RECORDS}

@@ -12,7 +12,7 @@ import pytest
 from rkstudy import graph
 from rkstudy.errors import InputError, UsageError
 from rkstudy.paths import REPO
-from rkstudy.toolkit import build, envs, forkserver
+from rkstudy.toolkit import build, cost, envs, forkserver
 from rkstudy.toolkit import probes as toolchain
 from rkstudy.toolkit.calibration import Calibration
 
@@ -36,6 +36,16 @@ def test_build_produces_an_engine(probe, tmp_path, target):
     assert report.row()["where"] == "host"
     assert report.toolkit_version == "rknn-toolkit2 2.5.0"
     assert "rknn building done" in open(report.log).read()  # fd 1/2 of the compiler, captured
+    # a build is verbose unless asked otherwise: its row carries the NPU cost model's prediction from the table
+    row = report.row()
+    if target == "rk3588":
+        assert row["npu_ms_predicted"] > row["npu_ms_conv"] > 0 and row["npu_cycles"] > 0
+        assert row["npu_ms_predicted"] == pytest.approx(sum(row[f"npu_ms_{k}"] for k in cost.TERMS), abs=6 * 5e-4)
+        assert row["npu_cost_note"] == cost.PREDICTED_BY and row["npu_mask"] == build.NPU_MASK
+    else:   # no DRAM figure for rk3566: the row says so and how to get one
+        assert row["npu_ms_predicted"] == "" and "rkstudy board dram" in row["npu_cost_note"]
+    quiet = build.build_engine(probe, target, out=tmp_path / f"quiet-{target}.rknn", reuse=False, verbose=False)
+    assert quiet.row()["npu_ms_predicted"] == "" and "a verbose build prints them" in quiet.row()["npu_cost_note"]
 
 
 def test_reuse_returns_the_recorded_build(probe, tmp_path):
@@ -88,6 +98,7 @@ def test_regtask_limit_kills_the_build(tmp_path):
     assert report.failed_step == "build"  # the step that was running, not load_onnx (the last one that finished)
     assert report.regtask > 5 and report.engine is None
     assert not (tmp_path / "long.rknn").exists()
+    assert report.row()["npu_cost_note"] == "cannot speak: the build regtask-limit and made no engine"
     with pytest.raises(build.BuildFailed, match="regtask-limit .*13-bit field"):
         report.raise_for_status()
 

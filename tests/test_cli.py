@@ -11,7 +11,7 @@ import pytest
 from rkstudy import graph
 from rkstudy.cli import main, parse_shapes
 from rkstudy.errors import UsageError
-from rkstudy.toolkit import envs
+from rkstudy.toolkit import cost, envs
 from rkstudy.toolkit.probes import long_axis_probe, vocoder_probe
 
 
@@ -158,7 +158,11 @@ STAGE2_ROW = {"status": "ok", "target": "rk3566", "dtype": "fp16", "regtask": 18
               "engine_bytes": 12_345_678, "contract": "/e/dec.contract.json", "gate": "simulator_vs_fp32_white_noise",
               "measured": 31.26, "threshold": 15.0, "unit": "dB", "passed": True, "probed_on": "a white-noise window",
               "board_risk": "at risk: 18 REGTASK lines, largest field value 8,309 (field limit 8,191): the simulator "
-                            "does not model the overflow"}
+                            "does not model the overflow",
+              "npu_ms_predicted": "", "npu_ms_conv": "", "npu_ms_dram": "", "npu_ms_elementwise": "",
+              "npu_ms_dispatch": "", "npu_ms_cpu": "", "npu_ms_io": "", "npu_soc": "rk3566",
+              "npu_cost_note": "cannot speak for rk3566: no DRAM bandwidth (no DRAM figure for this SoC here: measure "
+                               "one with `rkstudy board dram` on a board)"}
 
 
 def test_stage2_says_what_it_built_in_one_line():
@@ -168,7 +172,16 @@ def test_stage2_says_what_it_built_in_one_line():
         "/e/dec.rknn: rk3566 fp16, 12,345,678 bytes, REGTASK 18 lines (largest value 8309), built in 41.2 s, "
         "converter peak 2,150 MB; simulator vs fp32 on a white-noise window: 31.3 dB >= 15 "
         "(gate simulator_vs_fp32_white_noise); board risk: at risk: 18 REGTASK lines, largest field value 8,309 "
-        "(field limit 8,191): the simulator does not model the overflow; contract dec.contract.json")
+        "(field limit 8,191): the simulator does not model the overflow; NPU time per call: cannot speak for rk3566: "
+        "no DRAM bandwidth (no DRAM figure for this SoC here: measure one with `rkstudy board dram` on a board); "
+        "contract dec.contract.json")
+    predicted = {**STAGE2_ROW, "target": "rk3588", "npu_soc": "rk3588", "npu_ms_predicted": 31.2, "npu_ms_conv": 8.19,
+                 "npu_ms_dram": 6.1, "npu_ms_elementwise": 12.0, "npu_ms_dispatch": 0.0, "npu_ms_cpu": 2.5,
+                 "npu_ms_io": 2.41}
+    assert summary_line(predicted).endswith(
+        "; the NPU cost model predicts 31.2 ms per call on rk3588 (conv 8.19, dram 6.1, elementwise 12, dispatch 0, "
+        "cpu 2.5, io 2.41 ms; a prediction from the compiler's layer table, not a board number); "
+        "contract dec.contract.json")
 
 
 @pytest.mark.simulator
@@ -183,7 +196,9 @@ def test_stage2_prints_the_summary_line_and_json_gives_the_row(tmp_path, capsys)
     m = re.fullmatch(re.escape(str(engine)) + r": rk3588 fp16, ([\d,]+) bytes, REGTASK (\d+) lines \(largest value "
                      r"(\d+)\), built in ([\d.]+) s, converter peak ([\d,]+) MB; simulator vs fp32 on a zeroed and a "
                      r"carried cache: ([\d.]+) dB >= 30 \(gate simulator_vs_fp32_step\); "
-                     r"board risk: (clean|at risk: .+); contract b4.contract.json",
+                     r"board risk: (clean|at risk: .+); the NPU cost model predicts ([\d.]+) ms per call on rk3588 "
+                     r"\(conv [\d.]+, dram [\d.]+, elementwise [\d.]+, dispatch [\d.e-]+, cpu [\d.]+, io [\d.]+ ms; a "
+                     r"prediction from the compiler's layer table, not a board number\); contract b4.contract.json",
                      summary)
     assert m, summary
     assert int(m[1].replace(",", "")) == engine.stat().st_size and float(m[4]) > 0
@@ -195,6 +210,8 @@ def test_stage2_prints_the_summary_line_and_json_gives_the_row(tmp_path, capsys)
     assert row["engine_bytes"] == engine.stat().st_size and row["measured"] >= 30 and row["status"] == "ok"
     assert {"dtype", "regtask", "regtask_max_value", "build_s", "converter_peak_mb", "contract", "log",
             "board_risk"} <= set(row)
+    assert row["npu_ms_predicted"] == pytest.approx(float(m[8]), abs=0.01) and row["npu_soc"] == "rk3588"
+    assert row["npu_ms_predicted"] == pytest.approx(sum(row[f"npu_ms_{k}"] for k in cost.TERMS), abs=0.01)
 
 
 def test_json_without_a_stage_2_is_refused(capsys):

@@ -77,9 +77,9 @@ def test_a_multi_core_mask_is_recorded_and_does_not_split_layers():
     assert (one.cores, three.cores) == (1, 3) and three.terms == one.terms
     assert three.row()["npu_mask"] == "0_1_2" and three.row()["npu_cores"] == 3
     # a multi-core mask on a single-core SoC runs on one core, as the runner falls back
-    assert cost.effective_cores(cost.SOCS["rk3566"], "0_1_2") == 1
+    assert cost.effective_cores(cost.soc_record("rk3566"), "0_1_2") == 1
     with pytest.raises(UsageError, match="core mask '0_2'"):
-        cost.effective_cores(cost.SOCS["rk3588"], "0_2")
+        cost.effective_cores(cost.soc_record("rk3588"), "0_2")
 
 
 def test_cpu_layers_and_io_take_their_host_times_times_the_cpu_factor():
@@ -115,12 +115,20 @@ def test_layers_with_neither_cycles_nor_bytes_are_named_in_the_row():
     assert row["npu_ms_predicted"] == pytest.approx(sum(row[f"npu_ms_{k}"] for k in cost.TERMS), abs=0.1)
 
 
-def test_a_cpu_layer_is_timed_here_by_its_op_or_as_a_copy():
+def test_a_cpu_layer_is_timed_here_by_its_op_or_as_a_copy_once_per_work(monkeypatch):
+    monkeypatch.setattr(cost, "SPAN_S", 0.05)
+    cost.forget_timings()
     sin = log.Layer(2, "Sin", "CPU", "/act/Sin", "FLOAT16", "(1,8,1,30)", "(1,8,1,30)", 0, 0, 0, 0)
-    ms, how = cost.layer_timing(sin)
-    assert ms > 0 and how == "its op at the printed shapes"
+    twin = log.Layer(5, "Sin", "CPU", "/other/Sin", "FLOAT16", "(1,8,1,30)", "(1,8,1,30)", 0, 0, 0, 0)
     pad = log.Layer(3, "exConvTransposePad", "CPU", "/up/pad", "FLOAT16", "(1,16,1,64)", "(1,16,1,71)", 0, 0, 0, 0)
-    assert cost.layer_timing(pad)[1] == "a copy of its output"
+    out = log.Layer(4, "OutputOperator", "CPU", "out", "FLOAT16", "(1,16,64)", "\\", 0, 0, 0, 0)
+    timed = cost.host_times([sin, twin, pad, out])
+    assert timed[2][0] > 0 and timed[2][1] == "its op at the printed shapes"
+    assert timed[5] == timed[2] and len(cost._timed) == 3   # the same work at the same shapes: timed once
+    assert timed[3][1] == "a copy of its output" and timed[4][1] == "a cast and a transposing copy"
+    assert cost.layer_timing(sin) == timed[2]   # cached for the process
+    cost.forget_timings()
+    assert not cost._timed
     assert cost.shapes("(1,16,1,64),(16,16,1,7),(16),...") == [(1, 16, 1, 64), (16, 16, 1, 7), (16,)]
     assert cost.shapes("\\") == []
 
@@ -173,24 +181,41 @@ def test_a_verdict_is_computed_from_its_numbers():
     assert cal.verdict(-0.5, "conv", 5.0, 10.0, [20.0]).endswith("x3.00")
 
 
-def test_every_soc_figure_names_its_source():
-    for row in cost.soc_rows():
-        for k in ("npu_cores", "npu_clock_mhz", "dram_gbps"):
+def test_every_soc_figure_names_its_source_in_the_soc_record():
+    from rkstudy.targets import RECORDS
+
+    rows = cost.soc_rows()
+    assert [r["soc"] for r in rows] == [t.name for t in RECORDS]   # one place states each SoC fact
+    for row in rows:
+        for k in cost.COST_FIELDS:
             assert row[f"{k}_source"], (row["soc"], k)
-    assert cost.SOCS["rk3588"].dram_gbps == pytest.approx((26.4 + 29.4) / 2)
+    assert cost.soc_record("rk3588").dram_gbps == pytest.approx((26.4 + 29.4) / 2)
+    # a SoC without a figure says how to get one, and its prediction says so
+    assert "rkstudy board dram" in cost.soc_record("rk3576").source("dram_gbps")
+    mcu = cost.predict(table(PIPER), "rv1106", "0_1_2", constants=UNIT, **NO_CPU)
+    assert mcu.ms is None and mcu.cannot.startswith("cannot speak for rv1106: no NPU clock, no DRAM bandwidth, no "
+                                                     "core count (no DRAM figure")
 
 
-@pytest.mark.slow   # the families' cases: the voice's walk of the 443-character text, the encoder's CPU share
+@pytest.mark.slow   # the fitted figures' families' cases: the encoder's CPU share of the stage on this host
 def test_the_committed_constants_are_what_their_recorded_inputs_fit():
     """cost.CALIBRATED is what the fitted figures give from the record of the run that fitted it
-    (fixtures/npu_cost/fitted_inputs.json, calibration.record_fitted: the fitted engines' layer-table sums and
-    that host's CPU timings): the fit runs again here, without a toolkit or a build."""
-    record = Path(__file__).parent / "fixtures" / "npu_cost" / "fitted_inputs.json"
-    got = cal.fit_recorded(cal.collect(False), record)
+    (data/npu_cost/fitted_inputs.json, calibration.record_fitted: the fitted engines' layer-table sums and
+    that host's CPU timings): the fit runs again here, without a toolkit or a build, and notebook 09's constants
+    table says the same."""
+    got = cal.fit_recorded()
     c = cost.CALIBRATED
     assert (got.dram_share, got.dispatch_us, got.cpu_factor) == pytest.approx(
         (c.dram_share, c.dispatch_us, c.cpu_factor), rel=1e-3, abs=1e-6)
     assert got.fitted_on == c.fitted_on
+    rows = cal.constant_rows(c, this_run=cost.Constants(c.dram_share, c.dispatch_us, 2 * c.cpu_factor))
+    assert all(r["agrees"] for r in rows) and {r["timings"] for r in rows} == {5}   # the first and 4 reruns
+    by = {r["constant"]: r for r in rows}
+    assert by["cpu_factor"]["timings_low"] <= c.cpu_factor <= by["cpu_factor"]["timings_high"]
+    assert by["cpu_factor"]["timings_high"] < 1.1 * by["cpu_factor"]["timings_low"]   # what the timing is for
+    assert by["cpu_factor"]["drift_pct"] == 100.0 and by["cpu_factor"]["within_timings"] is False
+    assert by["dram_share"]["within_timings"] is True
+    assert cal.drift(rows).startswith("drift: cpu_factor ")
 
 
 def test_a_builds_prediction_reads_the_table_its_log_holds(tmp_path):
@@ -205,3 +230,26 @@ def test_a_builds_prediction_reads_the_table_its_log_holds(tmp_path):
     quiet.write_text("I rknn building done.\n")
     q = cost.for_build(SimpleNamespace(log=str(quiet), target="rk3588"), constants=UNIT)
     assert q.ms is None and "a verbose build prints them" in q.cannot
+
+
+def test_a_build_record_another_version_wrote_is_read_and_predicted(tmp_path):
+    """The build cache is shared by every checkout on a machine: a record with a field this BuildReport does not
+    have (another version's) is the same engine, read with the fields this version knows, and its row predicts
+    from the verbose log beside it."""
+    import json
+
+    from rkstudy.toolkit import build
+
+    engine = tmp_path / "w93.rknn"
+    engine.write_bytes(b"engine")
+    log_path = tmp_path / "w93.log"
+    log_path.write_bytes(gzip.decompress((TABLES / PIPER).read_bytes()))
+    report = {"status": "ok", "target": "rk3588", "onnx": str(tmp_path / "gone.onnx"), "engine": str(engine),
+              "engine_bytes": 6, "seconds": 12.5, "regtask": 0, "toolkit_version": "rknn-toolkit2 2.3.2",
+              "log": str(log_path), "a_field_of_another_version": 1.5}
+    engine.with_suffix(".json").write_text(json.dumps({"key": "k", "verbose": True, "report": report}))
+    got = build.cached_report(engine, "k", verbose=True)
+    assert got.ok and got.seconds == 12.5 and not hasattr(got, "a_field_of_another_version")
+    row = got.row()
+    assert row["npu_cycles"] == 8_192_768 and row["npu_ms_predicted"] > row["npu_ms_conv"] > 8.19
+    assert build.cached_report(engine, "other key", verbose=True) is None

@@ -133,8 +133,32 @@ def test_a_staircase_falls_back_to_steps_and_still_finds_the_bisection_answer():
 
 
 def test_the_search_refuses_a_budget_its_narrowest_window_breaks():
-    search = planner.largest_clean_window(lambda w: w, "rk3588", (0, 0), 93, 256, build=piper_rk3588)
+    search = planner.largest_clean_window(lambda w: w, "rk3588", (0, 0), 93, 256, build=piper_rk3588, floor=93)
     assert (search.window, search.confirmed_by) == (None, "93 over")
+    below = planner.largest_clean_window(lambda w: w, "rk3588", (0, 0), 93, 256, build=piper_rk3588, floor=40)
+    assert (below.window, below.confirmed_by) == (None, "40 over")
+
+
+def piper_rk3588_clean_below(w):
+    """The same staircase as the compiler logs it: no line while the field value stays within 8,191."""
+    value = 8176 * (w // 32)
+    return logged(6 * (w // 32) + 6, value) if value > 8191 else logged(0, 0)
+
+
+def test_a_clean_budget_searches_down_from_a_window_that_is_not_clean():
+    """Today's 93-frame window logs 18 lines on rk3588 (rknn-toolkit2 2.5.0): clean is below it. The line
+    through the origin and 93's field value predicts 46, under the floor (the narrowest window with a frame
+    to emit), so the floor's pair builds first, clean; the search goes on up (the fit misses twice on the
+    staircase, then bisects) and ends on the staircase's edge, confirmed by a pair as upward searches are."""
+    built = []
+    search = planner.largest_clean_window(lambda w: w, "rk3588", planner.CLEAN, 93, 192, floor=49,
+                                          build=lambda w: built.append(w) or piper_rk3588_clean_below(w))
+    assert (search.window, search.confirmed_by) == (63, "63 within, 64 over")
+    assert built == [93, 49, 50, 51, 52, 53, 54, 73, 63, 68, 65, 64]
+    (first, *_) = [r for r in search.rows if r["source"] == "predicted"]
+    assert (first["window"], first["predicted_regtask_max_value"]) == (49, 8616)   # 16352 / 93 x 49
+    assert all(r["budget"].startswith("clean: no REGTASK line") for r in search.rows)
+    assert all(r["within_budget"] == (r["window"] <= 63) for r in search.rows if r["source"] == "built")
 
 
 def test_a_flat_budget_reaches_the_widest_window_searched():
@@ -185,6 +209,33 @@ def test_the_plan_is_emit_from_window_and_context():
     (row,) = planner.plan_rows({"rk3588": 93}, sweep, [60.0])
     assert (row["min_context_speech"], row["emit"], row["min_context_white_noise"]) == (20, 53, None)
     assert row["compute_ratio"] == 53 / 93
+    assert row["npu_ms_predicted"] == "" and row["npu_cost_note"] == "cannot speak: not built: no layer table to " \
+        "predict from"
+
+
+def test_the_plan_states_its_budget_and_its_windows_predicted_npu_time():
+    """The window's own build (the recorded layer table of the Piper 93-frame window, rknn-toolkit2 2.3.2,
+    rk3588: no REGTASK line) gives the plan its predicted ms per window call and per emitted frame."""
+    import gzip
+    from pathlib import Path
+
+    from rkstudy.toolkit import cost, log
+
+    table = log.layer_table(gzip.decompress((Path(__file__).parent / "fixtures" / "layer_tables" /
+                                             "piper_decoder_w93_rk3588_toolkit232.log.gz").read_bytes()).decode())
+    p = cost.predict(table, "rk3588", "0_1_2", constants=cost.Constants(0.1, 100.0, 2.0), cpu_ms=lambda x: 0.5,
+                     io_ms=lambda x: 0.25)
+    report = Logged(ok=True, regtask=0, regtask_max=0, status="ok", engine_bytes=1000, prediction=lambda: p)
+    sweep = [{"latents": "speech", "context": 24, "worst_interior_snr_db": 90.0}]
+    clean = planner.budget_text(planner.CLEAN, "rk3588")
+    (row,) = planner.plan_rows({"rk3588": 93}, sweep, [80.0], {"rk3588": "93 within, 94 over"}, {"rk3588": clean},
+                               {"rk3588": report})
+    assert clean == "clean: no REGTASK line (no field value past rk3588's limit of 8,191)" == row["budget"]
+    assert row["emit"] == 45 and row["npu_ms_predicted"] == pytest.approx(p.ms, abs=1e-3)
+    assert row["npu_ms_per_emitted_frame_predicted"] == pytest.approx(row["npu_ms_predicted"] / 45, abs=1e-4)
+    assert row["npu_ms_cpu"] == pytest.approx(2.0 * 0.5 * 4) and row["npu_cost_note"] == cost.PREDICTED_BY
+    at_risk = planner.budget_text((18, 16352), "rk3588")
+    assert at_risk.startswith("at risk allowed: up to 18 REGTASK lines and a largest field value of 16,352")
 
 
 def test_a_decoder_with_two_walked_inputs_and_global_statistics():
@@ -244,3 +295,7 @@ def test_a_decoder_with_two_walked_inputs_and_global_statistics():
     assert snr[("speech", 4)] < 40  # per-window statistics: no context makes a window exact
     (row,) = tables["plan"]
     assert row["min_context_speech"] is None and row["emit"] is None and row["largest_clean_window"] == 30
+    (budget,) = tables["budgets"]
+    assert (budget["budget_lines"], budget["given"], budget["start_window"]) == (0, False, 28)
+    assert row["budget"] == budget["budget"] == planner.budget_text(planner.CLEAN, "rk3588")
+    assert row["npu_cost_note"] == "cannot speak: no toolkit build behind this row"

@@ -29,17 +29,19 @@ def test_the_field_width_per_target_is_what_the_compiler_prints_for_the_probe():
     assert summary["rk3588"]["field_limit"] == "none printed" and summary["rk3588"]["longest_clean_probe"] == 16384
 
 
-def test_the_summary_labels_their_figures_and_takes_the_budget_from_the_window_build():
+def test_the_summary_labels_their_figures_and_sets_the_window_build_beside_the_clean_budget():
     probes = [{"target": "rk3562", "frames": 16384, "status": "ok", "regtask": 0, "regtask_max_value": 0,
                "limit": "", "field_bits": "", "outcome": "built"},
               *targets.field_probe_rows(["rv1106"])]
     stages = [{"stage": "window", "target": "rk3562", "regtask": 355, "regtask_max_value": 23750},
               {"stage": "step", "target": "rk3562", "regtask": 60, "regtask_max_value": 19696}]
     rows = {r["target"]: r for r in targets.summary_rows(probes, stages, "window")}
-    assert (rows["rk3562"]["budget_lines"], rows["rk3562"]["budget_value"]) == (355, 23750)
+    assert (rows["rk3562"]["window_lines"], rows["rk3562"]["window_value"], rows["rk3562"]["window_clean"]) == (
+        355, 23750, False)
+    assert rows["rk3562"]["plan_budget"] == "clean: no REGTASK line (no field value past rk3562's limit of 8,191)"
     assert rows["rk3562"]["their_value"] == 0.138 and rows["rk3562"]["comparable"] == targets.THEIRS
     assert rows["rv1106"]["fp16_build"].startswith("rknn-toolkit2 builds no fp16 engine for rv1106")
-    assert rows["rv1106"]["their_value"] == "" and rows["rv1106"]["budget_lines"] == ""
+    assert rows["rv1106"]["their_value"] == "" and rows["rv1106"]["window_lines"] == ""
 
 
 def test_the_field_limits_are_read_from_the_build_log():

@@ -89,6 +89,32 @@ def test_ladder_summary_counts_chunks_per_rung():
     assert [(r["lands"], r["chunks"], r["tokens_min"], r["tokens_max"]) for r in out] == [
         ("n128", 2, 100, 120), ("n192", 1, 150, 150), (FALLBACK, 1, 225, 225)]
     assert (out[0]["drift_min_pct"], out[0]["drift_max_pct"]) == (-2.0, 1.0)
+    assert "npu_ms_predicted" not in out[0]   # plan rows carry no prediction
+
+
+def test_the_ladder_states_each_rungs_predicted_npu_time():
+    """Each rung's prediction comes from its engine's build (the recorded layer table of the encoder window
+    the fixtures hold stands in for the rung's log); the summary gives the per-call time and the rung's chunks'
+    total, and the fallback's rows say why they have none."""
+    from types import SimpleNamespace
+
+    from rkstudy.families.piper_encoder.sidecar import LadderEngine
+    from rkstudy.toolkit import cost
+
+    made = cost.Prediction("rk3588", "0_1_2", 3, cost.Basis(conv_ms=2.0, dram_gbps=27.9, elementwise_bytes=0,
+                                                           compute_layers=10, cpu_host_ms=0.5, io_host_ms=0.25),
+                           cost.Constants(0.1, 100.0, 2.0))
+    contract = SimpleNamespace(params={"width": 128}, inputs=[SimpleNamespace(axis=1)], shape_sets=[[(1, 128), (1,)]])
+    rung = LadderEngine(SimpleNamespace(report=SimpleNamespace(prediction=lambda: made)), contract)
+    rungs = es.rung_predictions([rung])
+    assert list(rungs) == ["n128"] and rungs["n128"]["npu_ms_predicted"] == pytest.approx(2.0 + 1.0 + 1.0 + 0.5)
+    fallback = es._fallback_cost()
+    assert fallback["npu_cost_note"] == "cannot speak: the fp32 fallback runs on this host's CPU, not on the NPU"
+    rows = [{"tokens": t, "ran_on": w, "where": "simulator", "target": "rk3588",
+             **(rungs[w] if w in rungs else fallback)} for t, w in ((100, "n128"), (120, "n128"), (225, FALLBACK))]
+    out = {r["lands"]: r for r in es.ladder_summary(rows, key="ran_on")}
+    assert (out["n128"]["npu_ms_predicted"], out["n128"]["npu_ms_predicted_chunks"]) == (4.5, 9.0)
+    assert out[FALLBACK]["npu_ms_predicted_chunks"] == "" and out[FALLBACK]["npu_cost_note"].startswith("cannot")
 
 
 def test_sensitivity_summary_groups_by_snr():

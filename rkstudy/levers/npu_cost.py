@@ -94,22 +94,26 @@ class Figure:
 
 @dataclass
 class Cases:
-    """What one family offers the calibration: its engines and the figures they predict."""
+    """What one family offers the calibration: its engines and the figures they predict (`families`: the
+    family each figure came from, by figure key, where collect() asked the families)."""
 
     engines: list[Engine] = field(default_factory=list)
     figures: list[Figure] = field(default_factory=list)
+    families: dict[str, str] = field(default_factory=dict)
 
     def __add__(self, other: Cases) -> Cases:
-        return Cases(self.engines + other.engines, self.figures + other.figures)
+        return Cases(self.engines + other.engines, self.figures + other.figures, {**self.families, **other.families})
 
 
-def collect(quick: bool) -> Cases:
-    """Every registered family's cases, in registry order."""
+def collect(quick: bool, families: Sequence[str] | None = None) -> Cases:
+    """Every registered family's cases (or those of `families`), in registry order."""
     from ..registry import hooked
 
     out = Cases()
-    for _, cases in hooked("npu_cost_cases"):
-        out = out + cases(quick)
+    for family, cases in hooked("npu_cost_cases"):
+        if families is None or family.name in families:
+            c = cases(quick)
+            out = out + Cases(c.engines, c.figures, {f.key: family.name for f in c.figures})
     return out
 
 
@@ -292,11 +296,14 @@ def _round(x: float) -> float:
 @dataclass
 class Run:
     """The engines built for one calibration run: their layer tables' predictions (at START; `at` moves
-    them to other constants) and how each was built."""
+    them to other constants), how each was built, and what a rerun of the timings needs (each engine's
+    layer table and graph index)."""
 
     cases: Cases
     predictions: dict[str, Prediction]
     builds: dict[str, dict]
+    tables: dict[str, list] = field(default_factory=dict)
+    indexes: dict[str, object] = field(default_factory=dict)
 
     def at(self, constants: Constants) -> dict[str, Prediction]:
         return {k: p.at(constants) for k, p in self.predictions.items()}
@@ -306,6 +313,16 @@ class Run:
         return {k: f"{k} ({b['toolkit']}, {b['target']}, {b['layers_printed']} layers, mask {b['mask']})"
                 for k, b in self.builds.items()}
 
+    def retimed(self, names: Sequence[str]) -> dict[str, Prediction]:
+        """The predictions of `names` with their CPU layers and I/O timed on this host again (the process's
+        timings forgotten first): what a rerun of the calibration would time."""
+        from ..toolkit import cost
+
+        cost.forget_timings()
+        by_name = {e.name: e for e in self.cases.engines}
+        return {n: predict(self.tables[n], by_name[n].target, by_name[n].mask, constants=START,
+                           model=self.indexes.get(n)) for n in names}
+
 
 def build(quick: bool, progress: bool = True) -> Run:
     """Build every case's engine verbosely (the shared cache serves one built under the same key), read its
@@ -313,74 +330,158 @@ def build(quick: bool, progress: bool = True) -> Run:
     from tqdm.auto import tqdm
 
     from .. import graph
+    from ..graph.index import Index
     from ..process import shows_progress
     from ..toolkit import log
     from ..toolkit.build import build_engine
 
     cases = collect(quick)
-    preds, builds = {}, {}
+    run = Run(cases, {}, {})
     for e in tqdm(cases.engines, desc="engines", disable=not shows_progress(progress)):
         onnx_path = e.make()
         report = build_engine(onnx_path, e.target, verbose=True, toolkit=e.toolkit)
         table = log.layer_table(Path(report.log).read_text(encoding="utf-8", errors="replace")) if report.ok else []
-        builds[e.name] = {"toolkit": report.toolkit_version, "target": e.target, "mask": e.mask,
-                          "status": report.status, "regtask": report.regtask,
-                          "engine_mb": round(report.engine_bytes / 1e6, 2), "build_s": round(report.seconds, 1),
-                          "layers_printed": len(table), "cpu_ops": log.cpu_ops(table), "onnx": onnx_path.name}
+        run.builds[e.name] = {"toolkit": report.toolkit_version, "target": e.target, "mask": e.mask,
+                              "status": report.status, "regtask": report.regtask,
+                              "engine_mb": round(report.engine_bytes / 1e6, 2), "build_s": round(report.seconds, 1),
+                              "layers_printed": len(table), "cpu_ops": log.cpu_ops(table), "onnx": onnx_path.name}
         if report.ok:
-            preds[e.name] = predict(table, e.target, e.mask, constants=START, model=graph.load(onnx_path))
-    return Run(cases, preds, builds)
+            run.tables[e.name] = table
+            if any(x.target == "CPU" and x.op not in log.IO_OPS for x in table):
+                run.indexes[e.name] = Index.inferred(graph.load(onnx_path))
+            run.predictions[e.name] = predict(table, e.target, e.mask, constants=START, model=run.indexes.get(e.name))
+    return run
 
 
-def constants_for(run: Run, quick: bool) -> Constants:
-    """Full mode: the constants fitted on this run's FITTED figures. Quick mode (which builds no fitted
-    engine): the committed ones, which the last full run fitted."""
+def fitted_engines(cases: Cases) -> list[str]:
+    """The engines the FITTED figures read."""
+    return sorted({e for f in cases.figures if f.key in FITTED for e in f.engines})
+
+
+def refit(run: Run) -> Constants:
+    """This run's constants: the FITTED figures fitted on this run's engines and this host's timings (full
+    mode; the quick run builds no fitted engine)."""
     from ..toolkit import cost
 
-    if not quick:
-        return fit_constants(run.cases, run.predictions, fitted_on=f"{cost.host_cpu()}: {', '.join(FITTED)}")
-    if cost.CALIBRATED is None:
-        raise ValueError("no committed constants (rkstudy.toolkit.cost.CALIBRATED): run notebook 09 in full mode")
-    return cost.CALIBRATED
+    return fit_constants(run.cases, run.predictions, fitted_on=f"{cost.host_cpu()}: {', '.join(FITTED)}")
+
+
+def calibrate(run: Run, reruns: int) -> tuple[Constants, list[dict]]:
+    """The constants to commit, and the fits that measured their spread. The fitted engines' CPU layers and I/O
+    are timed on this host `reruns` more times (each time forgetting the last), each timing fitted on its own
+    (the spread: how far this host's timings move the constants); the committed constants are fitted on the
+    fastest time of each op and shape over every timing, as each timing keeps its fastest call, and `run`'s
+    predictions are moved to those timings (what record_fitted records)."""
+    from ..toolkit import cost
+
+    names = fitted_engines(run.cases)
+    on = f"{cost.host_cpu()}: {', '.join(FITTED)}"
+
+    def spread_row(preds: Mapping[str, Prediction]) -> dict:
+        c = fit_constants(run.cases, preds, fitted_on=on)
+        return {**c.row(), "cpu_host_ms": {n: preds[n].basis.cpu_host_ms for n in names},
+                "io_host_ms": {n: preds[n].basis.io_host_ms for n in names}}
+
+    fits, fastest = [spread_row(run.predictions)], cost.timings()
+    for _ in range(reruns):
+        fits.append(spread_row({**run.predictions, **run.retimed(names)}))
+        for key, (ms, how) in cost.timings().items():
+            if key not in fastest or ms < fastest[key][0]:
+                fastest[key] = (ms, how)
+    cost.use_timings(fastest)
+    by_name = {e.name: e for e in run.cases.engines}
+    run.predictions.update({n: predict(run.tables[n], by_name[n].target, by_name[n].mask, constants=START,
+                                       model=run.indexes.get(n)) for n in names})
+    return fit_constants(run.cases, run.predictions, fitted_on=on), fits
 
 
 UNITS = {"dram_share": "of the SoC's DRAM bandwidth", "dispatch_us": "us per compute layer",
          "cpu_factor": "board ms per host ms"}
 
 
-def constant_rows(constants: Constants, committed: Constants | None) -> list[dict]:
-    """One row per free constant: this run's value, the committed one, and how this run's was found."""
-    how = (f"fitted on {constants.fitted_on}" if constants is not committed
-           else f"committed (rkstudy.toolkit.cost.CALIBRATED), fitted on {constants.fitted_on}")
-    return [{"constant": k, "value": v, "unit": UNITS[k], "committed": committed.row()[k] if committed else "",
-             "how": how, "where": "host", "target": "rk3588"} for k, v in constants.row().items()]
+def constant_rows(committed: Constants, record: Path | str | None = None, this_run: Constants | None = None,
+                  cases: Cases | None = None) -> list[dict]:
+    """One row per free constant: the committed value (rkstudy.toolkit.cost.CALIBRATED, what every prediction
+    uses), the fit of the committed inputs done again here (`refitted`, which must equal it), the range the
+    calibration's timings of this host gave, each fitted on its own (`timings_low`, `timings_high`: how far a
+    rerun moves it), and, where a full run refitted on its own engines and timings, that fit and its drift from
+    the committed value, inside the timings' range or not. A run's own fit is shown, never used: the tables use
+    the committed constants."""
+    import json
+
+    path = Path(record) if record else cost_inputs()
+    saved = json.loads(path.read_text(encoding="utf-8"))
+    again = fit_recorded(cases or collect_for(saved), path)
+    fits = saved.get("timings", [])
+    out = []
+    for k, v in committed.row().items():
+        spread = [r[k] for r in fits] + [v]
+        row = {"constant": k, "value": v, "unit": UNITS[k], "refitted": again.row()[k],
+               "agrees": math.isclose(again.row()[k], v, rel_tol=1e-3, abs_tol=1e-6),
+               "timings": len(fits), "timings_low": min(spread), "timings_high": max(spread),
+               "this_run": "", "drift_pct": "", "within_timings": "",
+               "how": f"fitted on {committed.fitted_on} from {path.name}", "where": "host", "target": "rk3588"}
+        if this_run is not None:
+            mine = this_run.row()[k]
+            row.update({"this_run": mine, "drift_pct": round(100 * (mine - v) / v, 1) if v else "",
+                        "within_timings": min(spread) <= mine <= max(spread) or math.isclose(mine, v, abs_tol=1e-6)})
+        out.append(row)
+    return out
+
+
+def drift(rows: Sequence[Mapping]) -> str:
+    """What a full run's own fit says of the committed constants, computed from `constant_rows`."""
+    moved = [r for r in rows if r["within_timings"] is False]
+    if not rows or rows[0]["this_run"] == "":
+        return "no refit in this run (quick mode)"
+    if not moved:
+        return "this run's fit lies within the range of the committed calibration's timings for every constant"
+    return "drift: " + "; ".join(f"{r['constant']} {r['this_run']:.3g} against the committed {r['value']:.3g} "
+                                 f"({r['drift_pct']:+} %; its timings {r['timings_low']:.3g} to "
+                                 f"{r['timings_high']:.3g})" for r in moved)
 
 
 # --- what the committed constants were fitted from --------------------------------------------------------
-def record_fitted(run: Run, constants: Constants, path: Path) -> Path:
+def cost_inputs() -> Path:
+    from ..toolkit import cost
+
+    return cost.FITTED_INPUTS
+
+
+def record_fitted(run: Run, constants: Constants, path: Path, timings: Sequence[Mapping] = ()) -> Path:
     """Write what `constants` were fitted from: each fitted figure's engines' bases (the layer tables' sums and
-    this host's CPU timings) and board CPU ms, so a test can fit them again without a toolkit or a build."""
+    this host's CPU timings), board CPU ms and family, and the fit of each of the calibration's `timings`
+    (calibrate), so a test and notebook 09 can fit them again without a toolkit or a build."""
     import json
 
     from .. import atomic
 
     chosen = [f for f in run.cases.figures if f.key in FITTED]
-    engines = sorted({e for f in chosen for e in f.engines})
+    engines = fitted_engines(run.cases)
     record = {"constants": constants.row(), "fitted_on": constants.fitted_on,
               "engines": {e: {"soc": run.predictions[e].soc, "mask": run.predictions[e].mask,
                               "cores": run.predictions[e].cores, "basis": asdict(run.predictions[e].basis)}
                           for e in engines},
-              "board_cpu_ms": {f.key: f.board_cpu_ms for f in chosen}}
+              "board_cpu_ms": {f.key: f.board_cpu_ms for f in chosen},
+              "families": {f.key: run.cases.families[f.key] for f in chosen},
+              "timings": list(timings)}
     atomic.write_text(path, json.dumps(record, indent=1) + "\n")
     return path
 
 
-def fit_recorded(cases: Cases, path: Path) -> Constants:
-    """The constants the FITTED figures give from a record of `record_fitted`: the recorded engines' bases and
-    board CPU times in place of this run's."""
+def collect_for(record: Mapping) -> Cases:
+    """The full-mode cases of the families a record's fitted figures come from (the others are not asked)."""
+    return collect(False, sorted(set(record["families"].values())) if record.get("families") else None)
+
+
+def fit_recorded(cases: Cases | None = None, path: Path | str | None = None) -> Constants:
+    """The constants the FITTED figures give from a record of `record_fitted` (default: the committed one):
+    the recorded engines' bases and board CPU times in place of this run's."""
     import json
 
-    record = json.loads(Path(path).read_text(encoding="utf-8"))
+    path = Path(path) if path else cost_inputs()
+    record = json.loads(path.read_text(encoding="utf-8"))
+    cases = cases or collect_for(record)
     preds = {}
     for name, e in record["engines"].items():
         b = dict(e["basis"])
@@ -401,3 +502,25 @@ def reference_rows(cases: Cases) -> list[dict]:
             seen.add((f.study, f.figure))
             out.append({"study": f.study, **reference_figure(f.study, f.figure)})
     return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m rkstudy.levers.npu_cost [--reruns N] [--out PATH]`: build (or read from the cache) every
+    full-mode engine, time this host N + 1 times, fit the constants on the fastest timings (calibrate), and
+    write the record the committed constants are read from (default: rkstudy.toolkit.cost.FITTED_INPUTS).
+    Adopting a new calibration is this command and a commit, never a notebook run."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m rkstudy.levers.npu_cost", description=main.__doc__)
+    p.add_argument("--reruns", type=int, default=4, help="times this host is timed again (default 4)")
+    p.add_argument("--out", type=Path, default=None, help="where the record goes (default: the committed one)")
+    args = p.parse_args(argv)
+    run = build(quick=False)
+    constants, fits = calibrate(run, args.reruns)
+    path = record_fitted(run, constants, args.out or cost_inputs(), fits)
+    print(f"{constants.row()} (each timing's fit: {[{k: round(r[k], 4) for k in UNITS} for r in fits]}) -> {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -57,6 +57,7 @@ BUILD_TIMEOUT_S = 3 * 3600  # generous: the widest encoder builds here took ~25 
 # fast test tier sets it for every test not marked `simulator` (tests/conftest.py).
 NO_CHILD_ENV = "RKSTUDY_NO_TOOLKIT_CHILD"
 TAIL_LINES = 30
+NPU_MASK = "0_1_2"   # the core mask a build row's predicted NPU time assumes: the board runner's default
 
 
 class BuildFailed(Failed):
@@ -96,10 +97,33 @@ class BuildReport:
     def ok(self) -> bool:
         return self.status == "ok"
 
+    @classmethod
+    def recorded(cls, saved: Mapping) -> BuildReport:
+        """A report as a build record holds it. The build cache is shared by every checkout on a machine, so a
+        record may carry fields another version of this class added: the engine is the same (its key matched),
+        and the fields this version knows are read."""
+        from dataclasses import fields
+
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in saved.items() if k in known})
+
+    def prediction(self, cores: str = NPU_MASK):
+        """What the engine would take per call on the NPU of its target under the core mask `cores`: the cost
+        model's prediction from this build's layer table (rkstudy.toolkit.cost.for_build), made once per
+        report and mask. A build that was not verbose, or made no engine, gives one that says why."""
+        from .cost import for_build
+
+        made = self.__dict__.setdefault("_predictions", {})   # not a field: a recorded report stays as it was
+        if cores not in made:
+            made[cores] = for_build(self, cores)
+        return made[cores]
+
     def row(self) -> dict:
         """Results-row fragment: dtype (fp16 or int8 w8a8), size, seconds, REGTASK lines and largest
-        value, converter peak RSS, and the board-risk verdict of what the compiler logged
-        (rkstudy.gates.board_risk)."""
+        value, converter peak RSS, the board-risk verdict of what the compiler logged
+        (rkstudy.gates.board_risk), and the NPU cost model's predicted ms per call with its terms
+        (`npu_ms_predicted`, `npu_ms_<term>`, `npu_cost_note`: a prediction, not a board number; see
+        rkstudy.toolkit.cost.Prediction.row)."""
         return {"status": self.status, "target": self.target, "dtype": self.dtype, "regtask": self.regtask,
                 "regtask_max_value": self.regtask_max,
                 "engine_mb": round(self.engine_bytes / 1e6, 3), "build_s": round(self.seconds, 1),
@@ -107,7 +131,7 @@ class BuildReport:
                 "failed_step": self.failed_step or "", "error": one_line(self.error or "", 160),
                 "board_risk": board_risk({"status": self.status, "target": self.target, "regtask": self.regtask,
                                           "regtask_max_value": self.regtask_max}),
-                "where": self.where}
+                **self.prediction().row(), "where": self.where}
 
     def raise_for_status(self) -> BuildReport:
         if not self.ok:
@@ -147,7 +171,7 @@ class EngineProcess:
     def __init__(self, onnx_path, target: str, shapes: Mapping[str, Sequence[int]] | None = None,
                  out=None, *, optimization_level: int = 3, serve: bool = False,
                  regtask_limit: int = REGTASK_LIMIT, outputs: Sequence[str] | None = None,
-                 log=None, verbose: bool = False, timeout: float = BUILD_TIMEOUT_S,
+                 log=None, verbose: bool = True, timeout: float = BUILD_TIMEOUT_S,
                  analysis: Mapping | Sequence[Mapping] | None = None, quantize: Calibration | None = None,
                  toolkit: str | None = None, shape_sets: Sequence[Mapping[str, Sequence[int]]] | None = None,
                  session: bool = False):
@@ -469,7 +493,7 @@ def cached_report(out: Path, key: str, *, verbose: bool = False) -> BuildReport 
     saved = json.loads(record.read_text())
     if saved.get("key") != key or (verbose and not saved.get("verbose")):
         return None
-    return BuildReport(**saved["report"])
+    return BuildReport.recorded(saved["report"])
 
 
 def record_report(out: Path, key: str, report: BuildReport, *, verbose: bool = False) -> None:
@@ -481,12 +505,17 @@ def record_report(out: Path, key: str, report: BuildReport, *, verbose: bool = F
 
 def build_engine(onnx_path, target: str, shapes: Mapping[str, Sequence[int]] | None = None,
                  out=None, *, optimization_level: int = 3, regtask_limit: int = REGTASK_LIMIT,
-                 reuse: bool = True, verbose: bool = False, timeout: float = BUILD_TIMEOUT_S,
+                 reuse: bool = True, verbose: bool = True, timeout: float = BUILD_TIMEOUT_S,
                  quantize: Calibration | None = None, toolkit: str | None = None,
                  shape_sets: Sequence[Mapping[str, Sequence[int]]] | None = None) -> BuildReport:
     """Compile `onnx_path` for `target` into `out` in a child process and return its report: dtype,
     status, engine bytes, seconds, REGTASK lines and largest field value, the converter child's peak
-    RSS (BuildReport.row() is the results-row fragment every family uses).
+    RSS and the NPU cost model's prediction (BuildReport.row() is the results-row fragment every family uses).
+
+    Builds are `verbose` by default: only a verbose log has the layer table the prediction is made from, and
+    measured on this host verbosity costs no build time beyond the load's noise (the Piper 93-frame window
+    and the Kokoro W = 128 window built both ways twice) and the engine is the same; the log grows from
+    0.1 to 0.23 MB (Piper) and 0.54 to 1.9 MB (Kokoro).
 
     The engine is fp16 unless `quantize` (a Calibration) is given: then it is quantized with the
     toolkit's settings the Calibration names (default w8a8: int8), calibrated on its feeds.

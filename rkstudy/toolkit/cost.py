@@ -16,18 +16,20 @@ cycles and their bytes; CPU layers print zeros. The model adds six terms, each a
 * elementwise: NPU layers that print bytes but no cycles: their bytes at the NPU's memory rate.
 * dispatch: a fixed cost per compute layer, NPU or CPU (calibrated): the runtime starts each layer.
 * cpu: the CPU-fallback layers, each timed on this host's CPU at its shapes (onnxruntime on a one-node
-  graph, one thread, the fastest of several runs), times the CPU factor (calibrated: the board's CPU time
-  per ms of this host's).
+  graph, one thread; `fastest_of`: the fastest call over rounds spread across seconds, each op and shape
+  timed once per process), times the CPU factor (calibrated: the board's CPU time per ms of this host's).
 * io: the graph's inputs and outputs, which the runtime converts on the CPU (fp32 <-> fp16 and the NPU's
   channel-blocked layout), timed here as a cast and a transposing copy, times the same CPU factor.
 
 The NPU's memory rate is the SoC's DRAM bandwidth times a share (calibrated): the DRAM figure is a CPU
 STREAM ceiling, and what the NPU's own layers reach of it is what the board figures say. The per-SoC
-figures (NPU clock, cores, DRAM bandwidth) are in SOCS, each with its source. The free constants (the
-DRAM share, dispatch, CPU factor) are fitted by rkstudy.levers.npu_cost on a third of the reference
-documents' board figures and held to the rest (notebook 09). Where the model cannot speak (a SoC with no
-DRAM figure, a table without the cost columns) the prediction says why and has no value; layers with
-neither cycles nor bytes are counted and named in the row.
+figures (NPU clock, cores, DRAM bandwidth) are fields of the SoC's record in rkstudy.targets, each with its
+source. The free constants (the DRAM share, dispatch, CPU factor) are fitted by rkstudy.levers.npu_cost on a
+third of the reference documents' board figures and held to the rest (notebook 09); CALIBRATED is that fit
+of the inputs recorded in data/npu_cost/fitted_inputs.json, and every prediction here uses it. Where the
+model cannot speak (a SoC with no DRAM figure, a table without the cost columns, a build that made no
+engine) the prediction says why and has no value; layers with neither cycles nor bytes are counted and
+named in the row.
 """
 
 from __future__ import annotations
@@ -37,10 +39,12 @@ import platform
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 
+from ..paths import DATA
 from .log import IO_OPS, Layer
 
 TERMS = ("conv", "dram", "elementwise", "dispatch", "cpu", "io")
@@ -48,45 +52,28 @@ PREDICTED_BY = "a prediction of rkstudy.toolkit.cost from the compiler's layer t
 
 
 # --- the SoCs ---------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Soc:
-    """What the model needs of one SoC, each figure with where it comes from (None: not known here)."""
-
-    name: str
-    npu_cores: int | None
-    npu_clock_mhz: float | None
-    dram_gbps: float | None
-    sources: Mapping[str, str] = field(default_factory=dict)
-
-
-_ZOO_CLOCK = ("airockchip/rknn_model_zoo scaling_frequency.sh: the NPU frequency Rockchip's benchmarks fix "
-              "for this chip")
-_ONE_CORE = "a single-core NPU: set_core_mask is refused there (rkstudy.board.dmesg; librknnrt's -13)"
-_NO_DRAM = "no DRAM figure for this SoC here: measure one with `rkstudy board dram` on a board"
-SOCS = {
-    "rk3588": Soc("rk3588", 3, 1000.0, 27.9, {
-        "npu_cores": "the RKNN decoder-path document (Core0/Core1/Core2 in /sys/kernel/debug/rknpu/load)",
-        "npu_clock_mhz": "the RKNN decoder-path document (every board figure at the 1000 MHz OPP under "
-                         "rknpu_ondemand); " + _ZOO_CLOCK,
-        "dram_gbps": "the RKNN decoder-path document: a DRAM read ceiling of 26.4-29.4 GB/s (STREAM triad, "
-                     "4 A76 threads, 804 MB working set); the model takes the middle"}),
-    "rk3576": Soc("rk3576", 2, 1000.0, None, {
-        "npu_cores": "two cores: rknn-toolkit2 2.3.2's changelog gives RK3576 multi-core ops, and its core "
-                     "masks run to RKNN_NPU_CORE_0_1", "npu_clock_mhz": _ZOO_CLOCK, "dram_gbps": _NO_DRAM}),
-    "rk3566": Soc("rk3566", 1, 1000.0, None, {"npu_cores": _ONE_CORE, "npu_clock_mhz": _ZOO_CLOCK,
-                                              "dram_gbps": _NO_DRAM}),
-    "rk3568": Soc("rk3568", 1, 1000.0, None, {"npu_cores": _ONE_CORE, "npu_clock_mhz": _ZOO_CLOCK,
-                                              "dram_gbps": _NO_DRAM}),
-    "rk3562": Soc("rk3562", 1, 1000.0, None, {"npu_cores": _ONE_CORE, "npu_clock_mhz": _ZOO_CLOCK,
-                                              "dram_gbps": _NO_DRAM}),
-}
+COST_FIELDS = ("npu_cores", "npu_clock_mhz", "dram_gbps")   # what the model reads of a SoC's record
 MASK_CORES = {"0_1_2": 3, "0_1": 2, "0": 1, "auto": 1}  # the runner's masks (rkstudy.board.runner.CORE_MASKS)
 
 
+def soc_record(name: str):
+    """The SoC record (rkstudy.targets.Target) the model reads `npu_cores`, `npu_clock_mhz` and `dram_gbps`
+    from; a name the toolkit does not build for is a usage error."""
+    from ..errors import UsageError
+    from ..targets import TARGETS, record
+
+    found = record(name)
+    if found is None:
+        raise UsageError(f"no NPU cost figures for {name!r}; SoCs: {', '.join(TARGETS)}")
+    return found
+
+
 def soc_rows() -> list[dict]:
-    """One row per SoC: its figures and their sources, for a reader to check."""
-    return [{"soc": s.name, "npu_cores": s.npu_cores, "npu_clock_mhz": s.npu_clock_mhz, "dram_gbps": s.dram_gbps,
-             **{f"{k}_source": v for k, v in s.sources.items()}} for s in SOCS.values()]
+    """One row per SoC: the figures the model reads and their sources, for a reader to check."""
+    from ..targets import RECORDS
+
+    return [{"soc": t.name, **{k: getattr(t, k) for k in COST_FIELDS},
+             **{f"{k}_source": t.source(k) for k in COST_FIELDS}} for t in RECORDS]
 
 
 # --- the free constants -----------------------------------------------------------------------------
@@ -106,12 +93,27 @@ class Constants:
         return {"dram_share": self.dram_share, "dispatch_us": self.dispatch_us, "cpu_factor": self.cpu_factor}
 
 
-# The constants rkstudy.levers.npu_cost fitted (notebook 09, full mode) on the host it names; what they were
-# fitted from is recorded in tests/fixtures/npu_cost/fitted_inputs.json, and tests/test_cost.py fits it again.
-# The dispatch cost sits at the fit's lower edge: the fitted figures need no time per layer beyond the terms.
-CALIBRATED = Constants(dram_share=0.12798559299740675, dispatch_us=1.3252891798113608e-07,
-                       cpu_factor=3.947569370811767,
-                       fitted_on='AMD EPYC: kokoro-sin-cpu-ms, kokoro-clipped-generator-ms, encoder-n128-ms')
+# What the committed constants were fitted from (rkstudy.levers.npu_cost.record_fitted: the fitted engines'
+# layer-table sums and the calibration host's CPU timings, the fitted figures' board CPU time, and the constants
+# of the reruns that measured how far the timings move them), with the constants that fit gives. notebook 09
+# fits them again from this file and shows them; tests/test_cost.py does the same.
+FITTED_INPUTS = DATA / "npu_cost" / "fitted_inputs.json"
+
+
+def calibrated(path: Path | str = FITTED_INPUTS) -> Constants | None:
+    """The constants a record of rkstudy.levers.npu_cost.record_fitted holds (None when there is none)."""
+    import json
+
+    try:
+        record = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    return Constants(**record["constants"], fitted_on=record["fitted_on"])
+
+
+# Every prediction's constants unless a caller passes others. The dispatch cost sits at the fit's lower edge: the
+# fitted figures need no time per layer beyond the other terms.
+CALIBRATED = calibrated()
 
 
 def host_cpu() -> str:
@@ -199,20 +201,26 @@ class Prediction:
         return out
 
 
+def unpredicted_row(why: str) -> dict:
+    """The columns of Prediction.row() with no values, and why: a row with no engine behind it keeps the
+    columns of its table's other rows."""
+    return {**{k: "" for k in Prediction("", "", 0, None, None).row()}, "npu_cost_note": f"cannot speak: {why}"}
+
+
 def _round(x: float) -> float:
     return round(x, 3) if abs(x) < 100 else round(x, 1)
 
 
-def effective_cores(soc: Soc, mask: str) -> int | None:
-    """The cores a mask gives on `soc` (a multi-core mask on a single-core SoC falls back to one, as the
-    runner does); None where the SoC's core count is not known."""
+def effective_cores(record, mask: str) -> int | None:
+    """The cores a mask gives on the SoC of `record` (a multi-core mask on a single-core SoC falls back to one,
+    as the runner does); None where the SoC's core count is not known."""
     if mask not in MASK_CORES:
         from ..errors import UsageError
 
         raise UsageError(f"core mask {mask!r}: choose one of {', '.join(MASK_CORES)}")
     if MASK_CORES[mask] == 1:
         return 1
-    return None if soc.npu_cores is None else min(MASK_CORES[mask], soc.npu_cores)
+    return None if record.npu_cores is None else min(MASK_CORES[mask], record.npu_cores)
 
 
 HostTimes = Callable[[Layer], float]
@@ -224,15 +232,11 @@ def predict(layers: Sequence[Layer], soc: str = "rk3588", cores: str = "0_1_2", 
     """The predicted NPU time per call of the engine whose verbose build printed `layers`, on `soc` under the
     core mask `cores` ("0_1_2", "0_1", "0", "auto"), with `constants` (default: the calibrated ones).
 
-    CPU layers are timed on this host (`host_layer_ms`, reading the node from `model`, the engine's ONNX,
-    when given) unless `cpu_ms` gives their host times ({layer id: ms} or a function of the layer); the I/O
-    rows likewise through `io_ms` (`host_io_ms`). A SoC with no clock or no DRAM figure, or a table
+    CPU layers and the I/O rows are timed on this host (`host_times`, reading CPU layers' nodes from
+    `model`, the engine's ONNX (a path or a ModelProto), when given) unless `cpu_ms` / `io_ms` give their host
+    times ({layer id: ms} or a function of the layer). A SoC with no clock or no DRAM figure, or a table
     without the cost columns, gives a prediction with no value that says why."""
-    from ..errors import UsageError
-
-    if soc not in SOCS:
-        raise UsageError(f"no NPU cost figures for {soc!r}; SoCs: {', '.join(SOCS)}")
-    s = SOCS[soc]
+    s = soc_record(soc)
     constants = constants or CALIBRATED
     n = effective_cores(s, cores)
     missing = [what for what, v in (("NPU clock", s.npu_clock_mhz), ("DRAM bandwidth", s.dram_gbps),
@@ -241,11 +245,14 @@ def predict(layers: Sequence[Layer], soc: str = "rk3588", cores: str = "0_1_2", 
     if not costed or any(x.cycles is None for x in costed):
         missing.append("Cycles and RW columns in the layer table (a verbose build prints them)")
     if missing:
-        how = f" ({s.sources['dram_gbps']})" if s.dram_gbps is None else ""
+        how = f" ({s.source('dram_gbps')})" if s.dram_gbps is None else ""
         return Prediction(soc, cores, n or 0, None, constants,
                           cannot=f"cannot speak for {soc}: no {', no '.join(missing)}{how}")
-    cpu_time = _times(cpu_ms, _timer(model))
-    io_time = _times(io_ms, host_io_ms)
+    cpu = [x for x in costed if x.target == "CPU"]
+    io = [x for x in layers if x.op in IO_OPS]
+    timed = host_times((cpu if cpu_ms is None else []) + (io if io_ms is None else []), model)
+    cpu_time = _times(cpu_ms, lambda x: timed[x.id][0])
+    io_time = _times(io_ms, lambda x: timed[x.id][0])
     hz = s.npu_clock_mhz * 1e3   # cycles per ms
     convs = []
     elementwise, kinds, cpu_host, uncosted = 0, Counter(), Counter(), Counter()
@@ -261,7 +268,7 @@ def predict(layers: Sequence[Layer], soc: str = "rk3588", cores: str = "0_1_2", 
             kinds["elementwise"] += 1
         else:
             uncosted[x.op] += 1
-    io_host = sum(io_time(x) for x in layers if x.op in IO_OPS)
+    io_host = sum(io_time(x) for x in io)
     basis = Basis(conv_ms=sum(ms for ms, _ in convs), dram_gbps=s.dram_gbps, elementwise_bytes=elementwise,
                   compute_layers=len(costed), conv_costs=tuple(convs),
                   cpu_host_ms=sum(cpu_host.values()), io_host_ms=io_host, cycles=sum(x.cycles for x in costed),
@@ -274,14 +281,21 @@ def predict(layers: Sequence[Layer], soc: str = "rk3588", cores: str = "0_1_2", 
 
 def for_build(report, cores: str = "0_1_2", *, model=None, constants: Constants | None = None) -> Prediction:
     """The prediction for the engine a build made (a rkstudy.toolkit.build.BuildReport), on the SoC it was built
-    for, from the layer table in its log. A build that was not verbose printed no table: the prediction then
-    says so (build with verbose=True; the cache serves a verbose build's record only to a verbose request)."""
+    for, from the layer table in its log; its CPU layers' nodes are read from `model`, default the graph the
+    build compiled (report.onnx, when it is still there). A build that made no engine, or was not verbose (no
+    table), gives a prediction that says so."""
     from pathlib import Path
 
     from .log import layer_table, strip_ansi
 
-    text = Path(report.log).read_text(encoding="utf-8", errors="replace") if report.log else ""
+    if getattr(report, "status", "ok") != "ok":
+        return Prediction(report.target, cores, 0, None, constants or CALIBRATED,
+                          cannot=f"cannot speak: the build {report.status} and made no engine")
+    path = Path(report.log) if report.log else None
+    text = path.read_text(encoding="utf-8", errors="replace") if path and path.is_file() else ""
     layers = layer_table(strip_ansi(text))
+    if model is None and getattr(report, "onnx", None) and Path(report.onnx).is_file():
+        model = report.onnx
     return predict(layers, report.target, cores, constants=constants, model=model)
 
 
@@ -297,6 +311,14 @@ def _times(given, default: HostTimes) -> HostTimes:
 UNARY = {"Sin", "Cos", "Floor", "Ceil", "Exp", "Log", "Sqrt", "Reciprocal", "Neg", "Abs", "Tanh", "Sigmoid", "Erf",
          "Round", "Sign", "Relu"}
 BINARY = {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min"}
+# How this host is timed (`fastest_of`). This shared host has slow spells: under other tenants' load the same
+# Sin call runs ~1.45x slower for about a second, every few seconds, and a burst of calls that falls inside one
+# gives a slow fastest call (the CPU factor fitted from such timings ranged 3.9 to 5.7). So every op is timed
+# in ROUNDS short rounds interleaved with the others', spread over at least SPAN_S seconds, and the fastest
+# call over all rounds is kept.
+ROUNDS = 9
+SPAN_S = 3.0
+ROUND_CALLS, ROUND_S = 3, 0.01   # each round calls each op at least this many times and this long
 
 
 def shapes(column: str) -> list[tuple[int, ...]]:
@@ -307,17 +329,30 @@ def shapes(column: str) -> list[tuple[int, ...]]:
     return [tuple(int(d) for d in m.split(",") if d) for m in re.findall(r"\(([0-9,]*)\)", column)]
 
 
-def fastest_ms(run: Callable[[], object], budget_s: float = 0.2, least: int = 5, most: int = 200) -> float:
-    """The fastest wall time of `run()` in ms, after one warm-up call, over at least `least` calls and until
-    `budget_s` has passed (at most `most` calls): on a shared host other work only ever adds time, so the
-    fastest call is the one nearest the op's own cost."""
-    run()
-    times, start = [], time.perf_counter()
-    while len(times) < least or (time.perf_counter() - start < budget_s and len(times) < most):
-        t = time.perf_counter()
+def fastest_of(runs: Mapping, rounds: int = ROUNDS, span_s: float = SPAN_S) -> dict:
+    """The fastest wall time in ms of each of `runs` ({key: a call}): each is called once to warm up, then
+    `rounds` rounds call every one in turn (at least ROUND_CALLS calls and ROUND_S seconds each), the rounds
+    spread over at least `span_s` seconds (sleeping between them when they are quicker). On a shared host
+    other work only ever adds time, and it comes in spells: the fastest call of bursts spread across seconds
+    is the one nearest the op's own cost."""
+    best = {k: math.inf for k in runs}
+    if not runs:
+        return {}
+    for run in runs.values():
         run()
-        times.append(time.perf_counter() - t)
-    return float(np.min(times)) * 1e3
+    start = time.perf_counter()
+    for r in range(rounds):
+        for k, run in runs.items():
+            calls, began = 0, time.perf_counter()
+            while calls < ROUND_CALLS or time.perf_counter() - began < ROUND_S:
+                t = time.perf_counter()
+                run()
+                best[k] = min(best[k], time.perf_counter() - t)
+                calls += 1
+        due = start + span_s * (r + 1) / rounds   # the next round starts no earlier than its share of the span
+        if r + 1 < rounds and time.perf_counter() < due:
+            time.sleep(due - time.perf_counter())
+    return {k: v * 1e3 for k, v in best.items()}
 
 
 def host_session(model):
@@ -331,63 +366,124 @@ def host_session(model):
     return ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
 
 
-_timed: dict[tuple, tuple[float, str]] = {}   # one timing per op, shapes and node: repeats cost nothing
+_timed: dict[tuple, tuple[float, str]] = {}   # one timing per op, shapes and attributes per process
 
 
-def _timer(model) -> HostTimes:
-    """This host's ms per CPU layer, reading nodes from `model` (indexed once, when a layer first needs it)."""
-    index = []
+def host_times(layers: Sequence[Layer], model=None) -> dict[int, tuple[float, str]]:
+    """{layer id: (ms on this host, how it was timed)} for CPU layers and I/O rows of one table. Layers that
+    do the same work (op, attributes, input shapes and constants) are timed once per process: the engines of
+    one study share most of them. What is not timed yet is timed together (`fastest_of`)."""
+    index = _index(model) if model is not None and any(x.op not in IO_OPS for x in layers) else None
+    nodes = {n.name: n for n in index.nodes} if index is not None else {}
+    jobs, keys = {}, {}
+    for x in layers:
+        key, how, make = _job(x, index, nodes)
+        keys[x.id] = key
+        if key not in _timed and key not in jobs:
+            jobs[key] = (how, make)
+    if jobs:
+        runs = {k: make() for k, (_, make) in jobs.items()}
+        for k, ms in fastest_of(runs).items():
+            _timed[k] = (ms, jobs[k][0])
+    return {i: _timed[k] for i, k in keys.items()}
 
-    def ms(layer: Layer) -> float:
-        if model is not None and not index:
-            from ..graph.index import Index
 
-            index.append(Index.inferred(model))
-        return layer_timing(layer, index[0] if index else None)[0]
-    return ms
+def layer_timing(layer: Layer, model=None) -> tuple[float, str]:
+    """(ms on this host, how it was timed) for one CPU layer or I/O row (`host_times`)."""
+    return host_times([layer], model)[layer.id]
 
 
-def layer_timing(layer: Layer, index=None) -> tuple[float, str]:
-    """(ms on this host, how it was timed) for one CPU layer: its own ONNX node from the graph's `index`
-    (rkstudy.graph.index.Index) when the graph has it with static shapes, else its op at the table's printed
-    shapes (attribute-free elementwise ops), else a copy of its output (a layout change: what a
-    compiler-made Reshape or pad does)."""
-    from ..graph import index as gindex
+def forget_timings() -> None:
+    """Forget this process's host timings: the next prediction times its CPU layers and I/O again."""
+    _timed.clear()
 
-    found = _node(index, layer) if index is not None else None
-    key = (layer.op, layer.inputs, layer.output, found[0].SerializeToString() if found else b"")
-    if key in _timed:
-        return _timed[key]
-    rng = np.random.default_rng(0)
+
+def timings() -> dict[tuple, tuple[float, str]]:
+    """This process's host timings so far, by the work's key (host_times)."""
+    return dict(_timed)
+
+
+def use_timings(timed: Mapping[tuple, tuple[float, str]]) -> None:
+    """Predict from these host timings (a calibration's fastest over its reruns) instead of this process's."""
+    _timed.clear()
+    _timed.update(timed)
+
+
+def _index(model):
+    """The shape-inferred index of `model` (a path, a ModelProto, or already an Index), the CPU layers' nodes
+    read from it."""
+    from .. import graph
+    from ..graph.index import Index
+
+    if isinstance(model, Index):
+        return model
+    return Index.inferred(graph.load(model) if isinstance(model, (str, Path)) else model)
+
+
+def _job(layer: Layer, index, nodes: Mapping) -> tuple[tuple, str, Callable[[], Callable[[], object]]]:
+    """(the work's key, how it is timed, a maker of the call to time) for one layer: an I/O row's conversion
+    (`io_call`); a CPU layer's own ONNX node from the graph's `index` (`nodes`: its nodes by name) when the graph
+    has it with static
+    shapes, else its op at the table's printed shapes (attribute-free elementwise ops), else a copy of its
+    output (a layout change: what a compiler-made Reshape or pad does)."""
+    if layer.op in IO_OPS:
+        dims = _io_dims(layer)
+        return ("io", dims), "a cast and a transposing copy", lambda: io_call(dims)
+    found = _node(index, nodes, layer) if index is not None else None
     if found:
         node, feeds, consts, opset, types = found
-        m = gindex.nodes_model([node], feeds, [o for o in node.output if o], consts, opset_imports=opset,
-                               output_types=types)
-        how = "its ONNX node"
-    elif layer.op in UNARY | BINARY and shapes(layer.inputs):
-        ins = shapes(layer.inputs)[: 1 if layer.op in UNARY else 2]
-        feeds = {f"x{i}": rng.uniform(0.5, 1.5, s).astype(np.float32) for i, s in enumerate(ins)}
-        from onnx import helper
+        sig = (node.op_type, b"".join(a.SerializeToString() for a in node.attribute),
+               tuple((n in consts, _array_key(consts[n]) if n in consts else (feeds[n].shape, str(feeds[n].dtype)))
+                     for n in node.input if n))
 
-        node = helper.make_node(layer.op, list(feeds), ["y"])
-        m = gindex.nodes_model([node], feeds, ["y"], opset_imports=[helper.make_opsetid("", 17)])
-        how = "its op at the printed shapes"
-    else:
-        out = (shapes(layer.output) or shapes(layer.inputs) or [(1,)])[0]
+        def make():
+            from ..graph import index as gindex
+
+            m = gindex.nodes_model([node], feeds, [o for o in node.output if o], consts, opset_imports=opset,
+                                   output_types=types)
+            return _session_call(m, feeds)
+        return ("node", sig), "its ONNX node", make
+    if layer.op in UNARY | BINARY and shapes(layer.inputs):
+        ins = tuple(shapes(layer.inputs)[: 1 if layer.op in UNARY else 2])
+
+        def make():
+            from onnx import helper
+
+            from ..graph import index as gindex
+
+            rng = np.random.default_rng(0)
+            feeds = {f"x{i}": rng.uniform(0.5, 1.5, s).astype(np.float32) for i, s in enumerate(ins)}
+            node = helper.make_node(layer.op, list(feeds), ["y"])
+            m = gindex.nodes_model([node], feeds, ["y"], opset_imports=[helper.make_opsetid("", 17)])
+            return _session_call(m, feeds)
+        return ("op", layer.op, ins), "its op at the printed shapes", make
+    out = (shapes(layer.output) or shapes(layer.inputs) or [(1,)])[0]
+
+    def make():
         src = np.ones(out, np.float32)
         dst = np.empty_like(src)
-        result = (fastest_ms(lambda: np.copyto(dst, src)), "a copy of its output")
-        _timed[key] = result
-        return result
-    sess = host_session(m)
-    result = (fastest_ms(lambda: sess.run(None, feeds)), how)
-    _timed[key] = result
-    return result
+        return lambda: np.copyto(dst, src)
+    return ("copy", out), "a copy of its output", make
 
 
-def _node(index, layer: Layer):
-    """(node, feeds, constants, opset, output types) to time `layer`'s own node, or None."""
-    node = next((n for n in index.nodes if n.name == layer.node), None)
+def _array_key(a: np.ndarray) -> tuple:
+    """A constant input as a timing key: its shape, dtype and a digest of its values (a Slice's bounds or a
+    Reshape's target change the work)."""
+    import hashlib
+
+    a = np.ascontiguousarray(a)
+    return a.shape, str(a.dtype), hashlib.sha256(a.tobytes()).hexdigest()[:16]
+
+
+def _session_call(model, feeds) -> Callable[[], object]:
+    sess = host_session(model)
+    return lambda: sess.run(None, feeds)
+
+
+def _node(index, nodes: Mapping, layer: Layer):
+    """(node, feeds, constants, opset, output types) to time `layer`'s own node (`nodes`: the index's nodes by
+    name), or None."""
+    node = nodes.get(layer.node)
     if node is None:
         return None
     feeds, consts = {}, {}
@@ -407,22 +503,26 @@ def _node(index, layer: Layer):
     return node, feeds, consts, index.model.opset_import, types
 
 
-def host_io_ms(layer: Layer) -> float:
-    """This host's time to convert one graph input or output as the runtime does on the CPU: a cast
-    between fp32 and fp16 and a transposing copy of the tensor (NCHW <-> channel-blocked)."""
-    shape = (shapes(layer.output) if layer.op == "InputOperator" else shapes(layer.inputs) or [()])
-    dims = shape[0] if shape else ()
+def _io_dims(layer: Layer) -> tuple[int, ...]:
+    shape = shapes(layer.output) if layer.op == "InputOperator" else shapes(layer.inputs)
+    return shape[0] if shape else ()
+
+
+def io_call(dims: Sequence[int]) -> Callable[[], object]:
+    """What the runtime does on the CPU to one graph input or output of shape `dims`: a cast between fp32 and
+    fp16 and a transposing copy of the tensor (NCHW <-> channel-blocked)."""
     n = int(np.prod(dims)) if dims else 0
     if n == 0:
-        return 0.0
+        return lambda: None
     x = np.ones(n, np.float32)
     c = dims[1] if len(dims) >= 3 else 1
     rest = n // c
+    return lambda: np.ascontiguousarray(x.astype(np.float16).reshape(c, rest).T)
 
-    def convert():
-        return np.ascontiguousarray(x.astype(np.float16).reshape(c, rest).T)
 
-    return fastest_ms(convert)
+def host_io_ms(layer: Layer) -> float:
+    """This host's time to convert one graph input or output as the runtime does on the CPU (`io_call`)."""
+    return layer_timing(layer)[0]
 
 
 # --- the fit ----------------------------------------------------------------------------------------

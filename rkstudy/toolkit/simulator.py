@@ -198,7 +198,7 @@ def _feed_digest(arrays: Sequence[np.ndarray]) -> str:
     return cache.digest(*[(str(a.dtype), list(a.shape)) for a in arrays], *[a.tobytes() for a in arrays])
 
 
-def simulate(onnx_path, target: str, feeds: Sequence, *, verbose: bool = False, **build_kwargs) -> Simulated:
+def simulate(onnx_path, target: str, feeds: Sequence, *, verbose: bool = True, **build_kwargs) -> Simulated:
     """Build `onnx_path` for `target` and run the simulator on every feed ({name: array} or lists in
     input order), once per content key: the engine's key (rkstudy.toolkit.engine_cache.engine_key), the
     REGTASK limit, verbosity and the feeds' bytes. Whoever asks again (another cell, another study)
@@ -235,7 +235,7 @@ def simulate(onnx_path, target: str, feeds: Sequence, *, verbose: bool = False, 
                 record = json.loads(str(saved["record"]))
                 # a failed or refused build recorded no outputs (every n_outputs entry 0)
                 outputs = [[saved[f"out_{i}_{j}"] for j in range(n)] for i, n in enumerate(record["n_outputs"]) if n]
-            return Simulated(BuildReport(**record["report"]), ordered, outputs, record["run_s"],
+            return Simulated(BuildReport.recorded(record["report"]), ordered, outputs, record["run_s"],
                              record["peak_rss_mb"], record.get("inference_error"))
         out = default_engine_path(onnx_path, target, build_key)
         eng = SimulatorRunner(onnx_path, target, shapes, out, keep_failed=True, verbose=verbose, **build_kwargs)

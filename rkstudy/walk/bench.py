@@ -1,6 +1,7 @@
-"""The window walker's own cost, recorded as a benchmark (rkstudy bench walker): the per-window time of
-a walk with an engine that does no work, against a budget of 0.2 ms per window, 1 % of the ~21 ms one
-Piper window takes on the RK3588 NPU. Never asserted in a test: timing is machine noise.
+"""The window walker's own cost, recorded as a benchmark (rkstudy bench walker): the per-window time on this
+host's CPU of a walk with an engine that does no work, against a budget of 0.2 ms per window, 1 % of the ~21 ms
+one Piper window takes on the RK3588 NPU (the RKNN decoder-path document's board figure). Never asserted in a
+test: timing is machine noise.
 """
 
 from __future__ import annotations

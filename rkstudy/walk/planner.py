@@ -10,16 +10,21 @@ Three measurements, each generic over any walked decoder a family adapts (rkstud
   against a full-length decode, worst window over the given latents (speech; white noise reported
   beside it, which needs more context: the planner's verdict is for speech);
 * the largest window the compiler takes cleanly: the longest window whose compiled engine stays within
-  a REGTASK budget (lines and largest field value), per target. The lines and the largest field value
-  grow with the window, so the search predicts the widest window within the budget from a straight-line
-  fit (rkstudy.fits) of the builds it has, then builds the predicted window and the next one up to
-  confirm it: the answer is always two measured builds, one within and one over, and the fit only
-  chooses which two. Builds go through rkstudy.toolkit.build.build_engine, whose cache is keyed by the ONNX
+  a REGTASK budget (lines and largest field value), per target. By default the budget is clean: no
+  REGTASK line at all (CLEAN), the only engines the reference documents' board figures vouch for; a
+  caller may allow an at-risk budget, and every row says which budget it was held to. The lines and the
+  largest field value grow with the window, so the search predicts the widest window within the budget
+  from a straight-line fit (rkstudy.fits) of the builds it has, then builds the predicted window and the
+  next one up to confirm it: the answer is always two measured builds, one within and one over, and the
+  fit only chooses which two. When today's window is itself over the budget the search goes down from it
+  the same way. Builds go through rkstudy.toolkit.build.build_engine, whose cache is keyed by the ONNX
   bytes, so a window another cell has built is not built again. The engine's graph depends only on the
   window length, not on how it splits into emit and context.
 
-Then the plan: for each SNR target, emit = largest clean window - 2 x minimum context, and the compute
-ratio emit / window (the reference documents' hand-picked Piper window: 45 / 93 = 0.48).
+Then the plan: for each SNR target, emit = largest clean window - 2 x minimum context, the compute
+ratio emit / window (the reference documents' hand-picked Piper window: 45 / 93 = 0.48), and what that
+window would take on the NPU per call and per emitted frame: the NPU cost model's prediction from the
+window's own build (rkstudy.toolkit.cost; a prediction with its terms, not a board number).
 
 A decoder with one walked input (Piper, Inflect) is a latent array [C, N] and a decode of it. A decoder
 with several walked inputs (Kokoro: the latent and its harmonic input, each at its own rate) hands the
@@ -42,6 +47,7 @@ from ..tables.results import HOST
 from .window import interior_windows
 
 RF_LEVEL_DB = -120.0
+CLEAN = (0, 0)   # the default budget: no REGTASK line (so no field value past the target's limit)
 # A toolkit build is one child whose main thread does all the work (its other threads stay idle), so
 # two builds side by side take the time of one on the two cores this project runs on.
 BUILD_WORKERS = 2
@@ -173,16 +179,38 @@ def within(report, budget: tuple[int, int]) -> bool:
     return report.ok and report.regtask <= lines and report.regtask_max <= value
 
 
+def budget_text(budget: tuple[int, int], target: str) -> str:
+    """What a budget allows, in words a row carries: clean (no REGTASK line) or the at-risk lines and value."""
+    lines, value = budget
+    limit = gates.field_limit(target)
+    if lines == 0:
+        return f"clean: no REGTASK line (no field value past {target}'s limit of {limit:,})"
+    return (f"at risk allowed: up to {lines:,} REGTASK lines and a largest field value of {value:,} "
+            f"(field limit {limit:,}; the simulator does not model the overflow)")
+
+
+def predicted_row(report) -> dict:
+    """The NPU cost model's columns for a build's engine (BuildReport.prediction().row()), or the same columns
+    empty with why where there is no toolkit build behind the row."""
+    from ..toolkit.cost import unpredicted_row
+
+    if report is None:
+        return unpredicted_row("not built: no layer table to predict from")
+    prediction = getattr(report, "prediction", None)
+    return prediction().row() if prediction else unpredicted_row("no toolkit build behind this row")
+
+
 @dataclass
 class WindowSearch:
     """The widest window within a budget on one target: `window` (None when even the narrowest is
-    over), the rows of every build and prediction the search made, and `confirmed_by`, the two
+    over), the rows of every build and prediction the search made, `confirmed_by`, the two
     builds that bound the answer ("95 within, 96 over"; only the widest window searched when it is
-    within)."""
+    within), and `reports`, every build's report by window."""
 
     window: int | None
     rows: list[dict]
     confirmed_by: str
+    reports: dict = field(default_factory=dict)
 
 
 def _levels(budget: tuple[int, int], target: str) -> dict[str, float]:
@@ -224,20 +252,23 @@ def predict_widest(builds: Mapping[int, Any], budget: tuple[int, int], target: s
 
 
 def largest_clean_window(engine: Callable[[int], object], target: str, budget: tuple[int, int], lo: int, hi: int,
-                         build=None, known: Mapping[int, Any] | None = None) -> WindowSearch:
-    """The longest window in [lo, hi] within `budget`, predicted from the builds so far and confirmed
-    by building the predicted window and the next one up (predict_widest), the two side by side.
+                         build=None, known: Mapping[int, Any] | None = None, floor: int = 1) -> WindowSearch:
+    """The longest window in [floor, hi] within `budget`, starting from `lo` (today's window), predicted from
+    the builds so far and confirmed by building the predicted window and the next one up (predict_widest),
+    the two side by side. When `lo` is over the budget the answer lies below it: the fit (or, past it,
+    halving towards `floor`) finds a window within first, and the search goes on up from there.
     `known` maps windows to the reports of builds made elsewhere (used as measured, never rebuilt).
     Where the fit has nothing to go on the search steps up from the widest clean window by 1, 2, 4, ...
-    frames. Once the fit has
-    missed twice in a row on one side (a staircase of field values: flat, then a jump) the search stops
-    asking it and steps up or bisects, so the worst case is a few builds more than bisection, never a
-    scan. Every build and prediction is a row (`source` built, known or predicted), so a board user can
-    move the budget."""
+    frames. Once the fit has missed twice in a row on one side (a staircase of field values: flat, then a
+    jump) the search stops asking it and steps up or bisects, so the worst case is a few builds more than
+    bisection, never a scan. Every build and prediction is a row (`source` built, known or predicted) with
+    the budget it was held to and the NPU cost model's prediction for the built engines, so a board user
+    can move the budget."""
     from ..toolkit.build import build_engine
 
     build = build or (lambda path: build_engine(path, target))
     builds, rows, known = {}, [], dict(known or {})
+    stated = budget_text(budget, target)
 
     def row(w, source, report=None, at=None, fitted=()):
         # source: built (by this search, through the build cache), known (made before the search: the
@@ -250,8 +281,9 @@ def largest_clean_window(engine: Callable[[int], object], target: str, budget: t
                      "predicted_regtask": round(at["regtask"]) if at else None,
                      "predicted_regtask_max_value": round(at["regtask_max"]) if at else None,
                      "fitted_on": ", ".join(map(str, fitted)),
-                     "budget_lines": budget[0], "budget_value": budget[1],
-                     "within_budget": within(report, budget) if report else True, "where": HOST.where})
+                     "budget_lines": budget[0], "budget_value": budget[1], "budget": stated,
+                     "within_budget": within(report, budget) if report else True,
+                     **predicted_row(report), "where": HOST.where})
 
     def measure(windows: Sequence[int]) -> None:
         """Build the windows not measured yet, BUILD_WORKERS at a time (produced one at a time here:
@@ -272,9 +304,27 @@ def largest_clean_window(engine: Callable[[int], object], target: str, budget: t
         over = min((w for w in builds if w > lo and not within(builds[w], budget)), default=None)
         return max(w for w in builds if (over is None or w < over) and within(builds[w], budget)), over
 
-    measure([lo] + [w for w in known if lo <= w <= hi])  # builds made elsewhere are data from the start
+    def below(top: int) -> int | None:
+        """A window within the budget below `top` (which is over): the fit's widest window within (with the
+        next one up beside it), else halving towards `floor`; None when `floor` itself is over."""
+        guess, at, fitted = predict_widest(builds, budget, target, floor, top - 1)
+        if guess is not None:
+            row(guess, "predicted", at=at, fitted=fitted)
+        w = guess if guess is not None else max(floor, (floor + top) // 2)
+        while True:
+            inside = [x for x in builds if floor <= x < top and within(builds[x], budget)]
+            if inside or w is None:
+                return max(inside, default=None)
+            measure([x for x in (w, w + 1) if x < top])
+            if not within(builds[w], budget):
+                top, w = w, None if w <= floor else max(floor, (floor + w) // 2)
+
+    measure([lo] + [w for w in known if floor <= w <= hi])  # builds made elsewhere are data from the start
     if not within(builds[lo], budget):
-        return _search_result(None, rows, f"{lo} over")
+        start = below(lo) if lo > floor else None
+        if start is None:   # the narrowest window built is over: `floor` (built last by below), or `lo` itself
+            return _search_result(None, rows, f"{min(lo, floor)} over", builds)
+        lo = start
     step, misses = 1, (None, 0)
     while True:
         best, over = bounds()
@@ -296,29 +346,40 @@ def largest_clean_window(engine: Callable[[int], object], target: str, budget: t
             measure([min(upper, best + step)])
             step *= 2
     confirmed = f"{best} within, {over} over" if over is not None else f"{best} within (the widest searched)"
-    return _search_result(best, rows, confirmed)
+    return _search_result(best, rows, confirmed, builds)
 
 
-def _search_result(window, rows, confirmed_by) -> WindowSearch:
+def _search_result(window, rows, confirmed_by, reports=None) -> WindowSearch:
     """By window; at one window in the order they happened (a prediction, then the build that checked it)."""
-    return WindowSearch(window, sorted(rows, key=lambda r: r["window"]), confirmed_by)
+    return WindowSearch(window, sorted(rows, key=lambda r: r["window"]), confirmed_by, dict(reports or {}))
 
 
 def plan_rows(windows: Mapping[str, int | None], sweep: Sequence[dict], snr_targets: Sequence[float],
-              confirmed_by: Mapping[str, str] | None = None) -> list[dict]:
+              confirmed_by: Mapping[str, str] | None = None, budgets: Mapping[str, str] | None = None,
+              reports: Mapping[str, Any] | None = None) -> list[dict]:
     """One plan per target and SNR: minimum context (speech), emit, compute ratio; white noise beside,
-    and the builds that confirmed the target's largest clean window."""
+    the builds that confirmed the target's largest clean window and the budget it was held to (`budgets`:
+    budget_text by target), and the NPU cost model's prediction for that window's engine (`reports`: its build
+    by target): ms per window call, its terms, and ms per emitted frame."""
     out = []
     for target, w in windows.items():
+        report = (reports or {}).get(target)
+        predicted = predicted_row(report) if w is not None else predicted_row(None)
         for snr in snr_targets:
             c = min_context(sweep, snr, "speech")
             noise = min_context(sweep, snr, "white noise")
             emit = (w - 2 * c) if (w is not None and c is not None) else None
+            emit = emit if emit and emit > 0 else None
+            per_window = predicted["npu_ms_predicted"]
             out.append({"target": target, "snr_target_db": snr, "min_context_speech": c,
                         "min_context_white_noise": noise, "largest_clean_window": w,
+                        "budget": (budgets or {}).get(target, ""),
                         "confirmed_by": (confirmed_by or {}).get(target, ""),
-                        "emit": emit if emit and emit > 0 else None,
-                        "compute_ratio": (emit / w) if emit and emit > 0 else None, "where": HOST.where})
+                        "emit": emit, "compute_ratio": (emit / w) if emit else None,
+                        **predicted,
+                        "npu_ms_per_emitted_frame_predicted": round(per_window / emit, 4)
+                        if emit and per_window != "" else "",
+                        "where": HOST.where})
     return out
 
 
@@ -368,10 +429,13 @@ def plan(pt: PlanTarget, targets: Sequence[str], snr_targets: Sequence[float], *
     """Every planner table for one decoder: receptive field, context sweep (speech and white noise),
     REGTASK candidates per target (built, known or predicted), and the plan per target and SNR target.
 
-    The default budget per target is today's window's own build (the engine the reference documents ran
-    clean on a board): no more REGTASK lines and no larger field value than it logs. `build(onnx_path,
-    target)` replaces rkstudy.toolkit.build.build_engine; `known` maps (window, target) to the report of a build
-    another cell made (the search takes it as measured, and fits from it before building anything)."""
+    The default budget per target is CLEAN: no REGTASK line. Today's window (default_emit + 2 x
+    default_context) is where the search starts: up from it when it builds clean, down from it when it
+    does not (no narrower than the smallest window with an emitted frame at the smallest context the SNR
+    targets need, or at today's context when no context reaches them). `budgets` ({target: (lines,
+    largest value)}) allows an at-risk budget instead; every row names its budget. `build(onnx_path,
+    target)` replaces rkstudy.toolkit.build.build_engine; `known` maps (window, target) to the report of a
+    build another cell made (the search takes it as measured, and fits from it before building anything)."""
     from ..toolkit.build import build_engine
 
     build = build or build_engine
@@ -379,21 +443,20 @@ def plan(pt: PlanTarget, targets: Sequence[str], snr_targets: Sequence[float], *
     tables = fp32_tables(pt, contexts)
     default_window = pt.default_emit + 2 * pt.default_context
     max_window = max_window or 2 * default_window
-    windows, confirmed, candidates, budget_rows = {}, {}, [], []
+    contexts_needed = [c for c in (min_context(tables["context_sweep"], s) for s in snr_targets) if c is not None]
+    floor = 2 * (min(contexts_needed) if contexts_needed else pt.default_context) + 1
+    windows, confirmed, candidates, budget_rows, stated, reports = {}, {}, [], [], {}, {}
     for target in targets:
-        if budgets and target in budgets:
-            budget = budgets[target]
-        else:
-            if (default_window, target) not in known:
-                known[(default_window, target)] = build(pt.engine(default_window), target)
-            report = known[(default_window, target)].raise_for_status()
-            budget = (report.regtask, report.regtask_max)
-        budget_rows.append({"target": target, "budget_window": default_window, "budget_lines": budget[0],
-                            "budget_value": budget[1], "where": HOST.where})
+        budget = tuple(budgets[target]) if budgets and target in budgets else CLEAN
+        stated[target] = budget_text(budget, target)
+        budget_rows.append({"target": target, "budget_lines": budget[0], "budget_value": budget[1],
+                            "budget": stated[target], "given": bool(budgets and target in budgets),
+                            "start_window": default_window, "floor_window": floor, "where": HOST.where})
         search = largest_clean_window(pt.engine, target, budget, default_window, max_window,
                                       build=lambda path, target=target: build(path, target),
-                                      known={w: r for (w, t), r in known.items() if t == target})
+                                      known={w: r for (w, t), r in known.items() if t == target}, floor=floor)
         windows[target], confirmed[target] = search.window, search.confirmed_by
+        reports[target] = search.reports.get(search.window)
         candidates += search.rows
     return {**tables, "budgets": budget_rows, "candidates": candidates,
-            "plan": plan_rows(windows, tables["context_sweep"], snr_targets, confirmed)}
+            "plan": plan_rows(windows, tables["context_sweep"], snr_targets, confirmed, stated, reports)}

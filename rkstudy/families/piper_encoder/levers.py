@@ -63,10 +63,11 @@ def cpu_share_of_stage(voice, tokens: int) -> float:
     """The share of a chunk's duration stage that stays on the CPU when the encoder moves to the NPU, as this
     host's CPU path splits it: the voice's middle cut (duration flows, the duration ceiling, length regulation,
     prior sampling; rkstudy.families.piper.cuts) over the encoder cut and the middle, on `tokens` tokens of
-    real text, one thread each, the fastest of several runs."""
+    real text, one thread each, the fastest of rounds of both interleaved (rkstudy.toolkit.cost.fastest_of: a
+    slow spell of this shared host falls on both alike)."""
     import numpy as np
 
-    from ...toolkit.cost import fastest_ms, host_session
+    from ...toolkit.cost import fastest_of, host_session
     from ..piper.cuts import IDS, LENGTHS, SCALES, SID, voice_cuts
     from .tokens import real_tokens
 
@@ -81,8 +82,8 @@ def cpu_share_of_stage(voice, tokens: int) -> float:
 
     stats, cond = run(encoder)
     feed.update({cuts.seams.stats: stats, cuts.seams.cond: cond})
-    encoder_ms, middle_ms = fastest_ms(lambda: run(encoder)), fastest_ms(lambda: run(middle))
-    return middle_ms / (encoder_ms + middle_ms)
+    ms = fastest_of({"encoder": lambda: run(encoder), "middle": lambda: run(middle)})
+    return ms["middle"] / (ms["encoder"] + ms["middle"])
 
 
 def npu_cost_cases(quick: bool):

@@ -196,14 +196,17 @@ def simulate_width(voice: piper.Voice, frames: int, target: str = "rk3588",
 def size_row(product: EncoderSlice, report, peak_from: str = SIMULATOR_PEAK) -> dict:
     """One engine's build: bytes, seconds, REGTASK lines and the converter's peak as the build rows
     report it (BuildReport.row: `converter_peak_mb`, the toolkit child's own VmHWM); `peak_from`
-    says which child and when (SIMULATOR_PEAK or BUILD_PEAK)."""
+    says which child and when (SIMULATOR_PEAK or BUILD_PEAK); and what a call of this width's engine (a
+    ladder rung) would take on the NPU: the cost model's prediction with its terms (BuildReport.row's
+    npu_* columns)."""
     c = graph.census(product.rewritten, with_axis=False)
     build = report.row()
     return {"relshift": product.contract.params["relshift"], "frames": product.frames,
             "onnx_initializer_bytes": c.initializer_bytes, "engine_bytes": report.engine_bytes,
             "build_s": build["build_s"], "regtask": report.regtask, "regtask_max": report.regtask_max,
             "converter_peak_mb": build["converter_peak_mb"], "peak_from": peak_from,
-            "status": report.status, "where": report.where, "target": report.target}
+            "status": report.status, **{k: v for k, v in build.items() if k.startswith("npu_")},
+            "where": report.where, "target": report.target}
 
 
 def build_size(voice: piper.Voice, frames: int, target: str = "rk3588", mode: str = GATHER) -> dict:
@@ -478,7 +481,8 @@ def ladder_for(voice: piper.Voice, engines: Sequence[LadderEngine], fallback=Tru
 
 def ladder_summary(rows: Sequence[dict], key: str = "lands") -> list[dict]:
     """Chunks per rung (plan rows: key `lands`; run rows: key `ran_on`), with their drift
-    when the rows carry it."""
+    when the rows carry it, and, when they carry the rung's predicted NPU time per call (run_ladder's
+    rows), that time and the rung's chunks' total (a prediction of the cost model, not a measurement)."""
     out = []
     for lands in sorted({r[key] for r in rows}, key=lambda s: (s == FALLBACK, len(s), s)):
         sel = [r for r in rows if r[key] == lands]
@@ -487,8 +491,35 @@ def ladder_summary(rows: Sequence[dict], key: str = "lands") -> list[dict]:
         if all("drift_pct" in r for r in sel):
             d = [r["drift_pct"] for r in sel]
             row.update({"drift_min_pct": min(d), "drift_max_pct": max(d)})
+        if all("npu_ms_predicted" in r for r in sel):
+            per_call = sel[0]["npu_ms_predicted"]
+            row.update({"npu_ms_predicted": per_call,
+                        "npu_ms_predicted_chunks": round(per_call * len(sel), 3) if per_call != "" else "",
+                        "npu_cost_note": sel[0]["npu_cost_note"]})
         out.append({**row, "where": sel[0].get("where", HOST.where), "target": sel[0].get("target", "none")})
     return out
+
+
+def rung_predictions(engines: Sequence[LadderEngine]) -> dict[str, dict]:
+    """{rung (`n<width>`): the NPU cost model's columns for a call of its engine} from each rung's build (its
+    runner's report); a multi-shape engine's one layer table is its largest set's, said in the note."""
+    from ...toolkit.cost import unpredicted_row
+
+    out = {}
+    for e in engines:
+        report = getattr(e.runner, "report", None)
+        made = report.prediction().row() if hasattr(report, "prediction") else \
+            unpredicted_row("the rung's runner has no toolkit build")
+        if len(e.widths) > 1 and made["npu_ms_predicted"] != "":
+            made["npu_cost_note"] += f"; a multi-shape engine: the layer table of its largest set, n{max(e.widths)}"
+        out.update({f"n{w}": made for w in e.widths})
+    return out
+
+
+def _fallback_cost() -> dict:
+    from ...toolkit.cost import unpredicted_row
+
+    return unpredicted_row("the fp32 fallback runs on this host's CPU, not on the NPU")
 
 
 def ladder_plans(voice: piper.Voice, text: str, ladders: dict[str, Sequence[int]],
@@ -541,7 +572,9 @@ def run_ladder(voice: piper.Voice, widths: Sequence[int], chunks: Sequence[tuple
                target: str = "rk3588", seed: int = 1234, mode: str = GATHER,
                choice: Mapping | None = None) -> list[dict]:
     """The sidecar end to end: simulator engines at `widths` (relshift `mode`), fp32 fallback above;
-    per chunk, where it ran, stats/cond SNR against fp32 and the frame drift. The rungs are one
+    per chunk, where it ran, stats/cond SNR against fp32, the frame drift, and what a call of its rung would
+    take on the NPU (the cost model's prediction from the rung's build: rung_predictions; the fallback's row
+    says it runs on the CPU). The rungs are one
     multi-shape engine when `choice` (the encoder's rkstudy.levers.multi_shape summary row; default: the
     committed one for this rewrite, notebook 08's) says so, else one engine per width."""
     from ...levers import multi_shape as ms
@@ -552,6 +585,7 @@ def run_ladder(voice: piper.Voice, widths: Sequence[int], chunks: Sequence[tuple
         engines = ladder_engines(voice, widths, target, mode, multi_shape=ms.prefer_multi_shape(choice))
         runners = [e.runner for e in engines]
         ladder = ladder_for(voice, engines)
+        rungs = rung_predictions(engines)
         raw = OrtRunner(encoder_slice(voice.model))
         dur = Durations(voice)
         rows = []
@@ -564,6 +598,8 @@ def run_ladder(voice: piper.Voice, widths: Sequence[int], chunks: Sequence[tuple
                          "stats_snr_db": gates.snr_db(ref[0], stats), "cond_snr_db": gates.snr_db(ref[1], cond),
                          "fp32_frames": f_ref, "ladder_frames": f_got,
                          "drift_pct": 100.0 * (f_got - f_ref) / f_ref, "text": text[:48],
+                         **{k: v for k, v in rungs.get(where, _fallback_cost()).items()
+                            if k in ("npu_ms_predicted", "npu_cost_note")},
                          "where": origin.where, "target": origin.target})
         return rows
     finally:

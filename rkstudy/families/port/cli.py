@@ -123,9 +123,16 @@ def _plan(args) -> int:
           f"({rf['level_db']:g} dB, fp32, your inputs)")
     for r in tables["plan"]:
         window = r["largest_clean_window"]
+        if args.skip_rknn:
+            built = ", no window built (--skip-rknn)"
+        elif window is None:
+            built = f", no window within the budget ({r['budget']}; {r['confirmed_by']})"
+        else:
+            npu = (f"{r['npu_ms_predicted']} ms per window call predicted by the NPU cost model (not a board number)"
+                   if r["npu_ms_predicted"] != "" else r["npu_cost_note"])
+            built = f", largest window within the budget ({r['budget']}) {window}, emit {r['emit']}; {npu}"
         print(f"  {r['target']} at {r['snr_target_db']:g} dB: context {r['min_context_speech']} "
-              f"(white noise {r['min_context_white_noise']})"
-              + (f", largest clean window {window}, emit {r['emit']}" if window else ", no window built (--skip-rknn)"))
+              f"(white noise {r['min_context_white_noise']}){built}")
     if args.results:
         for name, rows in tables.items():
             results.write_table("port", f"window_plan_{name}", [results.stamp(r) for r in rows], root=args.results,

@@ -76,11 +76,13 @@ def field_probe_rows(targets: Sequence[str] = TARGETS, lengths: Sequence[int] = 
 
 
 def stage_row(stage: str, target: str, build: dict, snr_db: float | None, scored_in: str = "") -> dict:
-    """One stage on one target: its build (a BuildReport.row(), or a family's build row) and, where
-    this notebook ran it, the simulator against fp32 (then the row is the simulator's); `scored_in`
-    names the table that scored it otherwise, and the row holds the build alone (a host row)."""
+    """One stage on one target: its build (a BuildReport.row(), or a family's build row: its predicted NPU ms per
+    call and the note on it among them) and, where this notebook ran it, the simulator against fp32 (then the row
+    is the simulator's); `scored_in` names the table that scored it otherwise, and the row holds the build alone
+    (a host row)."""
     return {"stage": stage, "target": target, **{k: build.get(k, "") for k in
-                                                ("status", "engine_mb", "regtask", "regtask_max_value", "build_s")},
+                                                ("status", "engine_mb", "regtask", "regtask_max_value", "build_s",
+                                                 "npu_ms_predicted", "npu_cost_note")},
             "simulator_vs_fp32_db": round(snr_db, 2) if snr_db is not None else "",
             "scored_in": scored_in or ("this table" if snr_db is not None else ""),
             "where": SimulatorRunner.where if snr_db is not None else HOST.where}
@@ -103,17 +105,19 @@ def simulated_stage(stage: str, onnx_path: Path, target: str, out: Path, items: 
     return stage_row(stage, target, sim.report.row(), sim.worst_snr_db)
 
 
-def summary_rows(probes: Sequence[dict], stages: Sequence[dict], budget_stage: str) -> list[dict]:
-    """One row per target: the field the probes measured (or the toolkit's refusal), the budget the
-    window plan starts from (the REGTASK lines and largest value of `budget_stage`'s own build on that
-    target), the recorded field width it is checked against, and the vendor's published figure
-    beside it where there is one, labelled as theirs."""
+def summary_rows(probes: Sequence[dict], stages: Sequence[dict], window_stage: str) -> list[dict]:
+    """One row per target: the field the probes measured (or the toolkit's refusal), what the window the plan
+    starts from logs there (the REGTASK lines and largest value of `window_stage`'s own build on that target)
+    beside the plan's budget (clean: no line, rkstudy.walk.planner.CLEAN), the recorded field width it is
+    checked against, and the vendor's published figure beside it where there is one, labelled as theirs."""
+    from ...walk.planner import CLEAN, budget_text
+
     rows = []
     for target in dict.fromkeys(r["target"] for r in probes):
         mine = [r for r in probes if r["target"] == target]
         built = [r for r in mine if r["status"] == "ok"]
         over = [r for r in built if r["regtask"]]
-        budget = next((r for r in stages if r["target"] == target and r["stage"] == budget_stage), None)
+        window = next((r for r in stages if r["target"] == target and r["stage"] == window_stage), None)
         row = {"target": target, "fp16_build": "yes" if built else mine[0]["outcome"],
                "field_limit": next((r["limit"] for r in over), "none printed" if built else ""),
                "field_bits_measured": next((int(r["field_bits"]) for r in over), None) if built else None,
@@ -121,8 +125,9 @@ def summary_rows(probes: Sequence[dict], stages: Sequence[dict], budget_stage: s
                "probe_lines": "; ".join(f"{r['frames']}: {r['regtask']}" for r in built),
                "probe_largest_value": max((r["regtask_max_value"] for r in built), default=0),
                "longest_clean_probe": max((r["frames"] for r in built if not r["regtask"]), default=0),
-               "budget_lines": budget["regtask"] if budget else "", "budget_value": budget["regtask_max_value"]
-               if budget else "", "budget_from": budget_stage if budget else "",
+               "window_lines": window["regtask"] if window else "", "window_value": window["regtask_max_value"]
+               if window else "", "window_from": window_stage if window else "",
+               "window_clean": window["regtask"] == 0 if window else "", "plan_budget": budget_text(CLEAN, target),
                "their_figure": "", "their_value": "", "their_source": "", "comparable": "",
                "where": HOST.where}
         if record(target) in PUBLISHED:
