@@ -338,7 +338,8 @@ def dac(rates=DAC_24K_RATES, exporter: str = "legacy", seed: int = 0, latent: in
     package's own decode is that long: 24 kHz layout, r = 8)."""
     module = dac_modules()
     torch.manual_seed(seed)
-    net = seeded(module.Decoder(latent, channels, list(rates)), seed)
+    with known_warnings("weight-norm"):
+        net = seeded(module.Decoder(latent, channels, list(rates)), seed)
     key = {"name": f"dac_{'_'.join(map(str, rates))}", "package": _version("descript-audio-codec"), "seed": seed,
            "latent": latent, "channels": channels}
     return Vocoder(key["name"], exported(net, ("audio",), exporter, key, frames=frames, channels=latent, name=LATENT),
@@ -354,7 +355,9 @@ def snac(exporter: str = "legacy", seed: int = 0, latent: int = 16, channels: in
     at `channels`, seeded; input `z` [1, latent, frames] (a multiple of `window`), output `audio`."""
     layers = snac_layers()
     torch.manual_seed(seed)
-    net = seeded(layers.Decoder(latent, channels, list(rates), noise, depthwise=True, attn_window_size=window), seed)
+    with known_warnings("weight-norm"):
+        net = seeded(layers.Decoder(latent, channels, list(rates), noise, depthwise=True, attn_window_size=window),
+                     seed)
     key = {"name": f"snac{'_noise' if noise else ''}{f'_w{window}' if window else ''}",
            "package": _version("snac"), "seed": seed, "latent": latent, "channels": channels, "rates": list(rates)}
     return Vocoder(key["name"], exported(net, ("audio",), exporter, key, frames=frames, channels=latent, name=LATENT),
