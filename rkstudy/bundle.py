@@ -18,6 +18,7 @@ names beside it with that digest, and one engine per SoC for each family; the ar
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -66,16 +67,12 @@ def copy_source(root: Path) -> None:
             shutil.copy2(src, root / name)
 
 
-def without_bytecode(member: tarfile.TarInfo) -> tarfile.TarInfo | None:
-    """The archive's filter: the host steps run `python -m rkstudy` inside the bundle's folder, which writes the
-    copied package's bytecode beside it; a board's Python compiles its own."""
-    parts = Path(member.name).parts
-    return None if "__pycache__" in parts or member.name.endswith(".pyc") else member
-
-
 def run_host(argv, root: Path) -> None:
     """One host command of a part, in the bundle's folder, as a user's shell runs it; its failure is the bundle's."""
-    proc = subprocess.run([sys.executable, "-m", "rkstudy", *argv], cwd=root, capture_output=True, text=True)
+    # run inside the bundle's folder, Python imports the copied package: without this it would write that copy's
+    # bytecode into the archive (a board's Python compiles its own)
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "rkstudy", *argv], cwd=root, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         said = (proc.stderr.strip().splitlines() or ["(nothing on stderr)"])[-1]
         raise Failed(f"the bundle's host step `rkstudy {' '.join(argv)}` failed (exit {proc.returncode}): {said}")
@@ -233,7 +230,7 @@ def bundle(out: Path | str, models: list[str] | None = None) -> Path:
         (root / "README.md").write_text(readme(chosen, engines, out.name, root, carried), encoding="utf-8")
         with atomic.replacing(out) as tmp_out:
             with tarfile.open(tmp_out, "w:gz") as tar:
-                tar.add(root, arcname=NAME, filter=without_bytecode)
+                tar.add(root, arcname=NAME)
     count = sum(len(v) for v in engines.values())
     print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB: {count} engines of {', '.join(sorted(engines))} for "
           f"{', '.join(ALL_TARGETS)}, their fp32 graphs, inputs, plans, the source; its README is the walk-through)")
