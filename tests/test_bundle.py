@@ -73,6 +73,7 @@ def test_the_bundles_walk_through_runs_on_every_recorded_tree(tmp_path):
         walk = commands((_unpacked(archive, tmp_path) / "README.md").read_text(encoding="utf-8"))
         assert walk[0] == ["tar", "xzf", "rkstudy-board.tar.gz", "&&", "cd", "rkstudy-board"], walk[0]
         subprocess.run(["tar", "xzf", "rkstudy-board.tar.gz"], cwd=home, check=True)
+        (home / "rkstudy-board.tar.gz").unlink()
         root = home / "rkstudy-board"
         for argv in walk[1:]:
             if argv[0] == "make":  # installs from PyPI: its recipe, in the unpacked folder
@@ -91,6 +92,9 @@ def test_the_bundles_walk_through_runs_on_every_recorded_tree(tmp_path):
                                   text=True, env=_board_env(root, tree), timeout=900)
             if proc.returncode != 0 or "piper on replay (rk3576)" not in proc.stdout:
                 problems.append(f"rk3576: speak with plans/piper.rk3576.json: {proc.stdout[-300:]}{proc.stderr[-600:]}")
+        # one tree on disk at a time: each holds the bundle's engines and voice (about 0.3 GB), and a CI runner's
+        # temporary space is shared by every worker of the run
+        shutil.rmtree(home)
     assert [a[1:3] for a in walk if a[0].endswith("rkstudy")] == [["doctor", "--board"], ["board", "check"],
                                                                   ["board", "run"]]
     assert not problems, "\n".join(problems)
