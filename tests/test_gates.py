@@ -42,6 +42,16 @@ def test_slice_snr_finds_the_damaged_slice():
     assert summary["min_slice_snr_db"] == pytest.approx(s[3])
 
 
+def test_the_slice_summary_scores_whole_audible_slices_only():
+    ref = np.concatenate([tone(256 * 8), np.full(256 * 2, 1e-5), tone(100)])   # speech, a quiet pause, a tail
+    test = ref + np.concatenate([np.full(256 * 8, 1e-3), np.full(256 * 2 + 100, 1e-4)])
+    every = gates.slice_snr_db(ref, test)
+    assert every.size == 11 and every.min() < -15  # the pause's slices: the ratio of two noise floors
+    summary = gates.slice_snr_summary(ref, test)
+    assert summary["min_slice_snr_db"] == pytest.approx(every[:8].min()) and summary["min_slice_snr_db"] > 40
+    assert math.isnan(gates.slice_snr_summary(np.full(300, 1e-6), np.zeros(300))["min_slice_snr_db"])
+
+
 def test_best_lag_recovers_a_shift():
     rng = np.random.default_rng(1)
     ref = rng.standard_normal(4000)
