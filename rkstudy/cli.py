@@ -218,16 +218,35 @@ def _cmd_board_dram(args) -> int:
     return 0
 
 
+def process_started() -> float | None:
+    """When this process started (epoch seconds, to the kernel's clock tick): its start in ticks since boot from
+    /proc, against the boot clock now. Where the time of a command a user typed starts; None where /proc says
+    nothing."""
+    import time
+
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+    return time.time() - age
+
+
 def _cmd_speak(args) -> int:
     from .plan import audio, speak
 
     if args.audio is not None:
         audio.audio_format(args.audio)  # a wrong suffix is said before any work
-    table = speak.destination(args.speak_model, args.results)
-    spoken = speak.speak(args.speak_model, args.plan, args, runtime=args.runtime, cores=args.cores,
-                         writable=[table, table.with_suffix(".md"), *([args.audio] if args.audio else [])])
-    table = speak.record(spoken, audio=args.audio, results_dir=args.results)
-    print(speak.summary_line(spoken, table))
+    to_stdout = args.stream == "-"
+    # with the audio on standard output, what the command says goes to standard error
+    with contextlib.redirect_stdout(sys.stderr) if to_stdout else contextlib.nullcontext():
+        table = speak.destination(args.speak_model, args.results)
+        files = [table, table.with_suffix(".md"), *([args.audio] if args.audio else []),
+                 *([Path(args.stream)] if args.stream and not to_stdout else [])]
+        spoken = speak.speak(args.speak_model, args.plan, args, runtime=args.runtime, cores=args.cores,
+                             writable=files, started=getattr(args, "command_started", None))
+        table = speak.record(spoken, audio=args.audio, results_dir=args.results)
+        print(speak.summary_line(spoken, table))
     return 0
 
 
@@ -257,6 +276,11 @@ def _add_speak(sub) -> None:
                        "build/quick-results/ on the host)")
         p.add_argument("--cores", choices=("0_1_2", "0", "auto"), default="0_1_2",
                        help="NPU core mask on a board (0_1_2 falls back to auto where the driver refuses it)")
+        p.add_argument("--stream", metavar="FILE|-",
+                       help="write the audio here as it is made, flushed per chunk: - is standard output as raw "
+                            "16-bit mono PCM at the model's rate (| aplay -f S16_LE -r RATE -c 1; the command's "
+                            "lines then go to stderr), FILE.wav a WAV growing with an open length, another name "
+                            "raw PCM; a reader that goes away stops the run, exit 141, no row written")
         if mp.speaker:
             importlib.import_module(mp.speaker).add_args(p)
         p.set_defaults(func=_cmd_speak)
@@ -443,10 +467,16 @@ def _error(message: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line: `argv` None reads this process's own arguments (the command a user typed, whose time
+    starts with the process); a list is a command run from Python (a notebook), whose time starts here."""
+    import time
+
     from . import cliutil
 
+    started = (process_started() if argv is None else None) or time.time()
     p = parser()
     args = p.parse_args(argv)
+    args.command_started = started
     cliutil.ARGV = list(sys.argv[1:] if argv is None else argv)
     debug = args.debug or os.environ.get("RKSTUDY_DEBUG") == "1"
     with _children_debug(debug):

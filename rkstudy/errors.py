@@ -68,6 +68,13 @@ class Interrupted(RkstudyError):
         self.exit_code = 128 + int(signum)
 
 
+class StreamClosed(RkstudyError):
+    """The reader of a run's audio stream (`speak --stream -`) went away before the text was spoken. Exit 141,
+    what a shell shows for a writer ended by SIGPIPE."""
+
+    exit_code = 141
+
+
 def one_line(text: str, limit: int = 400) -> str:
     """`text` folded onto one line (compiler and protobuf messages span many)."""
     flat = " ".join(str(text).split())

@@ -7,8 +7,10 @@ contract names (the replay double serves that graph, as the host runtime does): 
 fast tier. The simulator test at the end builds real engines."""
 
 import json
+import re
 import shutil
 import signal
+from pathlib import Path
 
 import numpy as np
 import psutil
@@ -83,6 +85,10 @@ def test_the_cpu_plan_is_the_voice_itself(voice):
     assert r["audio_s"] == pytest.approx(ref.size / 22050, abs=1e-3)
     assert r["rtf"] == pytest.approx(r["wall_s"] / r["audio_s"], rel=1e-3)
     assert r["peak_rss_mb"] > 50 and got.study == "piper_decoder" and got.table == "speak"
+    # the first chunk plays while the second is made: first audio after the text arrives, before the whole text's
+    # wall, and after the call started (which adds loading the voice and starting the child)
+    assert 0 < r["first_audio_s"] < r["wall_s"] and r["first_audio_from_start_s"] > r["first_audio_s"] + r["load_s"]
+    assert r["npu_ms_predicted"] == "" and r["npu_cost_note"] == "no NPU component"
 
 
 @pytest.mark.slow
@@ -188,7 +194,8 @@ def test_qwen3_offline_streaming_and_the_window_role(qwen3_engines):
     roles = {"main": qwen3_engines[64].name, "first": qwen3_engines[16].name}
     stream = spoken("qwen3", "--plan", json.dumps({"speech_decoder": {"impl": "rknn", "artifacts": roles}}),
                     "--runtime", "onnx", "--mode", "streaming", "--event", 12, *common)
-    assert stream.row["steps"] == "16x1 + 64x1" and stream.row["first_audio_s"] > 0
+    assert stream.row["steps"] == "16x1 + 64x1" and 0 < stream.row["first_audio_s"] < stream.row["wall_s"]
+    assert npu.row["first_audio_s"] == npu.row["wall_s"]  # offline: the first sample leaves with the last
     assert gates.snr_db(cpu.audio, stream.audio) > 120  # 16+64 with one cache is one decode
     window = spoken("qwen3", "--plan", json.dumps({"speech_decoder": {"impl": "rknn", "artifacts": {
         "main": roles["main"], "window": roles["main"]}}}), "--runtime", "onnx", "--mode", "streaming", *common)
@@ -228,6 +235,7 @@ def test_kokoros_cpu_plan_is_the_model_and_its_npu_plan_the_sidecar_between_its_
     np.testing.assert_array_equal(npu.audio, expected.ravel())
     assert json.loads(npu.row["plan"])["generator"]["params"] == {"gain": True, "overlap": 4}
     assert npu.row["generator_ms"] > 0 and npu.row["head_ms"] > 0 and npu.audio.size == 300 * short.frames
+    assert 0 < npu.row["first_audio_s"] <= npu.row["wall_s"]  # one sentence: its audio is the whole text's
 
 
 # --- the simulator ----------------------------------------------------------------------------------------
@@ -240,3 +248,19 @@ def test_the_simulator_speaks_with_engines_built_from_their_graphs(piper_engines
     assert sim.row["encoder_ran_on"] == "n64 x1" and sim.audio.size == host.audio.size
     assert gates.snr_db(host.audio, sim.audio) > 25  # fp16 decoder and encoder against their fp32 graphs
     assert sim.study == "piper_decoder" and sim.table == "speak"
+    # beside this host's times, what the NPU would take: each component's calls priced from its build's layer
+    # table, the terms summing to the component and the components to the whole
+    by_component = dict(re.findall(r"(\w+): ([^;]*) ms over \d+ calls", sim.row["npu_ms_terms"]))
+    assert set(by_component) == {"duration_encoder", "decoder"}, sim.row["npu_ms_terms"]
+    for component, terms in by_component.items():
+        summed = sum(float(t.split()[-1]) for t in terms.split(" + "))
+        assert summed == pytest.approx(sim.row[f"{component}_npu_ms_predicted"], abs=0.5), (component, terms)
+    assert sim.row["npu_ms_predicted"] == pytest.approx(
+        sim.row["duration_encoder_npu_ms_predicted"] + sim.row["decoder_npu_ms_predicted"], abs=0.2)
+    assert 0 < sim.row["npu_ms_predicted"] < 1e3 * sim.row["wall_s"]  # the simulator is slower than the NPU
+    assert sim.row["simulator_peak_rss_mb"] > 100  # the simulator children, which the synthesis' VmHWM leaves out
+    # the onnx runtime builds nothing: no prediction, and the row says why and what predicts
+    assert host.row["npu_ms_predicted"] == "" and "--runtime simulator predicts" in host.row["npu_cost_note"]
+    line = speak.summary_line(sim, Path("speak.csv"))
+    assert "run on this host by the PC simulator" in line and "on the NPU via" not in line, line
+    assert f"the NPU cost model predicts {sim.row['npu_ms_predicted']} ms" in line, line

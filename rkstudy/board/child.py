@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import InputError, Interrupted, UsageError
+from ..errors import InputError, Interrupted, StreamClosed, UsageError
 from ..process import peak_rss_kb
 from . import load, sysfs
 from .runner import after_init
@@ -129,6 +129,8 @@ def _run(module: str, spec: dict, folder: Path, *, label: str, timeout: float) -
     error = Path(spec["error"])
     if error.is_file():
         failure = json.loads(error.read_text())
+        if failure["exit"] == StreamClosed.exit_code:
+            raise StreamClosed(failure["message"])
         raise (RknnError if failure["exit"] == 1 else InputError)(failure["message"])
     if proc.returncode != 0 or not Path(spec["result"]).is_file():
         raise RknnError(ended(label, proc.returncode))

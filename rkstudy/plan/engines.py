@@ -156,6 +156,45 @@ def open_runner(engine: dict, runtime: str, cores: str = "0_1_2"):
     return OrtRunner(engine["graph"])
 
 
+def predicted_on_npu(runners: dict[str, list], runtime: str, cores: str = "0_1_2") -> dict[str, dict]:
+    """What each NPU component's calls in this run would take on the NPU of its engines' SoC, by the NPU cost
+    model (rkstudy.toolkit.cost): every engine's predicted ms per call times the calls it served, summed per
+    component with its terms. `runners`: component -> the runners it opened (open_runner). Only the simulator
+    builds the engine here, with the compiler's layer table the model reads; a component run otherwise gets
+    no value and the reason. A multi-shape engine is priced at the shape set its build printed (its largest).
+
+    Returns {component: {"ms": float | None, "terms": {term: ms}, "calls": int, "why": str}}."""
+    out = {}
+    for component, opened in runners.items():
+        if not opened:
+            continue
+        if runtime != SIMULATOR:
+            why = ("a board run measures its NPU times" if runtime == BOARD else
+                   "--runtime onnx builds no engine, so there is no layer table to price; --runtime simulator "
+                   "predicts")
+            out[component] = {"ms": None, "terms": {}, "calls": 0, "why": why}
+            continue
+        total, terms, calls, why = 0.0, {}, 0, ""
+        for runner in opened:
+            prediction = runner.report.prediction(cores)
+            calls += runner.calls
+            if prediction.ms is None:
+                why = why or prediction.cannot
+                continue
+            total += prediction.ms * runner.calls
+            for k, v in prediction.terms.items():
+                terms[k] = terms.get(k, 0.0) + v * runner.calls
+        out[component] = {"ms": None if why else total, "terms": {} if why else terms, "calls": calls, "why": why}
+    return out
+
+
+def children_peak_rss_mb(runners: dict[str, list]) -> float | str:
+    """The simulator children's peak RSS summed (each child's own peak, read once it is closed: they live
+    through the whole synthesis, so the sum bounds what they held together); "" where no runner has a child."""
+    peaks = [r.peak_rss_mb for opened in runners.values() for r in opened if hasattr(r, "peak_rss_mb")]
+    return round(sum(peaks), 1) if peaks else ""
+
+
 def place() -> tuple[str, str]:
     """(where, target) of a run whose components all ran on the CPU: the board's (`board`, or `replay`
     under the test double of RKNNLite, never a board number) and its SoC on a board, fp32 on the host."""

@@ -15,8 +15,12 @@ A model's speaker is a module (ModelPlan.speaker) with:
 * prepare(plan, args, runtime) -> Prepared: the payload of the child, the row's known columns, the engines;
 * job(payload) -> dict, in the child: "audio", "sample_rate", "wall_s" (the synthesis, text to last
   sample), "load_s" (sessions and engines opened before it), "ms" ({component or stage: milliseconds},
-  the same keys on every run of the model), "first_audio_s" (streaming, else None), "where", "target",
-  "row" (the model's own columns), and optionally "runtime" (the board runtime's versions).
+  the same keys on every run of the model), "first_audio_s" (from the text's arrival to the first audio a
+  player could start: the first chunk, sentence or streamed step, or the whole audio of an offline decode) and
+  "first_audio_at" (that moment, epoch seconds), "where", "target",
+  "row" (the model's own columns), and optionally "runtime" (the board runtime's versions),
+  "npu_predicted" (rkstudy.plan.engines.predicted_on_npu: what the NPU components' calls would take on the
+  NPU, by the cost model) and "simulator_peak_rss_mb" (the simulator children, which VmHWM leaves out).
 
 Board side: numpy, soundfile; the job imports what its components need.
 """
@@ -26,6 +30,7 @@ from __future__ import annotations
 import importlib
 import json
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,6 +47,8 @@ from .validate import Plan, validate
 
 HOST_CHILD_TIMEOUT_S = 4 * 3600.0  # the simulator builds every engine of the plan first
 BOARD_WHERE = ("board", "replay")
+RAN_BY = {"simulator": "the PC simulator", "onnx": "the engine's graph on this host's CPU (onnxruntime fp32)",
+          "rknnlite": "RKNNLite"}
 
 
 @dataclass
@@ -82,12 +89,12 @@ def prepare(model: str, plan_text, args, runtime: str | None) -> tuple[Prepared,
     return who.prepare(plan, args, runtime), runtime
 
 
-def payload_of(prepared: Prepared, runtime: str, cores: str) -> dict:
-    """What the child's job reads: the speaker's payload, the runtime, and per component its
-    implementation, params and engines by role."""
+def payload_of(prepared: Prepared, runtime: str, cores: str, stream: str | None = None) -> dict:
+    """What the child's job reads: the speaker's payload, the runtime, the stream target (rkstudy.plan.stream),
+    and per component its implementation, params and engines by role."""
     from .engines import BOARD, on_board
 
-    return {**prepared.payload, "runtime": runtime, "cores": cores,
+    return {**prepared.payload, "runtime": runtime, "cores": cores, "stream": stream,
             "sample_npu": runtime == BOARD and bool(prepared.plan.on_npu) and on_board(),
             "plan": {c.component: {"impl": c.impl, "params": dict(c.params),
                                    "engines": {role: [e.to_json() for e in prepared.engines.get(
@@ -115,10 +122,13 @@ def destination(model: str, results_dir: Path | None = None) -> Path:
 
 
 def speak(model: str, plan_text, args, *, runtime: str | None = None, cores: str = "0_1_2",
-          writable: list[Path] | None = None) -> Spoken:
+          writable: list[Path] | None = None, started: float | None = None) -> Spoken:
     """Run `model`'s whole synthesis under the plan (`plan_text`: JSON, a file path, or an object) with
     the model's own inputs in `args` (its speaker's add_args); return the row and the audio. `writable`:
-    the files the caller will write after (the audio, the table), refused now if this user cannot."""
+    the files the caller will write after (the audio, the table), refused now if this user cannot.
+    `started`: when the command started (epoch seconds; the command line passes its process's start), from
+    which the row's first_audio_from_start_s counts; by default this call."""
+    started = time.time() if started is None else started
     prepared, runtime = prepare(model, plan_text, args, runtime)
     if writable:
         from ..board.run import require_writable
@@ -127,7 +137,9 @@ def speak(model: str, plan_text, args, *, runtime: str | None = None, cores: str
     model_plan = prepared.plan.schema
     for note in prepared.notes:
         print(note, flush=True)
-    payload = payload_of(prepared, runtime, cores)
+    target = getattr(args, "stream", None)
+    payload = payload_of(prepared, runtime, cores, None if target is None else
+                         target if str(target) == "-" else str(Path(target).resolve()))
     timeout = CHILD_TIMEOUT_S if runtime == "rknnlite" and prepared.plan.on_npu else HOST_CHILD_TIMEOUT_S
     npu = [(e.path, e.contract) for es in prepared.engines.values() for e in es] if runtime == "rknnlite" else []
     spec = {"job": f"{model_plan.speaker}:job", "payload": payload,
@@ -137,15 +149,20 @@ def speak(model: str, plan_text, args, *, runtime: str | None = None, cores: str
     if result["where"] in BOARD_WHERE:  # GateFailed below the gate: nothing written
         prepared.row.update(gate.verdict(result, {p.name: c for p, c in npu}, "no NPU component").row)
     pcm = arrays.pop("audio")
-    row = compose(prepared, runtime, result, pcm)
+    row = compose(prepared, runtime, result, pcm, started)
     study, table = table_for(model_plan, row["where"])
     return Spoken(row=row, audio=pcm, sample_rate=int(result["sample_rate"]), table=table, study=study)
 
 
-def compose(prepared: Prepared, runtime: str, result: dict, pcm: np.ndarray) -> dict:
+def compose(prepared: Prepared, runtime: str, result: dict, pcm: np.ndarray, started: float | None = None) -> dict:
     """The run's row: the plan (canonical JSON and digest), the model's columns, audio seconds, wall, RTF,
     load, peak RSS, milliseconds per component (the schema's components first, in pipeline order, then
-    the model's other stages), first audio, the engines by digest, and where it ran."""
+    the model's other stages), the NPU cost model's prediction beside them, first audio (from the text's
+    arrival, loading excluded, and from `started`, the command's start), the engines by digest, and where it
+    ran."""
+    first = result.get("first_audio_s")
+    from_start = (round(result["first_audio_at"] - started, 4)
+                  if first is not None and started is not None and result.get("first_audio_at") else "")
     plan, model_plan = prepared.plan, prepared.plan.schema
     audio_s = pcm.size / result["sample_rate"] if result["sample_rate"] else 0.0
     ms = dict(result["ms"])
@@ -156,8 +173,10 @@ def compose(prepared: Prepared, runtime: str, result: dict, pcm: np.ndarray) -> 
            "on_npu": ",".join(plan.on_npu), "runtime": runtime if plan.on_npu else "", **prepared.row,
            **result.get("row", {}), "audio_s": round(audio_s, 3), "wall_s": round(result["wall_s"], 4),
            "rtf": result["wall_s"] / audio_s if audio_s else float("nan"), "load_s": round(result["load_s"], 3),
-           "peak_rss_mb": round(result["peak_rss_kb"] / 1024, 1), **timings,
-           "first_audio_s": "" if result.get("first_audio_s") is None else round(result["first_audio_s"], 4),
+           "peak_rss_mb": round(result["peak_rss_kb"] / 1024, 1),
+           "simulator_peak_rss_mb": result.get("simulator_peak_rss_mb", ""), **timings,
+           **predicted_columns(model_plan, plan, runtime, result.get("npu_predicted") or {}),
+           "first_audio_s": "" if first is None else round(first, 4), "first_audio_from_start_s": from_start,
            "engines": engines, "sample_rate": result["sample_rate"]}
     if result["where"] in BOARD_WHERE:
         from ..board import sysfs
@@ -165,6 +184,33 @@ def compose(prepared: Prepared, runtime: str, result: dict, pcm: np.ndarray) -> 
         row.update({**result["npu_load"], **result["npu_clock"], "cores": result.get("cores", ""),
                     "driver": sysfs.npu_driver_version() or "", "board_runtime": result.get("runtime") or ""})
     return results.stamp({**row, "where": result["where"], "target": result["target"]})
+
+
+def predicted_columns(model_plan: ModelPlan, plan: Plan, runtime: str, predicted: dict) -> dict:
+    """The NPU cost model's prediction beside the measured times (rkstudy.plan.engines.predicted_on_npu): per
+    component that can run on the NPU, what its calls in this run would take there (empty where it ran on the
+    CPU or the model cannot speak), their total, the terms in ms and calls, and what the numbers are. Every
+    row of a model has the same columns, whatever its plan."""
+    npu_capable = [c.name for c in model_plan.components if c.engines]
+    per = {c: predicted.get(c, {}) for c in npu_capable}
+    cols = {f"{c}_npu_ms_predicted": round(per[c]["ms"], 1) if per[c].get("ms") is not None else ""
+            for c in npu_capable}
+    priced = [c for c in plan.on_npu if per.get(c, {}).get("ms") is not None]
+    whole = bool(priced) and len(priced) == len(plan.on_npu)
+    terms = "; ".join(f"{c}: " + " + ".join(f"{k} {v:.1f}" for k, v in per[c]["terms"].items())
+                      + f" ms over {per[c]['calls']} calls" for c in priced)
+    if not plan.on_npu:
+        note = "no NPU component"
+    elif runtime == "rknnlite":
+        note = "measured on the NPU (board or replay): the <component>_ms columns are the run's own"
+    elif whole:
+        note = ("a prediction of the NPU cost model (rkstudy.toolkit.cost) from each engine's layer table, on its SoC "
+                "(target), not a board number; the <component>_ms columns are this host's")
+    else:
+        why = next((per[c]["why"] for c in plan.on_npu if per.get(c, {}).get("why")), "")
+        note = f"cannot speak: {why or f'runtime {runtime} reported no prediction'}"
+    return {**cols, "npu_ms_predicted": round(sum(per[c]["ms"] for c in priced), 1) if whole else "",
+            "npu_ms_terms": terms, "npu_cost_note": note}
 
 
 def record(spoken: Spoken, *, audio: Path | None = None, results_dir: Path | None = None) -> Path:
@@ -197,20 +243,46 @@ def record(spoken: Spoken, *, audio: Path | None = None, results_dir: Path | Non
 def summary_line(spoken: Spoken, table: Path) -> str:
     r = spoken.row
     parts = ", ".join(f"{k[:-3]} {float(v):.0f} ms" for k, v in r.items() if k.endswith("_ms"))
-    first = f", first audio {r['first_audio_s']} s" if r["first_audio_s"] != "" else ""
-    plan = f"plan {r['plan_sha256']} ({r['on_npu']} on the NPU via {r['runtime']})" if r["on_npu"] else \
-        f"plan {r['plan_sha256']} (the CPU path)"
-    return (f"{r['model']} on {r['where']} ({r['target']}), {plan}: {r['audio_s']:.2f} s of audio, RTF "
+    first = (f", first audio {r['first_audio_s']} s after the text ({r['first_audio_from_start_s']} s after the "
+             "command started)") if r["first_audio_s"] != "" else ""
+    if not r["on_npu"]:
+        plan = f"plan {r['plan_sha256']} (the CPU path)"
+    elif r["where"] in BOARD_WHERE:
+        plan = f"plan {r['plan_sha256']} ({r['on_npu']} on the NPU via {r['runtime']})"
+    else:
+        plan = (f"plan {r['plan_sha256']} ({r['on_npu']} planned for the NPU, run on this host by "
+                f"{RAN_BY[r['runtime']]})")
+    if r.get("npu_ms_predicted", "") != "":
+        parts += (f"; the NPU cost model predicts {r['npu_ms_predicted']} ms for {r['on_npu']} on "
+                  f"{r['target']} ({r['npu_ms_terms']}; a prediction, not a board number)")
+    elif r["on_npu"] and r["where"] not in BOARD_WHERE:
+        parts += f"; no NPU prediction ({r['npu_cost_note']})"
+    sim = f" (+{r['simulator_peak_rss_mb']} MB in the simulator)" if r.get("simulator_peak_rss_mb", "") != "" else ""
+    host = "" if r["where"] in BOARD_WHERE else " (this host's times)"
+    return (f"{r['model']} on {r['where']} ({r['target']}), {plan}: {r['audio_s']:.2f} s of audio{host}, RTF "
             f"{r['rtf']:.4f}, wall {r['wall_s']:.3f} s (+{r['load_s']:.2f} s load), peak RSS {r['peak_rss_mb']} MB"
+            f"{sim}"
             f"{first}; {parts} -> {table}")
 
 
 def _child(spec_path: str) -> int:
-    """The child: run the model's job, write its audio and its result, with its own peak RSS."""
+    """The child: run the model's job, write its audio and its result, with its own peak RSS. A stream the job
+    opened (rkstudy.plan.stream) is closed once it has spoken, or abandoned if it failed."""
+    from . import stream
+
     spec = json.loads(Path(spec_path).read_text())
     job = job_named(spec["job"])
-    write_child_result(spec, gate.gated_child(spec, lambda: job(spec["payload"]),
-                                              sample_npu=bool(spec["payload"].get("sample_npu"))))
+
+    def run() -> dict:
+        try:
+            out = job(spec["payload"])
+        except BaseException:
+            stream.finish(ok=False)
+            raise
+        stream.finish(ok=True)
+        return out
+
+    write_child_result(spec, gate.gated_child(spec, run, sample_npu=bool(spec["payload"].get("sample_npu"))))
     return 0
 
 

@@ -48,12 +48,14 @@ class SimulatorRunner(Runner):
         self.shape_sets = [{k: tuple(v) for k, v in set_.items()} for set_ in self._proc.shape_sets] or [self.shapes]
         self.input_names = list(self.shapes)
         self.report = self._proc.wait_built()
+        self.calls = 0   # runs served: what the NPU cost model's per-call prediction is multiplied by
         if not self.report.ok:
             self._proc.close()
             if not keep_failed:
                 self.report.raise_for_status()
 
     def run(self, inputs) -> list[np.ndarray]:
+        self.calls += 1
         arrays = self._ordered(inputs)
         if len(self.shape_sets) > 1:
             refuse_unlisted(self.input_names, [x.shape for x in arrays], self.shape_sets)

@@ -109,13 +109,15 @@ def job(payload: dict) -> dict:
     """In the measured child: the model's cuts and the generator loaded, then sentence by sentence."""
     import numpy as np
 
-    from ...plan.engines import contract_of, open_runner, place
+    from ...plan.engines import children_peak_rss_mb, contract_of, open_runner, place, predicted_on_npu
+    from ...plan.stream import sink_for
     from ...runtime import OrtRunner
     from .sidecar import GeneratorSidecar, frame_energy
     from .text import FINE, SAMPLE_RATE, model_inputs, phonemize, sentences
 
     plan, runtime = payload["plan"]["generator"], payload["runtime"]
-    t = time.perf_counter()
+    sink = sink_for(payload, SAMPLE_RATE)
+    t = time.perf_counter()   # the text arrives: first audio counts from here
     feeds = [model_inputs(phonemize(s), payload["voice"], payload["speed"]) for s in sentences(payload["text"])]
     g2p_s = time.perf_counter() - t
 
@@ -135,7 +137,7 @@ def job(payload: dict) -> dict:
         load_s = time.perf_counter() - t_load
 
         ms = {"front": 1e3 * g2p_s, "generator": 0.0, "head": 0.0}
-        pcm, frames = [], 0
+        pcm, frames, first_audio, first_audio_at = [], 0, None, None
         t0 = time.perf_counter()
         for feed in feeds:
             t = time.perf_counter()
@@ -156,6 +158,9 @@ def job(payload: dict) -> dict:
             ms["generator"] += 1e3 * (t2 - t1)
             ms["head"] += 1e3 * (t3 - t2)
             pcm.append(np.asarray(audio, np.float32).reshape(-1))
+            sink.write(pcm[-1])
+            if first_audio is None:  # the first sentence's audio is whole: it can play while the rest is made
+                first_audio, first_audio_at = g2p_s + t3 - t0, time.time()
             frames += x.shape[-1]
         wall_s = g2p_s + time.perf_counter() - t0
         where, target = (npu.where, npu.target) if npu is not None else place()
@@ -167,7 +172,11 @@ def job(payload: dict) -> dict:
     finally:
         if npu is not None:
             npu.close()
+    opened = {"generator": [npu] if npu is not None else []}
     return {"audio": np.concatenate(pcm), "sample_rate": SAMPLE_RATE, "wall_s": wall_s, "load_s": load_s, "ms": ms,
-            "first_audio_s": None, "where": where, "target": target, "runtime": versions,
+            "first_audio_s": first_audio, "first_audio_at": first_audio_at, "where": where, "target": target,
+            "runtime": versions,
+            "npu_predicted": predicted_on_npu(opened, runtime, payload["cores"]),
+            "simulator_peak_rss_mb": children_peak_rss_mb(opened),
             "cores": getattr(npu, "cores", "") if npu is not None else "",
             "row": {"sentences": len(feeds), "frames": int(frames)}}

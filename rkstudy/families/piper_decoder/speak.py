@@ -134,7 +134,8 @@ def job(payload: dict) -> dict:
     """In the measured child: load every component, then speak chunk by chunk."""
     import numpy as np
 
-    from ...plan.engines import contract_of, open_runner, place
+    from ...plan.engines import children_peak_rss_mb, contract_of, open_runner, place, predicted_on_npu
+    from ...plan.stream import sink_for
     from ...runtime import OrtRunner
     from ..piper.cuts import IDS, LENGTHS, SCALES, SID, voice_cuts
     from ..piper.frontend import TextFront
@@ -143,7 +144,8 @@ def job(payload: dict) -> dict:
 
     plan, runtime, cores = payload["plan"], payload["runtime"], payload["cores"]
     front = TextFront(payload["config"])
-    t = time.perf_counter()
+    sink = sink_for(payload, front.sample_rate)
+    t = time.perf_counter()   # the text arrives: first audio counts from here
     chunks = chunks_of(front, payload["text"], payload["chunk_chars"])
     front_s = time.perf_counter() - t
     if not chunks:
@@ -153,6 +155,7 @@ def job(payload: dict) -> dict:
     cuts = voice_cuts(payload["voice"])
     s = cuts.seams
     npu_runners = []
+    by_component = {"duration_encoder": [], "decoder": []}
 
     def feed_for(ids):
         return {IDS: np.array([ids], np.int64), LENGTHS: np.array([len(ids)], np.int64),
@@ -164,6 +167,7 @@ def job(payload: dict) -> dict:
             rungs = []
             for e in plan["duration_encoder"]["engines"]["main"]:
                 npu_runners.append(open_runner(e, runtime, cores))
+                by_component["duration_encoder"].append(npu_runners[-1])
                 rungs.append(LadderEngine(npu_runners[-1], contract_of(e["path"])))
             ladder = Ladder(rungs, encoder_cpu)
 
@@ -177,6 +181,7 @@ def job(payload: dict) -> dict:
         if plan["decoder"]["impl"] == "rknn":
             (e,) = plan["decoder"]["engines"]["main"]
             npu_runners.append(open_runner(e, runtime, cores))
+            by_component["decoder"].append(npu_runners[-1])
             c = contract_of(e["path"])
             side = DecoderSidecar(npu_runners[-1], c, channels=c.params["channels"], hop=c.params["hop"],
                                   speaker_dims=c.params.get("speaker_dims", 0))
@@ -195,7 +200,7 @@ def job(payload: dict) -> dict:
 
 
         ms = {"front": 1e3 * front_s, "duration_encoder": 0.0, "duration_flows": 0.0, "decoder": 0.0}
-        pcm, ran_on, frames = [], [], 0
+        pcm, ran_on, frames, first_audio, first_audio_at = [], [], 0, None, None
         t0 = time.perf_counter()
         for k, (_, ids) in enumerate(chunks):
             t = time.perf_counter()
@@ -207,10 +212,13 @@ def job(payload: dict) -> dict:
             z, y_mask, g = got[0], got[1], (got[2] if s.g else None)
             t2 = time.perf_counter()
             pcm.append(np.asarray(decode(z, y_mask, g), np.float32).reshape(-1))
+            sink.write(pcm[-1])
             t3 = time.perf_counter()
             ms["duration_encoder"] += 1e3 * (t1 - t)
             ms["duration_flows"] += 1e3 * (t2 - t1)
             ms["decoder"] += 1e3 * (t3 - t2)
+            if first_audio is None:  # the first chunk's audio is whole: it can play while the rest is made
+                first_audio, first_audio_at = front_s + t3 - t0, time.time()
             ran_on.append(where)
             frames += z.shape[-1]
         wall_s = front_s + time.perf_counter() - t0
@@ -227,7 +235,9 @@ def job(payload: dict) -> dict:
     for w in ran_on:
         rungs[w] = rungs.get(w, 0) + 1
     return {"audio": np.concatenate(pcm), "sample_rate": front.sample_rate, "wall_s": wall_s, "load_s": load_s,
-            "ms": ms, "first_audio_s": None, "where": where, "target": target, "runtime": versions,
+            "ms": ms, "first_audio_s": first_audio, "first_audio_at": first_audio_at, "where": where,
+            "npu_predicted": predicted_on_npu(by_component, runtime, cores),
+            "simulator_peak_rss_mb": children_peak_rss_mb(by_component), "target": target, "runtime": versions,
             "cores": getattr(npu_runners[0], "cores", "") if npu_runners else "",
             "row": {"chunks": len(chunks), "tokens": sum(len(i) for _, i in chunks), "frames": int(frames),
                     "encoder_ran_on": ", ".join(f"{w} x{n}" for w, n in rungs.items())}}

@@ -155,15 +155,18 @@ class VocoderSidecar:
             history = c if history is None else np.concatenate([history, c], axis=-1)
 
 
-def gather(stream: Iterable[np.ndarray], t0: float) -> tuple[np.ndarray, float | None]:
+def gather(stream: Iterable[np.ndarray], t0: float, each=None) -> tuple[np.ndarray, float | None]:
     """A stream's PCM pieces joined, and the seconds from `t0` (time.perf_counter) to its first
-    non-empty piece: a streaming decode's time to first audio."""
+    non-empty piece: a streaming decode's time to first audio. `each(piece)`, if given, hears every piece as it
+    is made (a --stream sink)."""
     import time
 
     first_audio, pieces = None, []
     for pcm in stream:
         if first_audio is None and pcm.size:
             first_audio = time.perf_counter() - t0
+        if each is not None:
+            each(pcm)
         pieces.append(pcm)
     return np.concatenate(pieces), first_audio
 

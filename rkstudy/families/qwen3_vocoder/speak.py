@@ -125,7 +125,8 @@ def job(payload: dict) -> dict:
     """In the measured child: the steps loaded, then the codes decoded offline or as a stream of events."""
     import numpy as np
 
-    from ...plan.engines import contract_of, open_runner, place
+    from ...plan.engines import children_peak_rss_mb, contract_of, open_runner, place, predicted_on_npu
+    from ...plan.stream import sink_for
     from ...runtime import OrtRunner
     from .sidecar import SAMPLE_RATE, VocoderSidecar, events, gather, random_codes
 
@@ -135,6 +136,7 @@ def job(payload: dict) -> dict:
     else:
         codes = random_codes(payload["tokens"], payload["codes_seed"], codebook_size=payload["codebook_size"],
                              num_quantizers=payload["num_quantizers"])[0]
+    sink = sink_for(payload, SAMPLE_RATE)
     t_load = time.perf_counter()
     opened: dict[str, tuple] = {}
     runners = []
@@ -157,15 +159,18 @@ def job(payload: dict) -> dict:
         load_s = time.perf_counter() - t_load
 
         first_audio = None
-        t0 = time.perf_counter()
+        arrived_at, t0 = time.time(), time.perf_counter()   # the codes arrive: first audio counts from here
         if payload["mode"] == "streaming":
             chunks = events(codes, payload["event"])
             stream = (window.window_stream(chunks, payload["left_context"]) if window is not None
                       else side.stream(chunks))
-            audio, first_audio = gather(stream, t0)
+            audio, first_audio = gather(stream, t0, sink.write)
         else:
             audio = side.decode(codes)
+            sink.write(audio)
         wall_s = time.perf_counter() - t0
+        if first_audio is None:  # offline: the first sample leaves with the last
+            first_audio = wall_s
         used = window if (window is not None and payload["mode"] == "streaming") else side
         steps = " + ".join(f"{b}x{n}" for b, n in used.steps) if used is side else \
             f"{used.main.emit}x{-(-codes.shape[-1] // payload['event'])}"
@@ -182,6 +187,10 @@ def job(payload: dict) -> dict:
     if audio.size == 0:
         raise EngineMismatch("the decoder returned no audio for these codes")
     return {"audio": audio, "sample_rate": SAMPLE_RATE, "wall_s": wall_s, "load_s": load_s,
-            "ms": {"speech_decoder": 1e3 * wall_s}, "first_audio_s": first_audio, "where": where, "target": target,
+            "ms": {"speech_decoder": 1e3 * wall_s}, "first_audio_s": first_audio,
+            "first_audio_at": arrived_at + first_audio,
+            "where": where, "target": target,
+            "npu_predicted": predicted_on_npu({"speech_decoder": runners}, runtime, cores),
+            "simulator_peak_rss_mb": children_peak_rss_mb({"speech_decoder": runners}),
             "runtime": versions, "cores": getattr(runners[0], "cores", "") if runners else "",
             "row": {"tokens": tokens, "steps": steps, "ms_per_token": round(1e3 * wall_s / tokens, 3)}}
