@@ -85,7 +85,8 @@ def loudness(model: KokoroModel, utt: frontend.Utterance, produced: Produced, *,
             deltas = [r["delta_db"] for r in rows if not r["silent"]]
             per += [{"variant": name, "overlap": overlap, "gain": gain, **r, **_origin(runner)} for r in rows]
             summary.append({"utterance": utt.name, "variant": name, "overlap": overlap, "gain": gain,
-                            "windows": len(rows), "silent_windows": len(rows) - len(deltas), "delta_min_db": min(deltas), "delta_max_db": max(deltas),
+                            "windows": len(rows), "silent_windows": len(rows) - len(deltas),
+                            "delta_min_db": min(deltas), "delta_max_db": max(deltas),
                             "spread_db": max(deltas) - min(deltas),
                             "audio_snr_vs_full_db": gates.snr_db(a_full, a),
                             "gen_snr_vs_full_db": gates.snr_db(full, gen),
