@@ -59,6 +59,33 @@ def pytest_runtest_setup(item):
         os.environ[build.NO_CHILD_ENV] = UNMARKED
 
 
+# A passing test's tmp_path goes as the test ends, not with the session: the run's temporary space (TMPDIR,
+# shared by both workers on a CI runner's disk) then holds what running tests use, not every engine, voice and
+# bundle the suite ever made. A failed test's stays for a look.
+_TMP_PATH = pytest.StashKey[object]()
+_FAILED = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed:
+        item.stash[_FAILED] = True
+    if call.when == "call" and "tmp_path" in getattr(item, "funcargs", {}):
+        item.stash[_TMP_PATH] = item.funcargs["tmp_path"]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    yield
+    used = item.stash.get(_TMP_PATH, None)
+    if used is not None and not item.stash.get(_FAILED, False):
+        import shutil
+
+        shutil.rmtree(used, ignore_errors=True)
+
+
 def pytest_collection_modifyitems(config, items):
     # the engine-building tests take the longest, then the slow ones: they go first, so `--dist worksteal`
     # fills in around them instead of leaving one worker alone with a long test at the end of the run
