@@ -49,7 +49,21 @@ def _reason(exc: Exception) -> str:
     return f"{type(exc).__name__}: {text}"
 
 
-VARIANT_MARK = "rkstudy: variant built"  # printed after a session variant's build, so its log lines are known
+# Printed before every ready, done or refused: the parent counts REGTASK lines from the log pipe in its own
+# thread, and the event arrives on another channel, often before the log's last lines are read (under load the
+# count came out 0 where the compiler printed 14). Once the pump has read the mark, it has every line before it.
+LOG_MARK = "rkstudy: build logged"
+
+
+def logged() -> None:
+    """Everything the compiler wrote so far pushed into the log pipe (C stdio too), then the mark."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None).fflush(None)
+    except (OSError, AttributeError):
+        pass
+    print(LOG_MARK, flush=True)
 
 
 def quantization_config(folder: Path) -> Path:
@@ -118,6 +132,7 @@ def _session(conn: Connection, rknn, configured: Callable, run: Callable, quanti
     run("hybrid_quantization_step1", lambda: rknn.hybrid_quantization_step1(dataset=quantize["dataset"]))
     rknn.release()
     folder = Path.cwd()
+    logged()
     _send(conn, {"event": "ready", "tensors": config_tensors(quantization_config(folder))})
     current = None
     while True:
@@ -138,11 +153,11 @@ def _session(conn: Connection, rknn, configured: Callable, run: Callable, quanti
             _step2(run, current, cfg)
             run("export_rknn", lambda built=current, out=msg["out"]: built.export_rknn(out))
             run("init_runtime", lambda built=current: built.init_runtime(target=None))
-            print(VARIANT_MARK, flush=True)
+            logged()
             _send(conn, {"event": "ready"})
         except Exception as exc:
             traceback.print_exc()
-            print(VARIANT_MARK, flush=True)
+            logged()
             if current is not None:
                 current.release()
                 current = None
@@ -221,6 +236,7 @@ def main(spec_path: str, fd: str) -> int:
             run("export_rknn", lambda: rknn.export_rknn(spec["out"]))
         if spec.get("serve"):
             run("init_runtime", lambda: rknn.init_runtime(target=None))
+            logged()
             _send(conn, {"event": "ready"})
             while True:
                 msg = conn.recv()
@@ -229,6 +245,7 @@ def main(spec_path: str, fd: str) -> int:
                 _infer(conn, rknn, msg)
         step = "release"
         rknn.release()
+        logged()
         _send(conn, {"event": "done"})
         return 0
     except Exception as exc:

@@ -45,7 +45,7 @@ from ..gates import board_risk
 from ..paths import REPO
 from ..targets import TARGETS, record
 from . import log as toolkit_log
-from ._child import VARIANT_MARK
+from ._child import LOG_MARK
 from .calibration import Calibration
 from .engine_cache import default_engine_path, engine_key
 from .envs import require_toolkit, toolkit_env
@@ -262,7 +262,7 @@ class EngineProcess:
                 self.tail.append(line)
                 if self._capture is not None:
                     self._capture.append(line)
-                if line.startswith(VARIANT_MARK):
+                if line.startswith(LOG_MARK):
                     self._marked.set()
                 if toolkit_log.is_regtask(line):
                     if self.killed_for_regtask:
@@ -329,6 +329,7 @@ class EngineProcess:
                 self.step, self.error = msg["step"], msg["error"]
                 return self._finish()
             elif msg["event"] in ("ready", "done"):
+                self._marked.wait(timeout=30)  # the pump has every log line up to the child's mark
                 report = self._report("ok")
                 if msg["event"] == "done":
                     self._finish(report)
