@@ -22,7 +22,7 @@ from .shares import engine_shares
 from .stages import Stage, listening
 from .tensors import REFUSED_NAME, quantized_tensors
 
-SCORES = 4  # bumped when what a recorded measurement holds changes, so older records are not read back
+SCORES = 5  # bumped when what a recorded measurement holds changes, so older records are not read back
 
 
 def _digest_arrays(arrays: Sequence[np.ndarray]) -> str:
@@ -96,7 +96,12 @@ class Bench:
             row.update({k: v for k, v in shares.items() if k != "fp16_convs"})
             row["fp16_convs"] = len(shares["fp16_convs"])  # graph convs with a float16 layer
         row.update({"engine_bytes": report.engine_bytes, **stage.texts, "regtask": report.regtask,
-                    "build_s": round(report.seconds, 1), "where": "simulator", "target": self.target})
+                    "build_s": round(report.seconds, 1),
+                    # does a setting buy time on the NPU? the cost model's prediction per call from this build's
+                    # layer table (a prediction, not a board number), beside what it costs in fidelity
+                    **{k: v for k, v in report.prediction().row().items()
+                       if k.startswith("npu_ms_") or k == "npu_cost_note"},
+                    "where": "simulator", "target": self.target})
         return row
 
     def _walk(self, runner, which: str) -> list[np.ndarray]:
