@@ -163,6 +163,30 @@ def test_a_stop_signal_stops_the_synthesis_child_and_says_so_in_one_line(piper_e
     assert list((tmp_path / "tmp").iterdir()) == []
 
 
+def test_the_predicted_columns_price_each_npu_component_and_say_why_where_they_cannot():
+    from rkstudy.plan.schema import schema
+    from rkstudy.plan.validate import validate
+
+    piper = schema("piper")
+    both = validate(piper, {"decoder": {"impl": "rknn", "artifacts": {"main": "d.rknn"}},
+                            "duration_encoder": {"impl": "rknn", "artifacts": {"main": "e.rknn"}}})
+    priced = {"decoder": {"ms": 120.04, "terms": {"conv": 20.0, "dram": 100.04}, "calls": 4, "why": ""},
+              "duration_encoder": {"ms": 30.0, "terms": {"conv": 30.0}, "calls": 2, "why": ""}}
+    cols = speak.predicted_columns(piper, both, "simulator", priced)
+    assert (cols["decoder_npu_ms_predicted"], cols["duration_encoder_npu_ms_predicted"]) == (120.0, 30.0)
+    assert cols["npu_ms_predicted"] == 150.0
+    assert "decoder: conv 20.0 + dram 100.0 ms over 4 calls" in cols["npu_ms_terms"]
+    assert "not a board number" in cols["npu_cost_note"]
+    # one component unpriced: no total (a part is not the whole), and the reason
+    cols = speak.predicted_columns(piper, both, "simulator", {**priced, "decoder": {
+        "ms": None, "terms": {}, "calls": 4, "why": "no DRAM figure for rk3562"}})
+    assert cols["npu_ms_predicted"] == "" and cols["npu_cost_note"] == "cannot speak: no DRAM figure for rk3562"
+    cpu = speak.predicted_columns(piper, validate(piper, {}), "", {})
+    assert set(cpu) == set(cols) and cpu["npu_cost_note"] == "no NPU component"  # every row, the same columns
+    board = speak.predicted_columns(piper, both, "rknnlite", {})
+    assert board["npu_ms_predicted"] == "" and board["npu_cost_note"].startswith("measured on the NPU")
+
+
 def test_an_engine_for_another_soc_is_refused_before_a_child_starts(piper_engines, tmp_path):
     proc = rkstudy("speak", "piper", "--plan", plan_with(piper_engines["decoder"]), "--text", SHORT,
                    "--results", tmp_path / "results", board="rk3576", check=False)
