@@ -162,7 +162,9 @@ EXPECT = {
         "REGTASK lines, ups.0 polyphase probe": (0, 0),
         "largest fp32 node at W = 128": (1000, 65504),
         "nodes past fp16 at W = 136": (0, 0),
-        "per-window loudness spread, no overlap, no gain (fp32)": (5, 10),
+        # over the audible windows: the short utterance's last window is its trailing silence, not counted
+        # (4.33 dB over 3 of 4 windows, measured 2026-12-06 at f78bd17)
+        "per-window loudness spread, no overlap, no gain (fp32)": (3, 7),
         "a latent of 72 frames in one window vs its full decode (fp32)": (110, math.inf),
         "global statistics fed, stitched vs full (fp32)": (120, math.inf),
         # the planner on the short utterance (220 frames): 8 frames each side with frozen statistics,
