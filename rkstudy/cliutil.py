@@ -81,7 +81,8 @@ def add_stage_args(p: argparse.ArgumentParser, *, output_help: str = "where stag
     p.add_argument("--output", type=Path, help=output_help + " (always rewritten)")
     p.add_argument("--skip-rknn", action="store_true", help="stage 1 only: produce and self-check the graph")
     add_target_arg(p)
-    p.add_argument("--out", type=Path,
+    # a string, not a Path: Path("engines/") drops the slash that says "a folder"
+    p.add_argument("--out",
                    help="engine path, or with several targets (or a path ending in /) the folder the engines go "
                         "to (default: beside the graph, <family>-w<frames>-<target>-<graph digest>.rknn)")
     add_toolkit_arg(p)
@@ -179,13 +180,14 @@ def print_build(report) -> None:
                       "log": report.log}, indent=1))
 
 
-def engine_out(out: Path | None, targets: list[str]) -> tuple[Path | None, bool]:
+def engine_out(out: str | Path | None, targets: list[str]) -> tuple[Path | None, bool]:
     """(where stage 2 writes, whether that is a folder): an engine path for one target; with several,
-    or a path that is a folder or ends in a slash, the folder each target's engine (Contract.engine_name)
-    goes to."""
+    or a path that is a folder or ends in a slash (as typed: a Path has already lost it), the folder each
+    target's engine (Contract.engine_name) goes to."""
     if out is None:
         return None, False
-    folder = len(targets) > 1 or out.is_dir() or str(out).endswith(("/", "\\"))
+    folder = len(targets) > 1 or Path(out).is_dir() or str(out).endswith(("/", "\\"))
+    out = Path(out)
     if folder and out.suffix == ".rknn":
         raise UsageError(f"--out {out} names one engine and --target names {len(targets)} SoCs "
                          f"({','.join(targets)}); give a folder for the set, such as --out engines/")

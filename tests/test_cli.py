@@ -4,6 +4,7 @@ import importlib
 import json
 import pkgutil
 import re
+from pathlib import Path
 
 import onnx
 import pytest
@@ -212,6 +213,11 @@ def test_stage2_prints_the_summary_line_and_json_gives_the_row(tmp_path, capsys)
             "board_risk"} <= set(row)
     assert row["npu_ms_predicted"] == pytest.approx(float(m[8]), abs=0.01) and row["npu_soc"] == "rk3588"
     assert row["npu_ms_predicted"] == pytest.approx(sum(row[f"npu_ms_{k}"] for k in cost.TERMS), abs=0.01)
+    # one target and a folder typed with its slash: the engine goes into the folder under its own name
+    assert main(["qwen3", "vocoder", "--onnx", str(step), "--out", f"{tmp_path / 'engines'}/", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert Path(row["engine"]).parent == tmp_path / "engines" and Path(row["engine"]).is_file()
+    assert Path(row["engine"]).name.startswith("qwen3_vocoder") and not (tmp_path / "engines.contract.json").exists()
 
 
 def test_json_without_a_stage_2_is_refused(capsys):
