@@ -315,7 +315,7 @@ class Contract:
     def check_family(self, family: str, remake: str | None = None) -> None:
         if self.family != family:
             raise EngineMismatch(f"this is a {self.family} engine, not a {family} one; make a {family} "
-                                 f"engine with `{remake or help_for(family)}`")
+                                 f"engine with `{remake or help_for(family, self.target)}`")
 
     def remake_engine(self, target: str | None = None) -> str:
         """The stage-2 command: the one the family registers (Family.stage2) where it has one, else the
@@ -348,11 +348,19 @@ def refuse_unlisted(names, shapes, shape_sets) -> None:
                              "the engine with this set too")
 
 
-def help_for(family: str) -> str:
-    """Where to look for the command that makes a `family` engine when no contract is at hand to
-    name its producer: the contract layer knows no family registry (families sit above it), so it
-    points at the top-level help, which lists every family's command."""
-    return f"rkstudy --help (the {family} family's command)"
+def help_for(family: str, target: str | None = None) -> str:
+    """The command that makes a `family` engine for `target` when no contract is at hand to name its
+    producer: the one the family registers (Family.makes; a family built from the user's own graph, its
+    stage 2), found through the registry, since the contract layer imports no family."""
+    from .registry import load_all
+
+    record = load_all().get(family)
+    target = target or "rk3588"
+    if record is not None and record.makes:
+        return record.makes.format(target=target)
+    if record is not None and record.stage2:
+        return f"{record.stage2.format(graph='graph.onnx')} --target {target}"
+    return f"rkstudy --help (no family {family!r} is registered)"
 
 
 def beside(engine_path: Path | str) -> Path:
@@ -555,9 +563,12 @@ def for_engine(engine_path: Path | str, *, family: str | None = None, soc: str |
     unchanged, compiled for `soc` (when given) and carved from `source` (when given)."""
     engine_path = Path(engine_path)
     given = remake
-    remake = remake or (help_for(family) if family else "rkstudy --help")
+    remake = remake or (help_for(family, soc) if family else "rkstudy --help")
     if not engine_path.is_file():
         raise EngineMismatch(f"no engine at {engine_path}; make one with `{remake}`")
+    if engine_path.stat().st_size == 0:
+        raise EngineMismatch(f"{engine_path} is empty (0 bytes): a copy or a build that did not finish; make it "
+                             f"again with `{remake}`")
     path = beside(engine_path)
     if not path.is_file():
         raise EngineMismatch(f"no contract beside {engine_path.name} ({path.name}); the conversion stage writes "

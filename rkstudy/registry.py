@@ -43,6 +43,9 @@ class Family:
     # stage 2 where it is not the stage-1 command with --onnx: "rkstudy port build --onnx {graph} --inputs ..."
     # ({graph} is the produced graph; a refusal's fix adds --target)
     stage2: str | None = None
+    # the one command that makes an engine of this family from what the package ships (stage 1 and stage 2
+    # together, {target} for the SoC): the fix a refusal names when no contract is at hand to name a producer
+    makes: str | None = None
     plan: str | None = None                # "module:function() -> rkstudy.plan.ModelPlan" (`rkstudy speak`)
     bundle: str | None = None              # "module:function() -> rkstudy.cliutil.BundlePart" (`rkstudy bundle`)
     # a stage that is a flag of another family's command: the module whose handlers that command calls

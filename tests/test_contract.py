@@ -152,9 +152,19 @@ def test_another_family_and_a_missing_contract_are_refused(engine):
     path, _, _ = engine
     with pytest.raises(EngineMismatch, match="this is a piper_decoder engine, not a piper_encoder one"):
         contract.for_engine(path, family="piper_encoder")
+    with pytest.raises(EngineMismatch) as refused:
+        contract.for_engine(path, family="piper_encoder")
+    # the fix is the encoder family's own command for the engine's SoC, not a pointer at --help
+    assert str(refused.value).endswith("make a piper_encoder engine with `rkstudy piper encoder --frames 128 "
+                                       "--output enc_n128.onnx --target rk3588`")
     contract.beside(path).unlink()
     with pytest.raises(EngineMismatch, match="no contract beside decoder.rknn"):
         contract.for_engine(path, family="piper_decoder")
+    path.write_bytes(b"")
+    with pytest.raises(EngineMismatch) as refused:
+        contract.for_engine(path, family="piper_decoder", soc="rk3566")
+    assert str(refused.value) == (f"{path} is empty (0 bytes): a copy or a build that did not finish; make it again "
+                                  "with `rkstudy piper decoder --output decoder_z.onnx --target rk3566`")
 
 
 def test_a_stage1_contract_beside_an_engine_is_refused(tmp_path):

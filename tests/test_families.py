@@ -139,3 +139,20 @@ def test_what_families_build_on_has_no_cycle():
 
     for name in graph:
         visit(name, [])
+
+
+@pytest.mark.parametrize("name", [n for n in families.FAMILIES if n != "toolchain"])
+def test_a_refusal_without_a_contract_names_a_command_the_cli_takes(name):
+    """help_for is the fix of a refusal that has no contract to ask (no engine, an empty file, another
+    family's engine): it must be a whole command this CLI parses, for the SoC asked, that builds an engine
+    (stage 1 and 2 together, or a user graph's stage 2), never a pointer at --help."""
+    import shlex
+
+    from rkstudy.cli import parser
+    from rkstudy.contract import help_for
+
+    command = help_for(name, "rk3576")
+    words = shlex.split(command.replace("<", "").replace(">", ""))
+    assert words[0] == "rkstudy" and "--help" not in words and "--skip-rknn" not in words, command
+    args = parser().parse_args(words[1:])
+    assert args.target == ["rk3576"] and callable(args.func), command

@@ -202,7 +202,7 @@ def choose(given: Sequence[Path | str], *, family: str, soc: str | None = None, 
     or a ladder's rungs, each of which must run here: the caller checks every one, and for_engine says what
     is wrong with it). Refusals are one line naming what was given and the command that makes a matching
     engine."""
-    remake = remake or help_for(family)
+    remake = remake or help_for(family, soc)
     paths = engine_files(given)
     if not any(Path(g).is_dir() for g in given) and (len(paths) == 1 or several):
         return paths

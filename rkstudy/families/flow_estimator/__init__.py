@@ -18,6 +18,7 @@ FAMILY = register(Family(
     name="flow_estimator",
     title="CosyVoice3 flow estimator (DiT stand-in, random weights): the NPU memory ceiling and a lazy engine ladder",
     notebook="05_flow_estimator_memory.ipynb", command=("cosyvoice3", "estimator"),
+    makes="rkstudy cosyvoice3 estimator --frames 250 --output estimator_s250.onnx --target {target}",
     cli="rkstudy.families.flow_estimator.cli:add_cli",
     lint_graphs="rkstudy.families.flow_estimator.lint_graphs:lint_graphs",
     lever_graphs="rkstudy.families.flow_estimator.levers:lever_graphs",

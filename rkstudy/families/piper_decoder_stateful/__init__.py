@@ -15,6 +15,7 @@ FAMILY = register(Family(
     name="piper_decoder_stateful",
     title="Piper (VITS) decoder as a stateful streaming step: caches through graph I/O, no recomputed context",
     notebook="01b_piper_decoder_stateful.ipynb", command=None,
+    makes="rkstudy piper decoder --stateful --emit 45 --output decoder_step.onnx --target {target}",
     board="rkstudy.families.piper_decoder_stateful.board:add_board",
     lint_graphs="rkstudy.families.piper_decoder_stateful.lint_graphs:lint_graphs",
     lever_graphs="rkstudy.families.piper_decoder_stateful.levers:lever_graphs",

@@ -11,6 +11,7 @@ FAMILY = register(Family(
     name="piper_encoder",
     title="Piper duration encoder: token ids -> prior stats + duration conditioning, width ladder",
     notebook="02_piper_encoder.ipynb", command=("piper", "encoder"),
+    makes="rkstudy piper encoder --frames 128 --output enc_n128.onnx --target {target}",
     cli="rkstudy.families.piper_encoder.cli:add_cli", board="rkstudy.families.piper_encoder.board:add_board",
     lint_graphs="rkstudy.families.piper_encoder.lint_graphs:lint_graphs",
     lever_graphs="rkstudy.families.piper_encoder.levers:lever_graphs",

@@ -28,6 +28,7 @@ FAMILY = register(Family(
     title="Qwen3-TTS 12 Hz vocoder (seeded random weights) as one stateful streaming step: one flat cache through "
           "graph I/O, 16+64 streaming",
     notebook="04_qwen3_vocoder.ipynb", command=("qwen3", "vocoder"),
+    makes="rkstudy qwen3 vocoder --codes-length 64 --output qwen3_vocoder_b64.onnx --target {target}",
     cli="rkstudy.families.qwen3_vocoder.cli:add_cli",
     board="rkstudy.families.qwen3_vocoder.board:add_board",
     bundle="rkstudy.families.qwen3_vocoder.board:bundle_part",
