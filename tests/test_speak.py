@@ -121,7 +121,9 @@ def test_443_characters_with_the_decoder_and_the_encoder_ladder_through_the_repl
     plan = plan_with(piper_engines["decoder"], piper_engines[192], piper_engines[128])
     common = ["--text-file", text, "--text-chunk-size", 60, "--results", tmp_path / "results"]
     proc = rkstudy("speak", "piper", "--plan", plan, "--audio", tmp_path / "npu.wav", *common)
-    assert "piper on replay (rk3588), plan " in proc.stdout and "via rknnlite" in proc.stdout
+    assert "piper on replay (rk3588), plan " in proc.stdout
+    assert "run through the replay double of rknnlite: no NPU" in proc.stdout
+    assert "on the NPU via" not in proc.stdout
     rkstudy("speak", "piper", "--plan", "{}", "--audio", tmp_path / "cpu.flac", *common)
     cpu_row, npu_row = results.read_table(tmp_path / "results" / "board" / "speak_piper.csv")[::-1]
     for r in (cpu_row, npu_row):
@@ -207,7 +209,7 @@ def qwen3_engines(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_qwen3_offline_streaming_and_the_window_role(qwen3_engines):
+def test_qwen3_offline_streaming_and_the_window_role(qwen3_engines, capsys):
     model = qwen3_engines["model"]
     common = ["--model", model, "--tokens", 60, "--codes-seed", 3]
     cpu = spoken("qwen3", "--plan", "{}", *common)
@@ -221,6 +223,15 @@ def test_qwen3_offline_streaming_and_the_window_role(qwen3_engines):
     assert stream.row["steps"] == "16x1 + 64x1" and 0 < stream.row["first_audio_s"] < stream.row["wall_s"]
     assert npu.row["first_audio_s"] == npu.row["wall_s"]  # offline: the first sample leaves with the last
     assert gates.snr_db(cpu.audio, stream.audio) > 120  # 16+64 with one cache is one decode
+    # the roles swapped (the long step first) are refused by the engines' contracts, before anything runs
+    from rkstudy.cli import main as cli
+
+    swapped = {"speech_decoder": {"impl": "rknn", "artifacts": {"main": roles["first"], "first": roles["main"]}}}
+    assert cli(["speak", "qwen3", "--plan", json.dumps(swapped), "--runtime", "onnx", "--mode", "streaming",
+                *map(str, common)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the first role's engine step_b64.rknn steps 64 tokens and the main role's " \
+        "step_b16.rknn 16" in err and "swap them in the plan" in err, err
     window = spoken("qwen3", "--plan", json.dumps({"speech_decoder": {"impl": "rknn", "artifacts": {
         "main": roles["main"], "window": roles["main"]}}}), "--runtime", "onnx", "--mode", "streaming", *common)
     assert window.row["steps"] == "64x5" and window.audio.size == cpu.audio.size

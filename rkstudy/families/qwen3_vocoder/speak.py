@@ -75,6 +75,17 @@ def model_contract(path: Path):
     return c
 
 
+def refuse_swapped_roles(first, main) -> None:
+    """The first role is the short step that makes the first audio early; one that steps as many tokens as
+    the main engine, or more, is a plan with its roles swapped (it would run, late: 13 s to first audio
+    where the right way round gives 1 s)."""
+    n_first, n_main = (e.contract.params["codes_length"] for e in (first, main))
+    if n_first >= n_main:
+        raise EngineMismatch(f"the first role's engine {first.path.name} steps {n_first} tokens and the main role's "
+                             f"{main.path.name} {n_main}: the first engine is the shorter one, which makes the first "
+                             f"audio early; swap them in the plan (first: the {min(n_first, n_main)}-token engine)")
+
+
 def prepare(plan, args, runtime: str):
     import numpy as np
 
@@ -101,6 +112,8 @@ def prepare(plan, args, runtime: str):
                                          f"{own.source.file} ({own.source.sha256[:12]}); make both from one decoder "
                                          f"with `{own.remake}`")
             found[f"speech_decoder.{role}"] = es
+        if {"main", "first"} <= set(choice.paths):
+            refuse_swapped_roles(*(found[f"speech_decoder.{r}"][0] for r in ("first", "main")))
         if "first" in choice.paths and args.mode == "offline":
             print("the first engine serves streaming only: offline decoding runs every token on the main engine")
     if "window" in choice.paths and args.mode == "streaming":
