@@ -270,7 +270,8 @@ def _add_speak(sub) -> None:
         p.add_argument("--runtime", choices=RUNTIMES,
                        help="where the plan's NPU components run: rknnlite on a board (the default there); on the "
                             "host, simulator (the toolkit's simulator builds each engine's own graph) or onnx (each "
-                            "engine's own graph in onnxruntime)")
+                            "engine's own graph in onnxruntime); default on the host: simulator for a plan of "
+                            "compiled engines, onnx where it names a produced graph")
         p.add_argument("--audio", type=Path, help="write the audio here (.wav or .flac, 16-bit, at the model's rate)")
         p.add_argument("--results", type=Path, help="results root for the row (default: results/ for a board run, "
                        "build/quick-results/ on the host)")

@@ -205,13 +205,37 @@ def test_a_model_that_is_not_here_checks_its_plan_then_says_so(capsys, tmp_path)
     assert code == 2 and "flow.artifacts.main is missing" in err
 
 
-def test_npu_components_off_a_board_name_the_host_runtimes(capsys, tmp_path):
+def test_off_a_board_the_runtime_follows_the_artifacts_and_checks_them_first(capsys, tmp_path, voice_files):
+    """No --runtime on a host: compiled engines go to the simulator, produced graphs to onnxruntime, said in
+    one line; the artifacts are checked before anything runs, and RKNNLite asked for on a host is refused
+    only once they pass, naming --runtime."""
     engine = tmp_path / "decoder.rknn"
     engine.write_bytes(b"x")
-    code, err = run(capsys, "piper", "--plan", json.dumps({"decoder": {"impl": "rknn", "artifacts": {
-        "main": str(engine)}}}), "--text", "Hello.", "--results", tmp_path / "results")
+    code, err = run(capsys, "piper", "--plan", decoder_plan(engine), "--text", "Hello.",
+                    "--results", tmp_path / "results")
     assert code == 2 and err.count("\n") == 1
-    assert "the plan puts decoder on the NPU, and this machine has no board" in err
+    assert "no contract beside decoder.rknn" in err and "`rkstudy piper decoder --output decoder_z.onnx --target " \
+        "rk3588`" in err, err
+    assert not (tmp_path / "results").exists()
+
+    from rkstudy.plan.engines import choose_runtime
+
+    assert choose_runtime(None, ["decoder"], ["a/decoder.rknn", "enc_n128.rknn"]) == "simulator"
+    assert choose_runtime(None, ["decoder"], ["decoder.rknn", "enc_n128.onnx"]) == "onnx"
+    assert choose_runtime(None, [], []) == "rknnlite" and choose_runtime("onnx", ["decoder"], ["d.rknn"]) == "onnx"
+    out = capsys.readouterr().out
+    assert "no --runtime on this host: decoder run through the PC simulator" in out
+    assert "no --runtime on this host: decoder run in onnxruntime, the plan naming produced graphs" in out
+
+    other = fake_engine(tmp_path / "eng", family="piper_encoder", source=voice_files)
+    code, err = run(capsys, "piper", "--plan", decoder_plan(other), "--runtime", "rknnlite", "--text", "Hello.",
+                    "--voice-onnx", voice_files)
+    assert code == 2 and "this is a piper_encoder engine, not a piper_decoder one" in err  # the artifact first
+    ours = fake_engine(tmp_path / "ours", source=voice_files)
+    code, err = run(capsys, "piper", "--plan", decoder_plan(ours), "--runtime", "rknnlite", "--text", "Hello.",
+                    "--voice-onnx", voice_files, "--results", tmp_path / "results")
+    assert code == 2 and err.count("\n") == 1
+    assert "--runtime rknnlite: the plan puts decoder on the NPU, and this machine has no board" in err
     assert "--runtime simulator" in err and "--runtime onnx" in err
     assert not (tmp_path / "results").exists()
 

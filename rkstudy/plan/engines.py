@@ -20,6 +20,7 @@ Board side: numpy; RKNNLite, onnxruntime or the toolkit (host) at call time.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,22 +57,36 @@ def on_board() -> bool:
     return board_available()[0]
 
 
-def choose_runtime(runtime: str | None, npu_components: list[str]) -> str:
-    """The runtime of the plan's NPU components: RKNNLite on a board, a host runtime named by
-    --runtime on the host. A plan on the CPU path alone needs none and takes any."""
+def choose_runtime(runtime: str | None, npu_components: list[str], artifacts: Sequence[str] = ()) -> str:
+    """The runtime of the plan's NPU components: RKNNLite on a board; on the host the one --runtime names,
+    or, without it, the one the plan's `artifacts` allow: compiled engines run through the PC simulator (the
+    only host runtime that runs what was compiled), produced graphs in onnxruntime (the graph itself, no
+    compile). A plan on the CPU path alone needs none and takes any. RKNNLite asked for on a host is
+    returned as asked: the caller checks the artifacts first, then refuses (refuse_off_board)."""
     board = on_board()
     if runtime in HOST_RUNTIMES and board:
         raise UsageError(f"--runtime {runtime} is a host runtime (the engine's own graph in "
                          f"{'the toolkit simulator' if runtime == SIMULATOR else 'onnxruntime'}); on a board the "
                          "plan's engines run on the NPU: omit --runtime")
-    if runtime is None:
-        runtime = BOARD
-    if runtime == BOARD and npu_components and not board:
+    if runtime is None and npu_components and not board:
+        runtime = ONNX if any(is_graph(a) for a in artifacts) else SIMULATOR
+        print(f"no --runtime on this host: {', '.join(npu_components)} "
+              + ("run through the PC simulator, the plan naming compiled engines (--runtime onnx runs their graphs "
+                 "in onnxruntime)" if runtime == SIMULATOR else
+                 "run in onnxruntime, the plan naming produced graphs (--runtime simulator compiles and simulates "
+                 "them)"), flush=True)
+    return runtime or BOARD
+
+
+def refuse_off_board(runtime: str, npu_components: list[str]) -> None:
+    """RKNNLite asked for where there is no board: refused once the plan's artifacts have been checked, naming
+    the host runtimes."""
+    if runtime == BOARD and npu_components and not on_board():
         why = board_available()[1]
-        raise BoardUnavailable(f"the plan puts {', '.join(npu_components)} on the NPU, and this machine has no board "
-                               f"({why[0].lower() + why[1:]}); on the host pass --runtime simulator (the toolkit's "
-                               "simulator) or --runtime onnx (the engines' own graphs in onnxruntime)")
-    return runtime
+        raise BoardUnavailable(f"--runtime {BOARD}: the plan puts {', '.join(npu_components)} on the NPU, and this "
+                               f"machine has no board ({why[0].lower() + why[1:]}); on the host pass --runtime "
+                               "simulator (the toolkit's simulator) or --runtime onnx (the engines' own graphs in "
+                               "onnxruntime), or omit it")
 
 
 def stage1_graph(path: Path, contract: Contract) -> Path:

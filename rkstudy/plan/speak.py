@@ -41,7 +41,7 @@ from ..board.child import CHILD_TIMEOUT_S, child_main, job_named, run_child, wri
 from ..errors import InputError, UsageError
 from ..tables import results
 from . import audio as audio_files
-from .engines import Engine, choose_runtime
+from .engines import BOARD, ONNX, Engine, choose_runtime, on_board, refuse_off_board
 from .schema import ModelPlan, schema
 from .validate import Plan, validate
 
@@ -85,15 +85,17 @@ def prepare(model: str, plan_text, args, runtime: str | None) -> tuple[Prepared,
     model_plan = schema(model)
     plan = validate(model_plan, plan_text)
     who = speaker(model_plan)
-    runtime = choose_runtime(runtime, plan.on_npu)
+    artifacts = [a for choice in plan.choices for names in choice.artifacts.values() for a in names]
+    runtime = choose_runtime(runtime, plan.on_npu, artifacts)
+    if runtime == BOARD and not on_board():  # the artifacts checked as a host runtime would, then refused
+        who.prepare(plan, args, ONNX)
+        refuse_off_board(runtime, plan.on_npu)
     return who.prepare(plan, args, runtime), runtime
 
 
 def payload_of(prepared: Prepared, runtime: str, cores: str, stream: str | None = None) -> dict:
     """What the child's job reads: the speaker's payload, the runtime, the stream target (rkstudy.plan.stream),
     and per component its implementation, params and engines by role."""
-    from .engines import BOARD, on_board
-
     return {**prepared.payload, "runtime": runtime, "cores": cores, "stream": stream,
             "sample_npu": runtime == BOARD and bool(prepared.plan.on_npu) and on_board(),
             "plan": {c.component: {"impl": c.impl, "params": dict(c.params),
@@ -113,8 +115,6 @@ def table_for(model_plan: ModelPlan, where: str) -> tuple[str, str]:
 def destination(model: str, results_dir: Path | None = None) -> Path:
     """The table a run here appends to (see record): known before the run, since a board's runs (the CPU
     plan's too) are board or replay rows and a host's never are."""
-    from .engines import on_board
-
     board = on_board()
     study, table = table_for(schema(model), "board" if board else "fp32")
     root = Path(results_dir) if results_dir else results.results_root(quick=not board)
@@ -247,8 +247,11 @@ def summary_line(spoken: Spoken, table: Path) -> str:
              "command started)") if r["first_audio_s"] != "" else ""
     if not r["on_npu"]:
         plan = f"plan {r['plan_sha256']} (the CPU path)"
-    elif r["where"] in BOARD_WHERE:
+    elif r["where"] == "board":
         plan = f"plan {r['plan_sha256']} ({r['on_npu']} on the NPU via {r['runtime']})"
+    elif r["where"] == "replay":  # the test double of RKNNLite: the board's code path, no NPU under it
+        plan = (f"plan {r['plan_sha256']} ({r['on_npu']} planned for the NPU, run through the replay double of "
+                f"{r['runtime']}: no NPU, not a board number)")
     else:
         plan = (f"plan {r['plan_sha256']} ({r['on_npu']} planned for the NPU, run on this host by "
                 f"{RAN_BY[r['runtime']]})")
