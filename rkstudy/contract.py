@@ -50,7 +50,9 @@ QUANTIZATION_FIELDS = ("dtype", "algorithm", "method", "label", "calibration_sam
 # What stage 2's build logged and scored, for whoever runs the engine where the simulator cannot see (a board):
 # the REGTASK lines and their largest field value, and the simulator-vs-fp32 gate it passed (its name, the floor
 # in dB and the worst SNR measured on the probe; None for an exact match).
-BUILD_FIELDS = ("regtask", "regtask_max_value", "gate", "threshold_db", "simulator_db")
+# npu_predicted (optional: contracts written before the cost model have none): the cost model's predicted ms
+# per call under each core mask, with its terms ({mask: {"ms", "terms", "note"}}).
+BUILD_FIELDS = ("regtask", "regtask_max_value", "gate", "threshold_db", "simulator_db", "npu_predicted")
 TENSOR_FIELDS = ("name", "shape", "dtype", "role", "axis", "rate", "extra")
 WINDOW_FIELDS = ("frames", "emit", "context", "hop")
 DIGEST_FIELDS = ("file", "sha256")
@@ -460,7 +462,11 @@ def _quantization(d, remake: str) -> dict:
 def _build(d, remake: str) -> dict:
     """Stage 2's build record, checked: every BUILD_FIELDS entry, counts as integers, the floor and the
     measured SNR as numbers (the SNR None for an exact match)."""
-    d = _keys(d, BUILD_FIELDS, "the contract's build", remake)
+    d = _keys(d, BUILD_FIELDS, "the contract's build", remake, optional=("npu_predicted",))
+    predicted = d.get("npu_predicted", {})
+    if not isinstance(predicted, dict) or any(
+            not isinstance(p, dict) or set(p) != {"ms", "terms", "note"} for p in predicted.values()):
+        raise _refuse("the contract's build npu_predicted is not {mask: {ms, terms, note}}", remake)
     for key in ("regtask", "regtask_max_value"):
         _int(d[key], f"the contract's build {key}", remake, 0)
     if not isinstance(d["gate"], str) or not d["gate"]:

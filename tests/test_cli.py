@@ -213,6 +213,20 @@ def test_stage2_prints_the_summary_line_and_json_gives_the_row(tmp_path, capsys)
             "board_risk"} <= set(row)
     assert row["npu_ms_predicted"] == pytest.approx(float(m[8]), abs=0.01) and row["npu_soc"] == "rk3588"
     assert row["npu_ms_predicted"] == pytest.approx(sum(row[f"npu_ms_{k}"] for k in cost.TERMS), abs=0.01)
+    # the contract keeps the prediction per core mask, so onnxruntime running the engine's graph can price it
+    from rkstudy.contract import for_engine
+    from rkstudy.tables import results
+
+    recorded = for_engine(engine).build["npu_predicted"]
+    assert recorded["0_1_2"]["ms"] == pytest.approx(row["npu_ms_predicted"], abs=0.01)
+    assert set(recorded) == set(cost.MASK_CORES) and recorded["0"]["ms"] >= recorded["0_1_2"]["ms"]
+    plan = json.dumps({"speech_decoder": {"impl": "rknn", "artifacts": {"main": str(engine)}}})
+    assert main(["speak", "qwen3", "--plan", plan, "--model", str(step), "--tokens", "8", "--runtime", "onnx",
+                 "--results", str(tmp_path / "results")]) == 0
+    (spoken,) = results.read_table(tmp_path / "results" / "qwen3_vocoder" / "speak.csv")
+    assert float(spoken["speech_decoder_npu_ms_predicted"]) == pytest.approx(2 * recorded["0_1_2"]["ms"], abs=0.1)
+    assert "recorded in its contract" in spoken["npu_cost_note"] and "over 2 calls" in spoken["npu_ms_terms"]
+    capsys.readouterr()
     # one target and a folder typed with its slash: the engine goes into the folder under its own name
     assert main(["qwen3", "vocoder", "--onnx", str(step), "--out", f"{tmp_path / 'engines'}/", "--json"]) == 0
     row = json.loads(capsys.readouterr().out)

@@ -168,39 +168,54 @@ def open_runner(engine: dict, runtime: str, cores: str = "0_1_2"):
                                **({"shape_sets": sets} if sets else {}))
     from ..runtime import OrtRunner
 
-    return OrtRunner(engine["graph"])
+    runner = OrtRunner(engine["graph"])
+    # a compiled engine's graph runs here; its contract carries what stage 2 predicted for it on the NPU
+    runner.recorded_prediction = ((contract.build or {}).get("npu_predicted") or {}).get(cores)
+    return runner
 
 
 def predicted_on_npu(runners: dict[str, list], runtime: str, cores: str = "0_1_2") -> dict[str, dict]:
     """What each NPU component's calls in this run would take on the NPU of its engines' SoC, by the NPU cost
     model (rkstudy.toolkit.cost): every engine's predicted ms per call times the calls it served, summed per
-    component with its terms. `runners`: component -> the runners it opened (open_runner). Only the simulator
-    builds the engine here, with the compiler's layer table the model reads; a component run otherwise gets
-    no value and the reason. A multi-shape engine is priced at the shape set its build printed (its largest).
+    component with its terms. `runners`: component -> the runners it opened (open_runner). The simulator
+    builds the engine here and the model reads the compiler's layer table from that build; onnxruntime runs a
+    compiled engine's graph and takes the prediction stage 2 recorded in the engine's contract; a produced
+    graph in onnxruntime, or an engine from before the contract recorded one, gets no value and the reason. A
+    multi-shape engine is priced at the shape set its build printed (its largest).
 
     Returns {component: {"ms": float | None, "terms": {term: ms}, "calls": int, "why": str}}."""
     out = {}
     for component, opened in runners.items():
         if not opened:
             continue
-        if runtime != SIMULATOR:
-            why = ("a board run measures its NPU times" if runtime == BOARD else
-                   "--runtime onnx builds no engine, so there is no layer table to price; --runtime simulator "
-                   "predicts")
-            out[component] = {"ms": None, "terms": {}, "calls": 0, "why": why}
+        if runtime == BOARD:
+            out[component] = {"ms": None, "terms": {}, "calls": 0, "why": "a board run measures its NPU times"}
             continue
         total, terms, calls, why = 0.0, {}, 0, ""
         for runner in opened:
-            prediction = runner.report.prediction(cores)
+            ms, per_call, cannot = _per_call(runner, runtime, cores)
             calls += runner.calls
-            if prediction.ms is None:
-                why = why or prediction.cannot
+            if ms is None:
+                why = why or cannot
                 continue
-            total += prediction.ms * runner.calls
-            for k, v in prediction.terms.items():
+            total += ms * runner.calls
+            for k, v in per_call.items():
                 terms[k] = terms.get(k, 0.0) + v * runner.calls
         out[component] = {"ms": None if why else total, "terms": {} if why else terms, "calls": calls, "why": why}
     return out
+
+
+def _per_call(runner, runtime: str, cores: str) -> tuple[float | None, dict, str]:
+    """(ms per call, its terms, why not) of one runner's engine."""
+    if runtime == SIMULATOR:
+        p = runner.report.prediction(cores)
+        return p.ms, p.terms, p.cannot
+    recorded = getattr(runner, "recorded_prediction", None)
+    if recorded is None:
+        return None, {}, ("--runtime onnx ran a produced graph (or an engine whose contract records no prediction), "
+                          "which has no layer table to price: a compiled engine's contract carries its stage-2 "
+                          "prediction, and --runtime simulator builds and prices a graph")
+    return recorded["ms"], recorded["terms"], recorded["note"]
 
 
 def children_peak_rss_mb(runners: dict[str, list]) -> float | str:

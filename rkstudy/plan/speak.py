@@ -204,8 +204,10 @@ def predicted_columns(model_plan: ModelPlan, plan: Plan, runtime: str, predicted
     elif runtime == "rknnlite":
         note = "measured on the NPU (board or replay): the <component>_ms columns are the run's own"
     elif whole:
-        note = ("a prediction of the NPU cost model (rkstudy.toolkit.cost) from each engine's layer table, on its SoC "
-                "(target), not a board number; the <component>_ms columns are this host's")
+        table = ("this run's simulator build" if runtime == "simulator" else
+                 "its stage-2 build, recorded in its contract")
+        note = (f"a prediction of the NPU cost model (rkstudy.toolkit.cost) from each engine's layer table ({table}), "
+                "on its SoC (target), not a board number; the <component>_ms columns are this host's")
     else:
         why = next((per[c]["why"] for c in plan.on_npu if per.get(c, {}).get("why")), "")
         note = f"cannot speak: {why or f'runtime {runtime} reported no prediction'}"

@@ -29,7 +29,9 @@ class OrtRunner(Runner):
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.shapes = {i.name: tuple(i.shape) for i in self.session.get_inputs()}
+        self.calls = 0  # runs served: what a recorded NPU prediction per call is multiplied by
 
     def run(self, inputs) -> list[np.ndarray]:
+        self.calls += 1
         feed = dict(zip(self.input_names, self._ordered(inputs, keep_dtype=True)))
         return [np.asarray(o, dtype=np.float32) for o in self.session.run(None, feed)]

@@ -277,7 +277,25 @@ def build_record(report: BuildReport, gate: gates.Gate, simulator_db: float) -> 
     the probe (None for an exact match)."""
     return {"regtask": int(report.regtask), "regtask_max_value": int(report.regtask_max), "gate": gate.name,
             "threshold_db": float(gate.threshold),
-            "simulator_db": round(float(simulator_db), 2) if np.isfinite(simulator_db) else None}
+            "simulator_db": round(float(simulator_db), 2) if np.isfinite(simulator_db) else None,
+            "npu_predicted": predicted_per_mask(report)}
+
+
+def predicted_per_mask(report: BuildReport) -> dict:
+    """The cost model's prediction per call under each core mask the runner takes, from this build's layer
+    table: kept in the contract, so whoever runs the engine without its build log (onnxruntime on its graph,
+    a board) can put the prediction beside what it measured. {mask: {"ms", "terms", "note"}}; ms None and
+    the reason in note where the model cannot speak."""
+    from .cost import MASK_CORES
+
+    out = {}
+    for mask in MASK_CORES:
+        p = report.prediction(mask)
+        ms = p.ms
+        out[mask] = {"ms": None if ms is None else round(ms, 3),
+                     "terms": {} if ms is None else {k: round(v, 3) for k, v in p.terms.items()},
+                     "note": p.cannot}
+    return out
 
 
 def ship_graph(onnx_path: Path, folder: Path) -> Path:

@@ -525,15 +525,32 @@ SPEAK_TEXT, SPEAK_CHUNK = "speak_443", 60   # 443 characters at chunk size 60, a
 SPEAK_LADDER, QUICK_SPEAK_LADDER = (128, 192), (128,)
 
 
-def speak_graphs(voice: Voice, widths: Sequence[int]) -> dict:
-    """The Piper plan's NPU artifacts on the host: the produced graphs (contract in their metadata) of the
-    93-frame decoder window and of the duration encoder's rungs at `widths`, from the cache the other sections
-    fill. `--runtime onnx` runs them as they are, `--runtime simulator` builds them for rk3588; no engine is
-    built before a plan runs. Keys: "decoder" and each width."""
-    from ..piper_encoder.producer import produce as produce_encoder
+def speak_engines(voice: Voice, widths: Sequence[int], target: str = "rk3588") -> dict:
+    """The Piper plan's NPU artifacts as a user makes them: the produced graphs of the 93-frame decoder window
+    and of the duration encoder's rungs at `widths` (from the cache the other sections fill), each compiled for
+    `target` by its family's stage 2 (simulator gated against fp32, the compiled contract beside the engine,
+    with the cost model's prediction per call). An engine already there with a valid contract is taken as it
+    is. `--runtime onnx` runs each engine's own graph, `--runtime simulator` builds it again for its SoC. Keys:
+    "decoder" and each width."""
+    from ...contract import for_engine
+    from ...errors import EngineMismatch
+    from ...toolkit.convert import ALIVE_GATE, convert
+    from ...toolkit.engine_cache import name_key
+    from ..piper_encoder import producer as encoder
 
-    made = {"decoder": produce_for_voice(voice).save()}
-    made.update({width: produce_encoder(voice, width).path for width in widths})
+    decoder = produce_for_voice(voice)
+    graphs = {"decoder": (decoder.save(), decoder.contract, None, ALIVE_GATE)}
+    for width in widths:
+        rung = encoder.produce(voice, width)
+        graphs[width] = (rung.path, rung.contract, encoder.probe, encoder.SIM_GATE)
+    made = {}
+    for key, (graph, contract, probe, gate) in graphs.items():
+        engine = graph.parent / contract.engine_name(target, name_key(graph))
+        try:
+            for_engine(engine, family=contract.family, soc=target)
+        except EngineMismatch:
+            engine = convert(graph, target, engine, probe=probe, gate=gate, remake=contract.producer).engine
+        made[key] = engine
     return made
 
 
