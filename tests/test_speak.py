@@ -294,8 +294,10 @@ def test_the_simulator_speaks_with_engines_built_from_their_graphs(piper_engines
         sim.row["duration_encoder_npu_ms_predicted"] + sim.row["decoder_npu_ms_predicted"], abs=0.2)
     assert 0 < sim.row["npu_ms_predicted"] < 1e3 * sim.row["wall_s"]  # the simulator is slower than the NPU
     assert sim.row["simulator_peak_rss_mb"] > 100  # the simulator children, which the synthesis' VmHWM leaves out
-    # the onnx runtime builds nothing: no prediction, and the row says why and what predicts
-    assert host.row["npu_ms_predicted"] == "" and "--runtime simulator predicts" in host.row["npu_cost_note"]
+    # onnxruntime builds nothing, and these engines' contracts record no stage-2 prediction: no value, and the
+    # row says why and what would price them (a real stage 2 records one: tests/test_cli.py)
+    assert host.row["npu_ms_predicted"] == "" and "contract records no prediction" in host.row["npu_cost_note"]
+    assert "--runtime simulator builds and prices" in host.row["npu_cost_note"]
     line = speak.summary_line(sim, Path("speak.csv"))
     assert "run on this host by the PC simulator" in line and "on the NPU via" not in line, line
     assert f"the NPU cost model predicts {sim.row['npu_ms_predicted']} ms" in line, line
