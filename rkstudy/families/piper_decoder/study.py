@@ -539,17 +539,17 @@ def speak_engines(voice: Voice, widths: Sequence[int], target: str = "rk3588") -
     from ..piper_encoder import producer as encoder
 
     decoder = produce_for_voice(voice)
-    graphs = {"decoder": (decoder.save(), decoder.contract, None, ALIVE_GATE)}
+    produced = {"decoder": (decoder.save(), decoder.contract, None, ALIVE_GATE)}
     for width in widths:
         rung = encoder.produce(voice, width)
-        graphs[width] = (rung.path, rung.contract, encoder.probe, encoder.SIM_GATE)
+        produced[width] = (rung.path, rung.contract, encoder.probe, encoder.SIM_GATE)
     made = {}
-    for key, (graph, contract, probe, gate) in graphs.items():
-        engine = graph.parent / contract.engine_name(target, name_key(graph))
+    for key, (onnx_path, contract, probe, gate) in produced.items():
+        engine = onnx_path.parent / contract.engine_name(target, name_key(onnx_path))
         try:
             for_engine(engine, family=contract.family, soc=target)
         except EngineMismatch:
-            engine = convert(graph, target, engine, probe=probe, gate=gate, remake=contract.producer).engine
+            engine = convert(onnx_path, target, engine, probe=probe, gate=gate, remake=contract.producer).engine
         made[key] = engine
     return made
 
