@@ -129,6 +129,8 @@ def test_443_characters_with_the_decoder_and_the_encoder_ladder_through_the_repl
     for r in (cpu_row, npu_row):
         assert (r["where"], r["target"], r["characters"], r["chunks"]) == ("replay", "rk3588", "443", "10")
         assert float(r["rtf"]) > 0 and float(r["peak_rss_mb"]) > 50 and float(r["decoder_ms"]) > 0
+        chunk_frames = [int(f) for f in r["chunk_frames"].split()]
+        assert len(chunk_frames) == 10 and sum(chunk_frames) == int(r["frames"])
     assert npu_row["encoder_ran_on"] == "n128 x8, n192 x2" and cpu_row["encoder_ran_on"] == "cpu x10"
     assert npu_row["runtime"] == "rknnlite" and npu_row["cores"] == "0_1_2" and int(npu_row["npu_load_samples"]) >= 1
     assert npu_row["board_runtime"].startswith("driver none, api replay double")
@@ -301,3 +303,52 @@ def test_the_simulator_speaks_with_engines_built_from_their_graphs(piper_engines
     line = speak.summary_line(sim, Path("speak.csv"))
     assert "run on this host by the PC simulator" in line and "on the NPU via" not in line, line
     assert f"the NPU cost model predicts {sim.row['npu_ms_predicted']} ms" in line, line
+
+
+def test_a_chunk_a_duration_stage_moved_is_a_row_of_its_own():
+    """Two chunks of speech-band noise at the voice's hop; the NPU plan decodes the first one's frames with
+    a small error and gives the second one frame more: the first row scores the error, the second is named
+    as moved, and the sentence says which."""
+    from rkstudy.families.piper_decoder import study as pd
+
+    hop, rate, rng = 256, 22050, np.random.default_rng(7)
+    first, second = rng.standard_normal(60 * hop) * 0.1, rng.standard_normal(50 * hop) * 0.1
+    noisy = first + rng.standard_normal(first.size) * 0.001   # 40 dB under the chunk
+    moved = np.concatenate([second, second[-hop:]])
+    audio = {"CPU plan": (np.concatenate([first, second]), rate), "NPU": (np.concatenate([noisy, moved]), rate)}
+    row = {"runtime": "onnx", "where": "fp32", "target": "none"}
+    rows = [{"path": "CPU plan", "chunk_frames": "60 50", **row}, {"path": "NPU", "chunk_frames": "60 51", **row}]
+    one, two = pd.chunk_quality(rows, audio, "CPU plan", hop)
+    assert (one["chunk"], one["frames_cpu"], one["frames"], one["frames_apart"]) == (1, 60, 60, 0)
+    assert one["snr_db"] == pytest.approx(40, abs=0.5) and one["pesq_wb"] > 3
+    assert (two["chunk"], two["frames_cpu"], two["frames"], two["frames_apart"]) == (2, 50, 51, 1)
+    assert two["snr_db"] > 100  # the shorter render's samples are the same: the move is the extra frame
+    assert pd.moved_chunks([one, two]).startswith("1 of 2 chunk rows moved") and "NPU chunk 2 by +1" in \
+        pd.moved_chunks([one, two])
+    assert pd.moved_chunks([one]).startswith("No chunk moved: in all 1 chunk rows")
+    rows[1]["chunk_frames"] = "60 52"
+    with pytest.raises(ValueError, match="are not its"):
+        pd.chunk_quality(rows, audio, "CPU plan", hop)
+
+
+@pytest.mark.slow
+def test_the_stateful_step_in_the_piper_plan_decodes_each_chunk_exactly_and_streams_per_step(tmp_path, slice_once):
+    """The exact streaming decode in the Piper plan: the step engine's contract selects it, each chunk's
+    frames go in `emit` at a time, and the audio is the CPU plan's (the step is exact against a whole decode)
+    with its first samples out after one step of the first chunk, not after the whole chunk."""
+    from rkstudy.families.piper_decoder_stateful.producer import produce_step_for_voice
+
+    voice = piper_voice.Voice()
+    step = engine_from(produce_step_for_voice(voice), tmp_path / "step", "decoder_step")
+    window = engine_from(slice_once(voice), tmp_path / "window", "decoder")
+    text = ["--text-file", TEXTS / "speak_443.txt", "--text-chunk-size", 60]
+    cpu = spoken("piper", "--plan", "{}", *text)
+    stepped = spoken("piper", "--plan", plan_with(step), "--runtime", "onnx", *text)
+    walked = spoken("piper", "--plan", plan_with(window), "--runtime", "onnx", *text)
+    assert stepped.audio.size == cpu.audio.size and stepped.row["chunk_frames"] == cpu.row["chunk_frames"]
+    # measured 106.9 dB (the window walk: 92.6): the step recomputes no context, so only float order differs
+    assert gates.snr_db(cpu.audio, stepped.audio) > 100
+    assert "decoder.main=decoder_step.rknn" in stepped.row["engines"]
+    # one step (45 frames, about 0.5 s of audio) is out long before the first 60-character chunk is decoded
+    assert stepped.row["first_audio_s"] < walked.row["first_audio_s"]
+    assert stepped.row["first_audio_s"] < 0.2 * stepped.row["wall_s"]

@@ -11,7 +11,9 @@ order a chunk of text meets them:
   `rkstudy piper latents` fixes its random seed, so a plan and the CPU plan voice the same latent whenever their
   encoders agree, on the host and on a board alike;
 * decoder: the pre-flow latent -> audio (inverse flow and decoder). CPU path: the voice's own decoder
-  half in one call; rknn: the window engine (`rkstudy piper decoder`) walked by its sidecar.
+  half in one call; rknn: the window engine (`rkstudy piper decoder`) walked by its sidecar, or the
+  stateful step (`rkstudy piper decoder --stateful`), fed each chunk's frames `emit` at a time, its audio
+  leaving per step: the exact streaming decode, whose first audio is one step's, not one chunk's.
 
 Text is cut as the document's runtime cuts it (`--text-chunk-size N`: pieces of at most N characters
 at word boundaries, never across a sentence end; 0: piper's own sentences), phonemized by piper-tts'
@@ -26,7 +28,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from ...errors import InputError
+from ...errors import EngineMismatch, InputError
 from ...plan import Component, ModelPlan, Role
 
 MODEL = "piper"
@@ -106,13 +108,30 @@ def prepare(plan, args, runtime: str):
     for component, family in (("duration_encoder", "piper_encoder"), ("decoder", "piper_decoder")):
         choice = plan[component]
         if choice.npu:
-            found[f"{component}.main"] = [engines.load(p, family=family, runtime=runtime, source=voice)
+            found[f"{component}.main"] = [engines.load(p, family=decoder_family(p) if component == "decoder" else
+                                                       family, runtime=runtime, source=voice)
                                           for p in choice.paths["main"]]
     payload = {"voice": str(voice.resolve()), "config": str(config.resolve()), "text": text,
                "chunk_chars": args.text_chunk_size, "seed": args.seed, "speaker": args.speaker}
     row = {"voice": voice.name, "text": text[:48], "characters": len(text), "chunk_chars": args.text_chunk_size,
            "seed": args.seed}
     return Prepared(plan=plan, payload=payload, row=row, engines=found)
+
+
+STEP_FAMILY = "piper_decoder_stateful"
+
+
+def decoder_family(path) -> str:
+    """The family a decoder artifact is checked as: the stateful step's where its contract says so (the exact
+    streaming decode: one step per `emit` frames, audio out per step), else the window engine's (whose
+    check then names what is wrong with the artifact)."""
+    from ...plan import engines
+
+    try:
+        family = engines.contract_of(path).family
+    except (EngineMismatch, OSError, ValueError):
+        return "piper_decoder"
+    return STEP_FAMILY if family == STEP_FAMILY else "piper_decoder"
 
 
 def chunks_of(front, text: str, chunk_chars: int) -> list[tuple[str, list[int]]]:
@@ -137,10 +156,11 @@ def job(payload: dict) -> dict:
     from ...plan.engines import children_peak_rss_mb, contract_of, open_runner, place, predicted_on_npu
     from ...plan.stream import sink_for
     from ...runtime import OrtRunner
+    from ...walk.stateful import StatefulWalker
     from ..piper.cuts import IDS, LENGTHS, SCALES, SID, voice_cuts
     from ..piper.frontend import TextFront
     from ..piper_encoder.sidecar import Ladder, LadderEngine
-    from .sidecar import DecoderSidecar
+    from .sidecar import DecoderSidecar, check_voice
 
     plan, runtime, cores = payload["plan"], payload["runtime"], payload["cores"]
     front = TextFront(payload["config"])
@@ -183,24 +203,39 @@ def job(payload: dict) -> dict:
             npu_runners.append(open_runner(e, runtime, cores))
             by_component["decoder"].append(npu_runners[-1])
             c = contract_of(e["path"])
-            side = DecoderSidecar(npu_runners[-1], c, channels=c.params["channels"], hop=c.params["hop"],
-                                  speaker_dims=c.params.get("speaker_dims", 0))
+            gin = c.params.get("speaker_dims", 0)
+            if c.family == STEP_FAMILY:
+                check_voice(c, channels=c.params["channels"], hop=c.params["hop"], speaker_dims=gin)
+                walker = StatefulWalker(npu_runners[-1], c, {"g": np.zeros((gin, 1), np.float32)} if gin else {})
+                emit = c.params["emit"]
 
-            def decode(z, y_mask, g):
-                return side.decode(z[0], g.reshape(g.shape[1], -1) if g is not None else None, progress=False)
+                def decode(z, y_mask, g):
+                    # the chunk's frames enter the step `emit` at a time; each step's final samples leave at once
+                    if gin:
+                        walker.set_constants({"g": g.reshape(g.shape[1], -1)})
+                    frames = z[0]
+                    for (audio,) in walker.stream({"z": frames[:, i:i + emit]} for i in range(0, frames.shape[-1],
+                                                                                           emit)):
+                        yield audio.reshape(-1)
+            else:
+                side = DecoderSidecar(npu_runners[-1], c, channels=c.params["channels"], hop=c.params["hop"],
+                                      speaker_dims=gin)
+
+                def decode(z, y_mask, g):
+                    yield side.decode(z[0], g.reshape(g.shape[1], -1) if g is not None else None, progress=False)
         else:
             decoder_cpu = OrtRunner(cuts.decoder)
 
             def decode(z, y_mask, g):
                 feed = {s.z: z, s.y_mask: y_mask, **({s.g: g} if s.g else {})}
-                return decoder_cpu.run(feed)[0]
+                yield decoder_cpu.run(feed)[0]
         # one seeded session per chunk: a seeded random node advances between runs of one session
         middles = [OrtRunner(cuts.middle_seeded(payload["seed"] + k)) for k in range(len(chunks))]
         load_s = time.perf_counter() - t_load
 
 
         ms = {"front": 1e3 * front_s, "duration_encoder": 0.0, "duration_flows": 0.0, "decoder": 0.0}
-        pcm, ran_on, frames, first_audio, first_audio_at = [], [], 0, None, None
+        pcm, ran_on, frames, first_audio, first_audio_at = [], [], [], None, None
         t0 = time.perf_counter()
         for k, (_, ids) in enumerate(chunks):
             t = time.perf_counter()
@@ -211,16 +246,19 @@ def job(payload: dict) -> dict:
             got = middles[k].run({n: feed[n] for n in middles[k].input_names})
             z, y_mask, g = got[0], got[1], (got[2] if s.g else None)
             t2 = time.perf_counter()
-            pcm.append(np.asarray(decode(z, y_mask, g), np.float32).reshape(-1))
-            sink.write(pcm[-1])
+            pieces = []
+            for piece in decode(z, y_mask, g):   # the whole chunk at once, or one piece per stateful step
+                pieces.append(np.asarray(piece, np.float32).reshape(-1))
+                sink.write(pieces[-1])
+                if first_audio is None and pieces[-1].size:   # the first samples out can play while the rest is made
+                    first_audio, first_audio_at = front_s + time.perf_counter() - t0, time.time()
+            pcm.append(np.concatenate(pieces))
             t3 = time.perf_counter()
             ms["duration_encoder"] += 1e3 * (t1 - t)
             ms["duration_flows"] += 1e3 * (t2 - t1)
             ms["decoder"] += 1e3 * (t3 - t2)
-            if first_audio is None:  # the first chunk's audio is whole: it can play while the rest is made
-                first_audio, first_audio_at = front_s + t3 - t0, time.time()
             ran_on.append(where)
-            frames += z.shape[-1]
+            frames.append(int(z.shape[-1]))
         wall_s = front_s + time.perf_counter() - t0
         where, target = (npu_runners[0].where, npu_runners[0].target) if npu_runners else place()
         versions = None
@@ -239,6 +277,8 @@ def job(payload: dict) -> dict:
             "npu_predicted": predicted_on_npu(by_component, runtime, cores),
             "simulator_peak_rss_mb": children_peak_rss_mb(by_component), "target": target, "runtime": versions,
             "cores": getattr(npu_runners[0], "cores", "") if npu_runners else "",
-            "row": {"chunks": len(chunks), "tokens": sum(len(i) for _, i in chunks), "frames": int(frames),
+            # each chunk's frames: where two plans' duration stages disagree, the chunk that moved is named
+            "row": {"chunks": len(chunks), "tokens": sum(len(i) for _, i in chunks), "frames": sum(frames),
+                    "chunk_frames": " ".join(map(str, frames)),
                     "encoder_ran_on": ", ".join(f"{w} x{n}" for w, n in rungs.items())}}
 

@@ -532,10 +532,7 @@ def speak_engines(voice: Voice, widths: Sequence[int], target: str = "rk3588") -
     with the cost model's prediction per call). An engine already there with a valid contract is taken as it
     is. `--runtime onnx` runs each engine's own graph, `--runtime simulator` builds it again for its SoC. Keys:
     "decoder" and each width."""
-    from ...contract import for_engine
-    from ...errors import EngineMismatch
-    from ...toolkit.convert import ALIVE_GATE, convert
-    from ...toolkit.engine_cache import name_key
+    from ...toolkit.convert import ALIVE_GATE
     from ..piper_encoder import producer as encoder
 
     decoder = produce_for_voice(voice)
@@ -543,15 +540,73 @@ def speak_engines(voice: Voice, widths: Sequence[int], target: str = "rk3588") -
     for width in widths:
         rung = encoder.produce(voice, width)
         produced[width] = (rung.path, rung.contract, encoder.probe, encoder.SIM_GATE)
-    made = {}
-    for key, (onnx_path, contract, probe, gate) in produced.items():
-        engine = onnx_path.parent / contract.engine_name(target, name_key(onnx_path))
-        try:
-            for_engine(engine, family=contract.family, soc=target)
-        except EngineMismatch:
-            engine = convert(onnx_path, target, engine, probe=probe, gate=gate, remake=contract.producer).engine
-        made[key] = engine
-    return made
+    return {key: compiled(onnx_path, contract, target, probe=probe, gate=gate)
+            for key, (onnx_path, contract, probe, gate) in produced.items()}
+
+
+def compiled(onnx_path: Path, contract, target: str, *, probe=None, gate=None) -> Path:
+    """The engine stage 2 makes of a produced graph for `target` (beside the graph, named by its contract and
+    digest; the simulator gated against fp32 on `probe`'s inputs), or the one already there when its contract
+    checks out."""
+    from ...contract import for_engine
+    from ...errors import EngineMismatch
+    from ...toolkit.convert import ALIVE_GATE, convert
+    from ...toolkit.engine_cache import name_key
+
+    engine = onnx_path.parent / contract.engine_name(target, name_key(onnx_path))
+    try:
+        for_engine(engine, family=contract.family, soc=target)
+    except EngineMismatch:
+        engine = convert(onnx_path, target, engine, probe=probe, gate=gate or ALIVE_GATE,
+                         remake=contract.producer).engine
+    return engine
+
+
+def chunk_quality(rows: Sequence[dict], audio: dict, cpu: str, hop: int) -> list[dict]:
+    """Each plan's audio against the CPU plan's chunk by chunk (the text chunker's chunks, each decoded on its
+    own): the chunk's frames in both, how far apart, and the document's figures with PESQ-WB and STOI on the
+    chunk's own samples (rkstudy.plan.quality.against_cpu, shorter render's length where they differ). A whole
+    utterance's SNR can hide a duration stage that moved one chunk by a frame and another back; here the chunk
+    that moved is a row of its own, and the chunks that did not show the decoder alone."""
+    from ...plan.quality import against_cpu
+
+    def bounds(row: dict) -> list[tuple[int, int]]:
+        frames = [int(f) for f in str(row["chunk_frames"]).split()]
+        ends = np.cumsum([0] + [f * hop for f in frames])
+        if ends[-1] != audio[row["path"]][0].size:
+            raise ValueError(f"{row['path']}: its chunks' frames ({sum(frames)} x hop {hop}) are not its "
+                             f"{audio[row['path']][0].size} samples")
+        return list(zip(ends[:-1], ends[1:]))
+
+    by_path = {r["path"]: r for r in rows}
+    ref_rows, (ref, rate) = by_path[cpu], audio[cpu]
+    ref_bounds = bounds(ref_rows)
+    out = []
+    for r in rows:
+        if r["path"] == cpu:
+            continue
+        got = audio[r["path"]][0]
+        for k, ((a, b), (c, d)) in enumerate(zip(ref_bounds, bounds(r)), start=1):
+            q = against_cpu(ref[a:b], got[c:d], hop=hop, rate=rate, absolute=False)
+            out.append({"path": r["path"], "chunk": k, "frames_cpu": (b - a) // hop, "frames": (d - c) // hop,
+                        "frames_apart": q["frames_apart"], "snr_db": q["snr_db"],
+                        "median_slice_snr_db": q["median_slice_snr_db"], "min_slice_snr_db": q["min_slice_snr_db"],
+                        "best_lag": q["best_lag"], "pesq_wb": q["pesq_wb"], "stoi": q["stoi"], "runtime": r["runtime"],
+                        "where": r["where"], "target": r["target"]})
+    return out
+
+
+def moved_chunks(chunk_rows: Sequence[dict]) -> str:
+    """One sentence from the per-chunk rows: which chunks of which plan a duration stage moved, or that
+    none moved."""
+    moved = [r for r in chunk_rows if r["frames_apart"] != 0]
+    if not moved:
+        return (f"No chunk moved: in all {len(chunk_rows)} chunk rows each plan decodes the CPU plan's frames, so "
+                "every difference is the decoder's.")
+    said = "; ".join(f"{r['path']} chunk {r['chunk']} by {r['frames_apart']:+d} frame(s), {r['snr_db']:.1f} dB"
+                     for r in moved)
+    return (f"{len(moved)} of {len(chunk_rows)} chunk rows moved (a duration stage on the NPU gave them other "
+            f"frames): {said}; the other chunks decode the CPU plan's frames.")
 
 
 def speak_plans(engines: dict, widths: Sequence[int]) -> dict[str, dict]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -33,7 +34,7 @@ from ...walk.stateful import StatefulWalker
 from ..piper.voice import DecoderModel, ids_feed, seed_random_nodes
 from ..piper_decoder import study as pd
 from ..piper_decoder.producer import DEFAULT_CONTEXT, DEFAULT_EMIT, decoder_graph, produce_for_voice
-from .producer import StatefulStep, produce_inflect_step, produce_step_for_voice
+from .producer import StatefulStep, produce_inflect_step, produce_step_for_voice, state_probe
 from .sidecar import StatefulDecoderSidecar
 
 EMITS = (16, 45, 93)
@@ -461,3 +462,12 @@ def quantization_stage(voice: DecoderModel | None = None, emit: int = 45,
                  evaluation=evaluation, search=search, walk=walk, score=score, rate=voice.sample_rate,
                  audio=lambda x: x, groups=pd.decoder_groups(onnx_path),
                  texts={"calibration": ", ".join(calibration_texts), "evaluation": ", ".join(evaluation_texts)})
+
+
+def speak_step_engine(voice: DecoderModel, target: str = "rk3588", emit: int = DEFAULT_EMIT) -> Path:
+    """The Piper plan's exact streaming decoder as a user makes it: the stateful step at `emit` frames, compiled
+    for `target` by its stage 2 (the simulator gated against fp32 on a zero and a carried state), reused once
+    made. `rkstudy speak piper` takes it as the decoder's engine and streams each chunk step by step."""
+    produced = produce_step_for_voice(voice, emit)
+    onnx_path = produced.save()
+    return pd.compiled(onnx_path, produced.contract, target, probe=lambda c: state_probe(onnx_path, c))
