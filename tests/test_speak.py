@@ -352,3 +352,29 @@ def test_the_stateful_step_in_the_piper_plan_decodes_each_chunk_exactly_and_stre
     # one step (45 frames, about 0.5 s of audio) is out long before the first 60-character chunk is decoded
     assert stepped.row["first_audio_s"] < walked.row["first_audio_s"]
     assert stepped.row["first_audio_s"] < 0.2 * stepped.row["wall_s"]
+
+
+@pytest.mark.slow
+def test_the_stateful_step_streams_the_443_characters_through_the_replay_double(tmp_path):
+    """The step on the board's code path (RKNNLite's double on the recorded RK3588 tree, every step call
+    gated against fp32 with its carried state): the 443-character text streamed to a file as it is made,
+    first audio measured, and the audio the CPU plan's within the step's exactness."""
+    from rkstudy.families.piper_decoder_stateful.producer import produce_step_for_voice
+
+    step = engine_from(produce_step_for_voice(piper_voice.Voice()), tmp_path / "step", "decoder_step")
+    common = ["--text-file", TEXTS / "speak_443.txt", "--text-chunk-size", 60, "--results", tmp_path / "results"]
+    rkstudy("speak", "piper", "--plan", plan_with(step), "--audio", tmp_path / "step.wav",
+            "--stream", tmp_path / "streamed.wav", *common)
+    rkstudy("speak", "piper", "--plan", "{}", "--audio", tmp_path / "cpu.wav", *common)
+    step_row, cpu_row = results.read_table(tmp_path / "results" / "board" / "speak_piper.csv")
+    assert (step_row["where"], step_row["runtime"], step_row["chunks"]) == ("replay", "rknnlite", "10")
+    assert "decoder.main=decoder_step.rknn" in step_row["engines"]
+    assert step_row["chunk_frames"] == cpu_row["chunk_frames"]
+    # every step call, carried state and all, scored against the step's fp32 graph by the board gate
+    assert (step_row["gate_worst_snr_db"], step_row["gate_nonfinite"]) == ("inf", "0")
+    stepped, rate = audio.read(tmp_path / "step.wav")
+    cpu, _ = audio.read(tmp_path / "cpu.wav")
+    streamed, _ = audio.read(tmp_path / "streamed.wav")
+    np.testing.assert_array_equal(streamed, stepped)   # what left per step is what the whole file holds
+    assert rate == 22050 and stepped.size == cpu.size and gates.snr_db(cpu, stepped) > 80
+    assert 0 < float(step_row["first_audio_s"]) < 0.2 * float(step_row["wall_s"])
