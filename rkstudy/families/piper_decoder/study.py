@@ -605,8 +605,8 @@ def moved_chunks(chunk_rows: Sequence[dict]) -> str:
                 "every difference is the decoder's.")
     said = "; ".join(f"{r['path']} chunk {r['chunk']} by {r['frames_apart']:+d} frame(s), {r['snr_db']:.1f} dB"
                      for r in moved)
-    return (f"{len(moved)} of {len(chunk_rows)} chunk rows moved (a duration stage on the NPU gave them other "
-            f"frames): {said}; the other chunks decode the CPU plan's frames.")
+    return (f"{len(moved)} of {len(chunk_rows)} chunk rows moved (the plan's duration encoder engine, run by each "
+            f"row's runtime, gave them other frames): {said}; the other chunks decode the CPU plan's frames.")
 
 
 def speak_plans(engines: dict, widths: Sequence[int]) -> dict[str, dict]:
