@@ -134,7 +134,8 @@ def _reproduce():
     carried = sorted({r["commit"] for r in table if r["step"] != "total" and r["carried_from"] != ""})
     n_carried = sum(1 for r in table if r["step"] != "total" and r["carried_from"] != "")
     total = next(float(r["minutes"]) for r in table if r["step"] == "total")
-    more = f", {n_carried} more timed by the run at {', '.join(carried)}," if n_carried else ""
+    runs = f"the run at {carried[0]}" if len(carried) == 1 else f"the runs at {' and '.join(carried)}"
+    more = f", {n_carried} more timed by {runs}," if n_carried else ""
     return f"took {total:.1f} min for {len(ran)} steps ({sum(ran):.1f} min summed over them){more} on\n2 cores"
 
 
