@@ -15,7 +15,8 @@ from board_cli import run_cli
 from rkstudy import gates
 from rkstudy.levers.quantization import search as qsearch
 from rkstudy.levers.quantization.bench import Bench
-from rkstudy.levers.quantization.curves import cheapest
+from rkstudy.levers.quantization import equalized
+from rkstudy.levers.quantization.curves import cheapest, goal_rows
 from rkstudy.levers.quantization.probe import builds, probe_dtypes
 from rkstudy.levers.quantization.shares import engine_shares, float16_layers, weight_bits
 from rkstudy.levers.quantization.stages import Stage, evenly, span_scores
@@ -348,6 +349,53 @@ def test_the_cheapest_settings_are_read_from_full_evaluation_rows():
     (none, _) = cheapest([r for r in rows if r["setting"] in ("fp16", "c")], {**fp16, "pesq_wb": 4.64})
     assert not none["found"] and "best quantized PESQ-WB is 3.60 (c)" in none["why_none"]
 
+
+
+def _goal_rows(stage2_pesq: float, equalized_stage2_pesq: float, share: float) -> list[dict]:
+    base = {"stage": "w", "target": "rk3588", "scored_on": "full", "engine_bytes": 10}
+    fp16 = {**base, "setting": "fp16", "dtype": "fp16", "pesq_wb": 4.64, "graph": "original"}
+    rows = [fp16]
+    for graph, s2 in (("original", stage2_pesq), ("equalized", equalized_stage2_pesq)):
+        tag = "" if graph == "original" else "equalized, "
+        rows += [{**base, "graph": graph, "dtype": "int8 w8a8", "setting": f"{tag}{b} alone in int8", "alone": b,
+                  "pesq_wb": p, "low_bit_mac_share": m}
+                 for b, p, m in (("/dec stage 0", 4.6, 0.15), ("/dec stage 1", 4.52, 0.31), ("/dec stage 2", s2, 0.2995))]
+        rows.append({**base, "graph": graph, "dtype": "int8 w8a8", "setting": f"{tag}search: x", "pesq_wb": 4.58,
+                     "low_bit_mac_share": share})
+    cheap = [{**r, "graph": g} for g in ("original", "equalized")
+             for r in cheapest([r for r in rows if r["graph"] == g or r is fp16], fp16)]
+    return goal_rows(cheap, "w", rows, "short, speak_443 (24.9 s)")
+
+
+def test_the_goals_reason_names_each_block_that_breaks_the_bar_and_what_it_leaves():
+    (g,) = _goal_rows(2.74, 3.9, 0.181)
+    assert (g["verdict"], g["best_low_bit_mac_share"], g["evaluation"]) == ("not met", 0.181, "short, speak_443 (24.9 s)")
+    # stage 1 (4.52) and stage 2 are under 4.54; with both in float16, 1 - 0.31 - 0.2995 of the MACs remain
+    assert "/dec stage 2 alone scores PESQ-WB 2.74 and holds 29.9% of the conv MACs" in g["reason"]
+    assert "/dec stage 1 alone scores PESQ-WB 4.52" in g["reason"]
+    assert "leaves at most 39.1% reachable" in g["reason"]
+    assert "the equalized graph on rk3588: /dec stage 2 alone scores PESQ-WB 3.90" in g["reason"]
+    assert "/dec stage 0 alone" not in g["reason"]
+    (met,) = _goal_rows(2.74, 3.9, 0.85)
+    assert met["verdict"] == "met" and met["reason"].startswith("met by search: x on rk3588: 85.0% of the conv MACs")
+
+
+def test_the_equalized_curve_carries_the_levers_search_path_and_its_points_at_each_bar():
+    lever = [{"target": "rk3588", "dtype": "fp16", "setting": "fp16", "pesq_wb": 4.64},
+             {"target": "rk3588", "setting": "int8 w8a8", "dtype": "int8 w8a8", "pesq_wb": 1.9,
+              "low_bit_mac_share": 1.0},  # a plain build: no search point
+             *({"target": "rk3588", "setting": f"search: {m}", "fp16_groups": g, "pesq_wb": p,
+                "low_bit_mac_share": m, "from_search_on": "rk3588", "search_step": k}
+               for k, (g, p, m) in enumerate((("a + b + c", 4.64, 0.0), ("b + c", 4.55, 0.15), ("c", 3.8, 0.6),
+                                               ("", 2.3, 1.0)))),
+             {"target": "rk3576", "setting": "search: 0.15", "fp16_groups": "b + c", "pesq_wb": 4.5,
+              "low_bit_mac_share": 0.15, "from_search_on": "rk3588", "search_step": 1}]
+    assert [g for _, g in equalized._path_points(lever, "rk3588")] == ["a + b + c", "b + c", "c", ""]
+    assert equalized._at_bars(lever, "rk3588") == [("search: 0.15", "b + c"), ("search: 0.6", "c")]
+    groups = {"a": ["t1"], "b": ["t2", "t3"], "c": ["t4"]}
+    assert equalized._keep(groups, lambda g: {}, "b + c") == ["t2", "t3", "t4"]
+    assert equalized._keep(groups, lambda g: {"x": ["t2"]} if g == "b" else {}, "b / x") == ["t2"]
+    assert equalized._keep(groups, lambda g: {}, "d") is None
 
 @pytest.mark.slow
 def test_the_stateful_steps_calibrate_on_the_state_an_fp32_walk_carries(voice):

@@ -65,17 +65,62 @@ def uniform(rows: Iterable[Mapping]) -> list[dict]:
     return [{k: r.get(k, "") for k in columns} for r in rows]
 
 
-def goal_rows(cheapest_rows: Sequence[Mapping], stage: str) -> list[dict]:
-    """The goal's verdict for `stage`, from its cheapest rows at fp16-like perception on every SoC: met when
-    one of them has at least GOAL_LOW_BIT_SHARE of its conv MACs on weights of 8 bits or fewer; the largest
-    share found, with its SoC and setting, either way (0 and 'none' when no SoC has a setting at the bar)."""
+def below_bar(rows: Sequence[Mapping], fp16_pesq: float) -> list[dict]:
+    """The blocks that, alone on low-bit weights with the rest in float16 (rows with an `alone` column), fall
+    below fp16-like perception (PESQ-WB under fp16's less FP16_LIKE_PESQ), each with its PESQ-WB and its share
+    of the conv MACs, worst first."""
+    bar = fp16_pesq - FP16_LIKE_PESQ
+    return sorted(({"block": r["alone"], "pesq_wb": r["pesq_wb"], "low_bit_mac_share": r["low_bit_mac_share"] or 0.0,
+                    "bar": bar} for r in rows if r.get("alone") and isinstance(r.get("pesq_wb"), (int, float))
+                   and r["pesq_wb"] < bar), key=lambda r: r["pesq_wb"])
+
+
+def goal_reason(best: Mapping | None, rows: Sequence[Mapping]) -> str:
+    """Why the goal is met or not, in words from the rows: the setting that meets it; else, per graph
+    measured with blocks alone (`rows`' `graph` and `alone` columns, fp16 the bar), each block that alone
+    breaks fp16-like perception with its share of the conv MACs, and what that leaves reachable."""
+    share = (best or {}).get("low_bit_mac_share") or 0.0
+    if share >= GOAL_LOW_BIT_SHARE:
+        return (f"met by {best['setting']} on {best['soc']}: {share:.1%} of the conv MACs on weights of 8 bits or "
+                f"fewer at PESQ-WB {best['pesq_wb']:.2f}")
+    fp16 = next((r for r in rows if r.get("dtype") == "fp16" and isinstance(r.get("pesq_wb"), (int, float))), None)
+    parts = []
+    for graph in dict.fromkeys(r.get("graph", "") for r in rows if r.get("alone")):
+        if fp16 is None:
+            break
+        mine = [r for r in rows if r.get("graph", "") == graph and r.get("target") == fp16["target"]]
+        broken = below_bar(mine, fp16["pesq_wb"])
+        if not broken:
+            parts.append(f"the {graph} graph: no block alone on 8-bit weights falls below the bar "
+                         f"{fp16['pesq_wb'] - FP16_LIKE_PESQ:.2f}, so the loss is in their sum")
+            continue
+        held = sum(b["low_bit_mac_share"] for b in broken)
+        said = ", ".join(f"{b['block']} alone scores PESQ-WB {b['pesq_wb']:.2f} and holds {b['low_bit_mac_share']:.1%} "
+                         "of the conv MACs" for b in broken)
+        parts.append(f"the {graph} graph on {fp16['target']}: {said} (the bar: {broken[0]['bar']:.2f}), so keeping "
+                     f"{'it' if len(broken) == 1 else 'them'} in float16 leaves at most {1 - held:.1%} reachable")
+    top = (f"the largest share at fp16-like perception is {share:.1%} ({best['setting']}, {best['soc']})" if best
+           else "no quantized setting reaches fp16-like perception")
+    return "; ".join([top, *parts]) if parts else f"{top}; no block was measured alone"
+
+
+def goal_rows(cheapest_rows: Sequence[Mapping], stage: str, rows: Sequence[Mapping] = (),
+              evaluation: str = "") -> list[dict]:
+    """The goal's verdict for `stage`, from its cheapest rows at fp16-like perception on every SoC (and
+    graph): met when one of them has at least GOAL_LOW_BIT_SHARE of its conv MACs on weights of 8 bits or
+    fewer; the largest share found, with its SoC, graph and setting, either way (0 and 'none' when no SoC has a
+    setting at the bar), and its reason from the measured `rows` (goal_reason). `evaluation` names the
+    speech it was judged on."""
     mine = [r for r in cheapest_rows if r["stage"] == stage and r["criterion"] == FP16_LIKE]
     best = max((r for r in mine if r.get("found")), key=lambda r: r.get("low_bit_mac_share") or 0.0, default=None)
     share = (best or {}).get("low_bit_mac_share") or 0.0
-    return [{"stage": stage, "socs": " ".join(r["soc"] for r in mine), "goal": GOAL,
+    return [{"stage": stage, "socs": " ".join(dict.fromkeys(r["soc"] for r in mine)), "goal": GOAL,
+             **({"evaluation": evaluation} if evaluation else {}),
              "verdict": "met" if share >= GOAL_LOW_BIT_SHARE else "not met",
              "best_low_bit_mac_share": share, "best_soc": best["soc"] if best else "none",
-             "best_setting": best["setting"] if best else "none", "where": "simulator",
+             "best_graph": (best or {}).get("graph", "original") if best else "none",
+             "best_setting": best["setting"] if best else "none",
+             "reason": goal_reason(best, [r for r in rows if r.get("stage") == stage]), "where": "simulator",
              "target": best["soc"] if best else "none"}]
 
 
