@@ -13,9 +13,9 @@ import pytest
 from board_cli import run_cli
 
 from rkstudy import gates
+from rkstudy.levers.quantization import equalized
 from rkstudy.levers.quantization import search as qsearch
 from rkstudy.levers.quantization.bench import Bench
-from rkstudy.levers.quantization import equalized
 from rkstudy.levers.quantization.curves import cheapest, goal_rows
 from rkstudy.levers.quantization.probe import builds, probe_dtypes
 from rkstudy.levers.quantization.shares import engine_shares, float16_layers, weight_bits
@@ -359,7 +359,8 @@ def _goal_rows(stage2_pesq: float, equalized_stage2_pesq: float, share: float) -
         tag = "" if graph == "original" else "equalized, "
         rows += [{**base, "graph": graph, "dtype": "int8 w8a8", "setting": f"{tag}{b} alone in int8", "alone": b,
                   "pesq_wb": p, "low_bit_mac_share": m}
-                 for b, p, m in (("/dec stage 0", 4.6, 0.15), ("/dec stage 1", 4.52, 0.31), ("/dec stage 2", s2, 0.2995))]
+                 for b, p, m in (("/dec stage 0", 4.6, 0.15), ("/dec stage 1", 4.52, 0.31),
+                                 ("/dec stage 2", s2, 0.2995))]
         rows.append({**base, "graph": graph, "dtype": "int8 w8a8", "setting": f"{tag}search: x", "pesq_wb": 4.58,
                      "low_bit_mac_share": share})
     cheap = [{**r, "graph": g} for g in ("original", "equalized")
@@ -369,7 +370,8 @@ def _goal_rows(stage2_pesq: float, equalized_stage2_pesq: float, share: float) -
 
 def test_the_goals_reason_names_each_block_that_breaks_the_bar_and_what_it_leaves():
     (g,) = _goal_rows(2.74, 3.9, 0.181)
-    assert (g["verdict"], g["best_low_bit_mac_share"], g["evaluation"]) == ("not met", 0.181, "short, speak_443 (24.9 s)")
+    assert (g["verdict"], g["best_low_bit_mac_share"]) == ("not met", 0.181)
+    assert g["evaluation"] == "short, speak_443 (24.9 s)"
     # stage 1 (4.52) and stage 2 are under 4.54; with both in float16, 1 - 0.31 - 0.2995 of the MACs remain
     assert "/dec stage 2 alone scores PESQ-WB 2.74 and holds 29.9% of the conv MACs" in g["reason"]
     assert "/dec stage 1 alone scores PESQ-WB 4.52" in g["reason"]
