@@ -37,17 +37,16 @@ def full_decode(model: KokoroModel, utt: frontend.Utterance, rw: Rewrites = ENGI
     return run_torch(model.trunk(rw), full_feed(utt))
 
 
-# A window whose full-length decode is quieter than this is the utterance's silence (its trailing pause decodes
-# to -89 dBFS and below): the walk's level against it is a ratio of two noise floors, not a loudness change, so the
-# spread is taken over the audible windows and the silent ones are counted beside it.
-SILENT_DBFS = -60.0
+# A window whose full-length decode is quieter than gates.SILENT_SLICE_DBFS is the utterance's silence (its trailing
+# pause decodes to -89 dBFS and below): the walk's level against it is a ratio of two noise floors, not a loudness
+# change, so the spread is taken over the audible windows and the silent ones are counted beside it.
 
 
 def window_loudness(full_audio: np.ndarray, walked_audio: np.ndarray, n_frames: int, emit: int, context: int,
                     hop: int = frontend.HOP, overlap: int = 0) -> list[dict]:
     """Per window, over the frames it alone voices (its emitted span without shared frames): RMS (dB) of
     the walk minus that of the full-length decode, the SNR between the two, and whether the full-length decode
-    is silent there (below SILENT_DBFS)."""
+    is silent there (below gates.SILENT_SLICE_DBFS)."""
     plan = plan_windows(n_frames, emit, context, overlap)
     rows = []
     for i, w in enumerate(plan):
@@ -58,7 +57,7 @@ def window_loudness(full_audio: np.ndarray, walked_audio: np.ndarray, n_frames: 
         rf, rt = math.sqrt(np.mean(f ** 2)), math.sqrt(np.mean(t ** 2))
         rows.append({"window_index": i, "from_frame": a, "to_frame": b, "full_rms_db": 20 * math.log10(rf),
                      "walk_rms_db": 20 * math.log10(rt), "delta_db": 20 * math.log10(rt / rf),
-                     "snr_db": gates.snr_db(f, t), "silent": bool(20 * math.log10(rf) < SILENT_DBFS)})
+                     "snr_db": gates.snr_db(f, t), "silent": bool(20 * math.log10(rf) < gates.SILENT_SLICE_DBFS)})
     return rows
 
 
@@ -66,7 +65,7 @@ def loudness(model: KokoroModel, utt: frontend.Utterance, produced: Produced, *,
              gains=(False, True)) -> tuple[list[dict], list[dict], dict]:
     """Measurement 5: the fp32 walk (onnxruntime on the window graph) with and without `overlap` and
     `gain`, against the full-length decode; per-window loudness rows, one summary row per variant (its spread over
-    the audible windows, the silent ones counted: SILENT_DBFS; and what
+    the audible windows, the silent ones counted: gates.SILENT_SLICE_DBFS; and what
     a listener would judge of the whole utterance, rkstudy.gates.perceptual), and the audio of each (for the
     players)."""
     runner = OrtRunner(produced.path)
