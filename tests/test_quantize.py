@@ -18,6 +18,7 @@ from rkstudy.levers.quantization import search as qsearch
 from rkstudy.levers.quantization.bench import Bench
 from rkstudy.levers.quantization.curves import cheapest, goal_rows
 from rkstudy.levers.quantization.probe import builds, probe_dtypes
+from rkstudy.levers.quantization.run import keep_for
 from rkstudy.levers.quantization.shares import engine_shares, float16_layers, weight_bits
 from rkstudy.levers.quantization.stages import Stage, evenly, span_scores
 from rkstudy.levers.quantization.tensors import IO_GROUP, config_groups, group_macs, quantized_tensors
@@ -395,9 +396,9 @@ def test_the_equalized_curve_carries_the_levers_search_path_and_its_points_at_ea
     assert [g for _, g in equalized._path_points(lever, "rk3588")] == ["a + b + c", "b + c", "c", ""]
     assert equalized._at_bars(lever, "rk3588") == [("search: 0.15", "b + c"), ("search: 0.6", "c")]
     groups = {"a": ["t1"], "b": ["t2", "t3"], "c": ["t4"]}
-    assert equalized._keep(groups, lambda g: {}, "b + c") == ["t2", "t3", "t4"]
-    assert equalized._keep(groups, lambda g: {"x": ["t2"]} if g == "b" else {}, "b / x") == ["t2"]
-    assert equalized._keep(groups, lambda g: {}, "d") is None
+    assert keep_for(groups, lambda g: {}, "b + c") == ["t2", "t3", "t4"]
+    assert keep_for(groups, lambda g: {"x": ["t2"]} if g == "b" else {}, "b / x") == ["t2"]
+    assert keep_for(groups, lambda g: {}, "d") is None
 
 @pytest.mark.slow
 def test_the_stateful_steps_calibrate_on_the_state_an_fp32_walk_carries(voice):

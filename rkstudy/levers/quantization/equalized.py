@@ -36,6 +36,7 @@ from ...graph import quantsim
 from ...toolkit.calibration import Calibration
 from .bench import Bench
 from .curves import FP16_LIKE_PESQ, GOOD_PESQ, cheapest
+from .run import keep_for
 from .search import refiner
 from .stages import Stage, evenly
 from .tensors import config_groups
@@ -150,22 +151,6 @@ def _at_bars(lever_rows: Sequence[Mapping], primary: str) -> list[tuple[str, str
     return list(dict.fromkeys(out))
 
 
-def _keep(groups: Mapping[str, Sequence[str]], refine: Callable, labels: str) -> list[str] | None:
-    """The config tensors of ' + '-joined group labels (a refined one 'group / module') in this session's
-    groups; None when a label has no counterpart here."""
-    keep = []
-    for label in filter(None, labels.split(" + ")):
-        if label in groups:
-            keep += groups[label]
-            continue
-        parent, _, sub = label.partition(" / ")
-        finer = refine(parent) if parent in groups else {}
-        if sub not in finer:
-            return None
-        keep += finer[sub]
-    return keep
-
-
 def compare(held_out: Stage, lever_rows: Sequence[Mapping], buildable: Mapping[str, Sequence[str]],
             targets: Sequence[str] = ("rk3588", "rk3576"), blocks: Sequence[str] = (),
             dtypes: Sequence[str] = LOW_BITS, progress: Callable[[str], None] | None = None) -> EqualizedRun:
@@ -218,7 +203,7 @@ def compare(held_out: Stage, lever_rows: Sequence[Mapping], buildable: Mapping[s
                         rows.append({**session.measure(keep, tag(f"{b} alone in int8"), groups=" + ".join(
                             g for g in groups if g != b)), "graph": label, "alone": b})
                     for setting, fp16_groups in points[target]:
-                        keep = _keep(groups, refine, fp16_groups)
+                        keep = keep_for(groups, refine, fp16_groups)
                         if keep is not None:
                             rows.append({**session.measure(keep, tag(setting), groups=fp16_groups),
                                          "graph": label, "from_search_on": primary})

@@ -77,7 +77,7 @@ def _at_floors(search_rows: Sequence[Mapping], floors: Sequence[float], metric: 
     return out
 
 
-def _keep_for(groups: Mapping[str, Sequence[str]], refine: Callable, labels: str) -> list[str] | None:
+def keep_for(groups: Mapping[str, Sequence[str]], refine: Callable, labels: str) -> list[str] | None:
     """The config tensors of a row's `fp16_groups` (' + '-joined labels, a refined one 'group / module'),
     in another session's groups; None when a label has no counterpart there."""
     keep = []
@@ -161,7 +161,7 @@ def run_stage(make: Callable[[], Stage], settings: Mapping, probe_rows: Sequence
                         carried = _at_floors(backward, floors, metric)
                 # the primary scores every chosen point; another target, the cheapest at each bar
                 for r in chosen if target == primary else carried:
-                    keep = _keep_for(groups, refine, r["fp16_groups"])
+                    keep = keep_for(groups, refine, r["fp16_groups"])
                     if keep is not None:
                         rows.append({**session.measure(keep, f"search: {r['search_move']}", groups=r["fp16_groups"]),
                                      "search_step": r["search_step"], "from_search_on": primary})
