@@ -36,7 +36,7 @@ from ...graph import quantsim
 from ...toolkit.calibration import Calibration
 from .bench import Bench
 from .curves import FP16_LIKE_PESQ, GOOD_PESQ, cheapest
-from .run import keep_for
+from .run import at_floors, keep_for
 from .search import refiner
 from .stages import Stage, evenly
 from .tensors import config_groups
@@ -141,14 +141,9 @@ def _at_bars(lever_rows: Sequence[Mapping], primary: str) -> list[tuple[str, str
     fp16 = next((r for r in mine if r.get("dtype") == "fp16" and isinstance(r.get("pesq_wb"), (int, float))), None)
     if fp16 is None:
         return []
-    search = [r for r in mine if r.get("from_search_on") and isinstance(r.get("pesq_wb"), (int, float))]
-    out = []
-    for bar in (fp16["pesq_wb"] - FP16_LIKE_PESQ, GOOD_PESQ):
-        best = max((r for r in search if r["pesq_wb"] >= bar), key=lambda r: r.get("low_bit_mac_share") or 0.0,
-                   default=None)
-        if best is not None:
-            out.append((best["setting"], best["fp16_groups"]))
-    return list(dict.fromkeys(out))
+    search = [r for r in mine if r.get("from_search_on")]
+    return [(r["setting"], r["fp16_groups"]) for r in at_floors(search, (fp16["pesq_wb"] - FP16_LIKE_PESQ, GOOD_PESQ),
+                                                                "pesq_wb")]
 
 
 def compare(held_out: Stage, lever_rows: Sequence[Mapping], buildable: Mapping[str, Sequence[str]],

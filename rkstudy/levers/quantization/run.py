@@ -57,7 +57,7 @@ def _chosen(search_rows: Sequence[Mapping], floors: Sequence[float], metric: str
         picked.append(r)
         if floors and isinstance(r.get(metric), (int, float)) and r[metric] < min(floors):
             break
-    picked += _at_floors(search_rows, floors, metric)
+    picked += at_floors(search_rows, floors, metric)
     out, seen = [], set()
     for r in picked:
         if r["fp16_groups"] not in seen:
@@ -66,7 +66,7 @@ def _chosen(search_rows: Sequence[Mapping], floors: Sequence[float], metric: str
     return out
 
 
-def _at_floors(search_rows: Sequence[Mapping], floors: Sequence[float], metric: str) -> list[Mapping]:
+def at_floors(search_rows: Sequence[Mapping], floors: Sequence[float], metric: str) -> list[Mapping]:
     """The search's cheapest point (most MACs on low bits) at or above each floor, once each."""
     out = []
     for floor in floors:
@@ -158,7 +158,7 @@ def run_stage(make: Callable[[], Stage], settings: Mapping, probe_rows: Sequence
                                                  budget=settings["search"]["forward"])
                         backward = [r for r in run.search if r["search"] == "search"]
                         chosen = _chosen(backward, floors, metric)
-                        carried = _at_floors(backward, floors, metric)
+                        carried = at_floors(backward, floors, metric)
                 # the primary scores every chosen point; another target, the cheapest at each bar
                 for r in chosen if target == primary else carried:
                     keep = keep_for(groups, refine, r["fp16_groups"])
