@@ -351,3 +351,29 @@ def test_a_reference_claim_is_compared_by_its_source_column_and_its_verdict_by_k
     assert ("| target=none, where=host, claim=lines | `ours` | exact (by ours_from), exact | 18 lines | 0 lines |"
             in text)
     assert "| target=none, where=host, claim=lines | `verdict` | exact (by verdict kind), exact |" in text
+
+
+def test_what_this_hosts_timings_feed_is_reported_not_failed(tmp_path):
+    """A cost model's rows mix host-timed terms into predicted figures: a ratio's spread beside a ratio of
+    times, a per-op time list, a figure named in ms and its verdict text, a constant whose unit is a time.
+    A count beside them, or a verdict of another kind, still fails."""
+    def tables(ratio, op_ms, predicted, verdict, factor, nodes=7):
+        return {"s/cpu": [stamped(where="fp32", path="walk", ratio_vs_monolithic=ratio, ratio_min=ratio - 0.3,
+                                  ratio_max=ratio + 0.1, cpu_host_ms_by_op=f"Slice:{op_ms} Sin:4.2")],
+                "s/calibration": [stamped(where="host", figure="piper-decoder-ms", predicted=predicted,
+                                          verdict=verdict, nodes=nodes)],
+                "s/constants": [stamped(where="host", constant="cpu_factor", this_run=factor,
+                                        unit="board ms per host ms")]}
+
+    a = tables(2.1267, 0.0231, 1369.0, "misses by +32.9 %: the cpu term carries 7.0 of the 1369.0", 7.553)
+    b = tables(1.9351, 0.0233, 1369.7, "misses by +33.0 %: the cpu term carries 7.1 of the 1369.7", 7.443)
+    text, failed = run(tmp_path, a, b)
+    assert not failed, text
+    assert "- `ratio_min` (time, reported (by a ratio of times)): 1 row changed" in text
+    assert "- `cpu_host_ms_by_op` (time, reported (by name, a text of them)): 1 row changed" in text
+    assert "- `predicted` (time, reported (by row label)): 1 row changed" in text
+    assert "- `verdict` (time, reported (by row label, a text of them)): 1 row changed" in text
+    assert "- `this_run` (time, reported (by row label)): 1 row changed" in text
+    b = tables(2.1267, 0.0231, 1369.0, "within +-25 % (-10.3 %)", 7.553, nodes=8)
+    text, failed = run(tmp_path / "2", a, b)
+    assert failed and "| `verdict` | exact (by string values), exact |" in text and "| `nodes` |" in text

@@ -8,7 +8,8 @@ Each column gets one rule, from its name first and its values second, and the re
 * dB (*_db): held to the tolerance of what computed it, the row's `where` (simulator, fp32, board);
 * difference (*max_diff, *max_abs_err ...): a largest difference between two outputs, likewise;
 * PESQ-WB, STOI, DNSMOS (pesq*, stoi*, dnsmos*): listener scores, each with a tolerance of its own;
-* time: *_s, *_ms, seconds, minutes, rtf and their ratios: reported, never failed;
+* time: *_s, *_ms, *_us, seconds, minutes, rtf and their ratios (a ratio_min/ratio_max spread beside a
+  ratio_vs_*), and a text of them that differs in its numbers only (a per-op time list): reported, never failed;
 * machine: peak RSS, bandwidth and load figures (*peak*, *rss*, *gb_per_s*, *load*): reported, never failed;
 * otherwise floats, by their relative change.
 
@@ -22,7 +23,9 @@ Exit 1 when a cell moved that neither the host nor the code explains.
 
 A `value` or `measured` cell takes the rule of its row's `unit` (dB, s, ms, ms/window ...); where the
 unit says nothing, a row whose label (a headline's name, a goal, a quantity) names a machine figure, a
-time ("converter peak", "DRAM read", "CPU RTF", "wall") or a listener score has its cells taken as that:
+time ("converter peak", "DRAM read", "CPU RTF", "wall") or a listener score, or whose figure or unit names
+one ("piper-decoder-ms", "board ms per host ms": a prediction or a constant fed by this host's timings), has
+its cells taken as that, a text quoting them too where only its numbers moved:
 a headline is the same figure as the column it was read from (its name says simulator, or not). A
 reference claim's `ours` takes the rule of the column it was read from (`ours_from`), and its `verdict` is
 compared by kind (reproduced, differs, ...), the text that quotes ours reported.
@@ -49,7 +52,7 @@ from . import tolerances
 from .results import CARRIED, MACHINE, STAMP, read_table
 
 EXACT_NAME = re.compile(r"^regtask|nodes|bytes|(^|_)(count|counts|nonfinite|lines)($|_)")
-TIME_WORDS = {"s", "ms", "seconds", "minutes", "rtf"}
+TIME_WORDS = {"s", "ms", "us", "seconds", "minutes", "rtf"}
 MACHINE_NAME = re.compile(r"peak|rss|gb_per|load")
 DIFFERENCE_NAME = re.compile(r"max_(abs_)?(diff|err)")
 LISTENER = {"pesq": "PESQ-WB", "stoi": "STOI", "dnsmos": "DNSMOS"}  # a column's or a label's word -> its kind
@@ -57,7 +60,10 @@ REPORTED = ("time", "machine")
 # a row's label: what a headline, a goal or a quantity row says it holds
 LABEL_COLUMNS = ("headline", "goal", "quantity", "label")
 MACHINE_WORDS = {"peak", "rss", "bandwidth", "dram", "load", "gb/s", "mb/s"}
-TIME_LABEL_WORDS = {"rtf", "wall", "seconds", "minutes", "time", "times"}
+TIME_LABEL_WORDS = {"rtf", "wall", "seconds", "minutes", "time", "times", "ms", "us"}
+# what else names a row's figure: a predicted figure's name ("piper-decoder-ms"), a row's unit
+# ("board ms per host ms": a constant fitted on this host's timings moves with them)
+FIGURE_COLUMNS = ("figure", "unit")
 UNIT_FIRST = "; in a row whose unit is dB or a time, that rule"
 IGNORED = (*STAMP, *MACHINE, CARRIED)
 
@@ -167,8 +173,11 @@ def figure_kind(rule: Tolerance, where: str) -> str:
     return "exact"
 
 
+_NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?|inf")
+
+
 def _numbers(text: str) -> list[float]:
-    return [float(x.replace(",", "")) for x in re.findall(r"[-+]?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?|inf", text)]
+    return [float(x.replace(",", "")) for x in _NUMBER.findall(text)]
 
 
 def _claim_kind(verdict: str) -> str:
@@ -339,6 +348,10 @@ def _matched(name: str, a: list[dict], b: list[dict]):
     d.columns_only = {side: cols for side, cols in (("A", [c for c in cols_a if c not in cols_b]),
                                                      ("B", [c for c in cols_b if c not in cols_a])) if cols}
     d.rules = {c: column_rule(c, [r[c] for r in a + b]) for c in common}
+    # a spread of a ratio of times (ratio_min/ratio_max beside ratio_vs_*) is a time as the ratio is
+    if any(c.startswith("ratio_vs") and d.rules[c].kind == "time" for c in common):
+        d.rules.update({c: Tolerance("time", "a ratio of times") for c in common
+                        if c.startswith("ratio_") and d.rules[c].kind == "relative"})
     d.keys, d.by_order = _keys(common, d.rules, a, b)
     ka, kb = _keyed(a, d.keys, d.by_order), _keyed(b, d.keys, d.by_order)
     d.rows_only = {side: [_label(d.keys, k) for k in keys] for side, keys in
@@ -346,14 +359,26 @@ def _matched(name: str, a: list[dict], b: list[dict]):
     return d, [(_label(d.keys, k), ka[k], kb[k]) for k in ka if k in kb], common
 
 
-def _cell_rule(d: TableDiff, c: str, ra: dict) -> Tolerance:
+def _same_but_numbers(a: str, b: str) -> bool:
+    """Whether two texts differ in their numbers only ("Slice:0.0231" and "Slice:0.0233")."""
+    return _NUMBER.sub("#", a) == _NUMBER.sub("#", b)
+
+
+def _cell_rule(d: TableDiff, c: str, ra: dict, rb: dict) -> Tolerance:
     rule = d.rules[c]
     if c in ("value", "measured") and "unit" in ra:
         rule = unit_rule(ra["unit"]) or rule
     label = next((ra[col] for col in LABEL_COLUMNS if col in ra), "")
     by_label = label_rule(label) if label else None
+    if by_label is None:
+        by_label = next((r for r in (label_rule(ra[col]) for col in FIGURE_COLUMNS if ra.get(col)) if r), None)
     if by_label is not None and rule.kind == "relative":
         rule = by_label
+    elif rule.why == "string values" and _same_but_numbers(ra[c], rb[c]):
+        # a text that quotes times (a per-op time list, a verdict quoting a predicted time) moves with them
+        by_text = next((r for r in (name_rule(c), by_label) if r is not None and r.kind in REPORTED), None)
+        if by_text is not None:
+            rule = Tolerance(by_text.kind, f"{by_text.why}, a text of them")
     return rule
 
 
@@ -397,7 +422,7 @@ def compared(d: TableDiff, rows, common):
                 kind = figure_kind(rule, where)
                 held.append((label, c, rule, kind, *whole, pairs))
                 continue
-            rule = _cell_rule(d, c, ra)
+            rule = _cell_rule(d, c, ra, rb)
             if rule.kind in REPORTED:
                 reported.append((label, c, rule, ra[c], rb[c]))
             else:
