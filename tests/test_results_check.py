@@ -362,3 +362,20 @@ def test_the_committed_tables_pass():
     problems, counts = provenance.check(REPO)
     assert counts["tables"] >= 100 and counts["studies"] >= 11, counts
     assert not problems, "\n".join([p.line() for p in problems] + [provenance.summary(problems, counts)])
+
+
+def test_import_closure_follows_a_registry_that_imports_its_modules_by_computed_names(tmp_path):
+    """A rule registry (rkstudy.lint.rules) imports its modules by f-strings on __name__; a change to one of
+    them changes what the study wrote, so the closure holds every module of that package."""
+    files = {"rkstudy/__init__.py": "",
+             "rkstudy/lint/__init__.py": 'import importlib\nRULES = f"{__name__}.rules"\n',
+             "rkstudy/lint/rules/__init__.py": ('import importlib\nfor m in ("a", "b"):\n'
+                                                '    importlib.import_module(f"{__name__}.{m}")\n'),
+             "rkstudy/lint/rules/a.py": "", "rkstudy/lint/rules/b.py": "", "rkstudy/other/__init__.py": "",
+             "rkstudy/other/c.py": ""}
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    got = provenance.import_closure(tmp_path, [("import rkstudy.lint", "rkstudy")])
+    assert got == {"rkstudy/__init__.py", "rkstudy/lint/__init__.py", "rkstudy/lint/rules/__init__.py",
+                   "rkstudy/lint/rules/a.py", "rkstudy/lint/rules/b.py"}

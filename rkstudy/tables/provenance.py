@@ -137,11 +137,28 @@ def _module_file(repo: Path, module: str) -> str | None:
     return None
 
 
+def _own_name(node: ast.JoinedStr, own: str) -> str | None:
+    """The module an f-string on `__name__` names: f"{__name__}.rules" -> own.rules; f"{__name__}.{m}" (a
+    package importing its submodules by computed names, as a registry of rule modules does) -> own.* (all
+    of them); None for any other f-string."""
+    values = node.values
+    if not own or not values or not (isinstance(values[0], ast.FormattedValue)
+                                     and isinstance(values[0].value, ast.Name) and values[0].value.id == "__name__"):
+        return None
+    rest = values[1:]
+    if all(isinstance(v, ast.Constant) for v in rest):
+        suffix = "".join(str(v.value) for v in rest)
+        return own + suffix if re.fullmatch(r"(\.\w+)*", suffix) else None
+    return own + ".*"
+
+
 @lru_cache(maxsize=4096)
-def _imports(code: str, package: str) -> frozenset[str]:
-    """Every rkstudy module `code` names: imports (relative ones resolved against `package`), and
-    string constants naming a module, as `python -m rkstudy.x` children and "module:function" jobs do.
-    Cached by the text: one check reads each module once for every study that imports it."""
+def _imports(code: str, package: str, own: str = "") -> frozenset[str]:
+    """Every rkstudy module `code` names: imports (relative ones resolved against `package`), string
+    constants naming a module, as `python -m rkstudy.x` children and "module:function" jobs do, and
+    f-strings on `__name__` (`own`, the code's module): a package that imports its own submodules by
+    computed names names them all ("pkg.*"). Cached by the text: one check reads each module once for
+    every study that imports it."""
     try:
         tree = ast.parse(code)
     except SyntaxError:
@@ -162,6 +179,10 @@ def _imports(code: str, package: str) -> frozenset[str]:
             m = re.fullmatch(r"(rkstudy(?:\.\w+)+)(?::\w+)?", node.value)
             if m:
                 out.add(m.group(1))
+        elif isinstance(node, ast.JoinedStr):
+            named = _own_name(node, own)
+            if named:
+                out.add(named)
     return frozenset(m for m in out if m == "rkstudy" or m.startswith("rkstudy."))
 
 
@@ -176,10 +197,15 @@ def import_closure(repo: Path, sources: list[tuple[str, str]]) -> set[str]:
     ((code, package it lives in) pairs), parents' __init__.py included: importing a.b runs a."""
     repo = Path(repo)
     seen: set[str] = set()
-    todo = [(code, package) for code, package in sources]
+    todo = [(code, package, "") for code, package in sources]
     while todo:
-        code, package = todo.pop()
-        for module in _imports(code, package):
+        code, package, own = todo.pop()
+        found = set(_imports(code, package, own))
+        for module in sorted(m for m in found if m.endswith(".*")):
+            found.discard(module)
+            folder = repo.joinpath(*module[:-2].split("."))
+            found |= {f"{module[:-2]}.{f.stem}" for f in sorted(folder.glob("*.py")) if f.stem != "__init__"}
+        for module in found:
             parts = module.split(".")
             for i in range(1, len(parts) + 1):
                 name = ".".join(parts[:i])
@@ -190,7 +216,8 @@ def import_closure(repo: Path, sources: list[tuple[str, str]]) -> set[str]:
                 if name in DISPATCHERS:
                     continue
                 is_package = rel.endswith("__init__.py")
-                todo.append(((repo / rel).read_text(encoding="utf-8"), name if is_package else name.rpartition(".")[0]))
+                todo.append(((repo / rel).read_text(encoding="utf-8"), name if is_package else name.rpartition(".")[0],
+                             name))
     return seen
 
 
