@@ -5,7 +5,7 @@ Each column gets one rule, from its name first and its values second, and the re
 
 * exact: counts, node numbers, bytes and REGTASK lines (regtask*, *nodes*, *bytes*, count(s),
   nonfinite, lines), integers and strings: the compiler and the graph are deterministic;
-* dB (*_db): held to the tolerance of what computed it, the row's `where` (simulator, fp32, board);
+* dB (*_db, *_db_min ...): held to the tolerance of what computed it, the row's `where` (simulator, fp32, board);
 * difference (*max_diff, *max_abs_err ...): a largest difference between two outputs, likewise;
 * PESQ-WB, STOI, DNSMOS (pesq*, stoi*, dnsmos*): listener scores, each with a tolerance of its own;
 * time: *_s, *_ms, *_us, seconds, minutes, rtf and their ratios (a ratio_min/ratio_max spread beside a
@@ -103,7 +103,7 @@ def name_rule(column: str) -> Tolerance | None:
     """The rule a column's name gives, or None when the name says nothing."""
     name = column.lower()
     words = set(column.split("_"))  # case kept: S is a sequence length, s a second
-    if name.endswith("_db") or name == "db":
+    if "db" in name.split("_"):  # snr_db, and its summaries: window_snr_db_min, window_snr_db_median
         return Tolerance("dB", "name")
     if words & TIME_WORDS or "ratio_vs" in name:
         return Tolerance("time", "name")
