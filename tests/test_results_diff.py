@@ -269,7 +269,8 @@ def test_headlines_are_compared_too(tmp_path):
 
 @pytest.mark.parametrize(("column", "kind"), [
     ("regtask", "exact"), ("regtask_max_value", "exact"), ("folded_nodes", "exact"), ("engine_bytes", "exact"),
-    ("nonfinite", "exact"), ("sim_counts", "exact"), ("snr_db", "dB"), ("snr_target_db", "dB"), ("window_snr_db_min", "dB"), ("loudness_dbfs", None),
+    ("nonfinite", "exact"), ("sim_counts", "exact"), ("snr_db", "dB"), ("snr_target_db", "dB"),
+    ("window_snr_db_min", "dB"), ("loudness_dbfs", None),
     ("build_s", "time"), ("first_audio_ms", "time"), ("seconds", "time"), ("rtf", "time"), ("minutes", "time"),
     ("sim_s_per_window", "time"), ("converter_peak_mb", "machine"), ("child_maxrss_gib", "machine"),
     ("loadavg_1m", "machine"), ("pesq_wb", "PESQ-WB"), ("stoi", "STOI"), ("dnsmos_ovrl", "DNSMOS"),
