@@ -226,6 +226,9 @@ def test_stage2_prints_the_summary_line_and_json_gives_the_row(tmp_path, capsys)
     (spoken,) = results.read_table(tmp_path / "results" / "qwen3_vocoder" / "speak.csv")
     assert float(spoken["speech_decoder_npu_ms_predicted"]) == pytest.approx(2 * recorded["0_1_2"]["ms"], abs=0.1)
     assert "recorded in its contract" in spoken["npu_cost_note"] and "over 2 calls" in spoken["npu_ms_terms"]
+    # offline, the first sample leaves with the last: every call stands before the first audio
+    assert spoken["npu_first_audio_ms_predicted"] == spoken["speech_decoder_npu_ms_predicted"]
+    assert spoken["npu_first_audio_calls"] == "speech_decoder x2"
     capsys.readouterr()
     # one target and a folder typed with its slash: the engine goes into the folder under its own name
     assert main(["qwen3", "vocoder", "--onnx", str(step), "--out", f"{tmp_path / 'engines'}/", "--json"]) == 0

@@ -35,7 +35,7 @@ def spoken(*argv) -> speak.Spoken:
     return speak.speak(args.speak_model, args.plan, args, runtime=args.runtime, cores=args.cores)
 
 
-def engine_from(product, folder, stem, target="rk3588", toolkit=TOOLKIT):
+def engine_from(product, folder, stem, target="rk3588", toolkit=TOOLKIT, build=STAGE2_BUILD):
     """Engine bytes with the stage-2 contract of `product` (a produced stage-1 graph) beside them, and the
     graph itself, named as the contract names it."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -47,7 +47,7 @@ def engine_from(product, folder, stem, target="rk3588", toolkit=TOOLKIT):
     engine = folder / f"{stem}.rknn"
     engine.write_bytes(f"engine bytes of {stem}".encode())
     product.contract.compiled(target=target, toolkit=toolkit, onnx_path=graph, engine_path=engine,
-                              build=STAGE2_BUILD).write_beside(engine)
+                              build=build).write_beside(engine)
     return engine
 
 
@@ -174,21 +174,31 @@ def test_the_predicted_columns_price_each_npu_component_and_say_why_where_they_c
     piper = schema("piper")
     both = validate(piper, {"decoder": {"impl": "rknn", "artifacts": {"main": "d.rknn"}},
                             "duration_encoder": {"impl": "rknn", "artifacts": {"main": "e.rknn"}}})
-    priced = {"decoder": {"ms": 120.04, "terms": {"conv": 20.0, "dram": 100.04}, "calls": 4, "why": ""},
-              "duration_encoder": {"ms": 30.0, "terms": {"conv": 30.0}, "calls": 2, "why": ""}}
-    cols = speak.predicted_columns(piper, both, "simulator", priced)
+    priced = {"decoder": {"ms": 120.04, "terms": {"conv": 20.0, "dram": 100.04}, "calls": 4, "why": "",
+                          "first_ms": 30.01, "first_calls": 1},
+              "duration_encoder": {"ms": 30.0, "terms": {"conv": 30.0}, "calls": 2, "why": "",
+                                   "first_ms": 15.0, "first_calls": 1}}
+    cols = speak.predicted_columns(piper, both, "simulator", priced, "rk3588")
     assert (cols["decoder_npu_ms_predicted"], cols["duration_encoder_npu_ms_predicted"]) == (120.0, 30.0)
     assert cols["npu_ms_predicted"] == 150.0
     assert "decoder: conv 20.0 + dram 100.0 ms over 4 calls" in cols["npu_ms_terms"]
     assert "not a board number" in cols["npu_cost_note"]
+    # the NPU's share of the first audio: the calls made before the first sample left, at the same price
+    assert cols["npu_first_audio_ms_predicted"] == 45.0
+    assert cols["npu_first_audio_calls"] == "duration_encoder x1 + decoder x1"
     # one component unpriced: no total (a part is not the whole), and the reason
     cols = speak.predicted_columns(piper, both, "simulator", {**priced, "decoder": {
-        "ms": None, "terms": {}, "calls": 4, "why": "no DRAM figure for rk3562"}})
+        "ms": None, "terms": {}, "calls": 4, "why": "no DRAM figure for rk3562", "first_ms": None,
+        "first_calls": None}}, "rk3562")
     assert cols["npu_ms_predicted"] == "" and cols["npu_cost_note"] == "cannot speak: no DRAM figure for rk3562"
-    cpu = speak.predicted_columns(piper, validate(piper, {}), "", {})
+    assert cols["npu_first_audio_ms_predicted"] == ""
+    cpu = speak.predicted_columns(piper, validate(piper, {}), "", {}, "fp32")
     assert set(cpu) == set(cols) and cpu["npu_cost_note"] == "no NPU component"  # every row, the same columns
-    board = speak.predicted_columns(piper, both, "rknnlite", {})
-    assert board["npu_ms_predicted"] == "" and board["npu_cost_note"].startswith("measured on the NPU")
+    board = speak.predicted_columns(piper, both, "rknnlite", {}, "board")
+    assert board["npu_ms_predicted"] == "" and board["npu_cost_note"].startswith("measured on the NPU of this board")
+    # the replay double runs the board's code on this host: its times are never called the NPU's
+    replay = speak.predicted_columns(piper, both, "rknnlite", {}, "replay")
+    assert "no NPU" in replay["npu_cost_note"] and "on the NPU" not in replay["npu_cost_note"]
 
 
 def test_an_engine_for_another_soc_is_refused_before_a_child_starts(piper_engines, tmp_path):
@@ -339,8 +349,11 @@ def test_the_stateful_step_in_the_piper_plan_decodes_each_chunk_exactly_and_stre
     from rkstudy.families.piper_decoder_stateful.producer import produce_step_for_voice
 
     voice = piper_voice.Voice()
-    step = engine_from(produce_step_for_voice(voice), tmp_path / "step", "decoder_step")
-    window = engine_from(slice_once(voice), tmp_path / "window", "decoder")
+    # a price per call recorded as stage 2 records it (the cost model's), so the run can price its first audio
+    priced = {**STAGE2_BUILD, "npu_predicted": {"0_1_2": {"ms": 20.0, "terms": {"conv": 5.0, "dram": 15.0},
+                                                          "note": "a prediction"}}}
+    step = engine_from(produce_step_for_voice(voice), tmp_path / "step", "decoder_step", build=priced)
+    window = engine_from(slice_once(voice), tmp_path / "window", "decoder", build=priced)
     text = ["--text-file", TEXTS / "speak_443.txt", "--text-chunk-size", 60]
     cpu = spoken("piper", "--plan", "{}", *text)
     stepped = spoken("piper", "--plan", plan_with(step), "--runtime", "onnx", *text)
@@ -352,6 +365,12 @@ def test_the_stateful_step_in_the_piper_plan_decodes_each_chunk_exactly_and_stre
     # one step (45 frames, about 0.5 s of audio) is out long before the first 60-character chunk is decoded
     assert stepped.row["first_audio_s"] < walked.row["first_audio_s"]
     assert stepped.row["first_audio_s"] < 0.2 * stepped.row["wall_s"]
+    # the NPU's share of it, counted by the run: one step call (45 frames at E = 45) against the first chunk's
+    # windows, each at its contract's price per call
+    assert (stepped.row["npu_first_audio_calls"], stepped.row["npu_first_audio_ms_predicted"]) == ("decoder x1", 20.0)
+    windows = int(walked.row["npu_first_audio_calls"].removeprefix("decoder x"))
+    assert windows > 1 and walked.row["npu_first_audio_ms_predicted"] == 20.0 * windows
+    assert stepped.row["npu_ms_predicted"] > 20.0 * 10   # every chunk's steps, where the first audio needs one
 
 
 @pytest.mark.slow

@@ -174,34 +174,50 @@ def open_runner(engine: dict, runtime: str, cores: str = "0_1_2"):
     return runner
 
 
-def predicted_on_npu(runners: dict[str, list], runtime: str, cores: str = "0_1_2") -> dict[str, dict]:
+def calls_now(runners: dict[str, list]) -> dict[int, int]:
+    """Each open runner's calls so far, by runner: taken when the first sample leaves, it tells
+    predicted_on_npu which calls stood between the text and the first audio."""
+    return {id(r): r.calls for opened in runners.values() for r in opened}
+
+
+def predicted_on_npu(runners: dict[str, list], runtime: str, cores: str = "0_1_2",
+                     first: dict[int, int] | None = None) -> dict[str, dict]:
     """What each NPU component's calls in this run would take on the NPU of its engines' SoC, by the NPU cost
     model (rkstudy.toolkit.cost): every engine's predicted ms per call times the calls it served, summed per
-    component with its terms. `runners`: component -> the runners it opened (open_runner). The simulator
+    component with its terms. `first` (calls_now at the first sample out) prices the calls made before the
+    first audio the same way: "first_ms" and "first_calls" (a runner opened after that moment made none).
+    `runners`: component -> the runners it opened (open_runner). The simulator
     builds the engine here and the model reads the compiler's layer table from that build; onnxruntime runs a
     compiled engine's graph and takes the prediction stage 2 recorded in the engine's contract; a produced
     graph in onnxruntime, or an engine from before the contract recorded one, gets no value and the reason. A
     multi-shape engine is priced at the shape set its build printed (its largest).
 
-    Returns {component: {"ms": float | None, "terms": {term: ms}, "calls": int, "why": str}}."""
+    Returns {component: {"ms": float | None, "terms": {term: ms}, "calls": int, "why": str,
+    "first_ms": float | None, "first_calls": int | None}}."""
     out = {}
     for component, opened in runners.items():
         if not opened:
             continue
         if runtime == BOARD:
-            out[component] = {"ms": None, "terms": {}, "calls": 0, "why": "a board run measures its NPU times"}
+            out[component] = {"ms": None, "terms": {}, "calls": 0, "why": "a board run measures its NPU times",
+                              "first_ms": None, "first_calls": None}
             continue
-        total, terms, calls, why = 0.0, {}, 0, ""
+        total, terms, calls, why, first_ms, first_calls = 0.0, {}, 0, "", 0.0, 0
         for runner in opened:
             ms, per_call, cannot = _per_call(runner, runtime, cores)
             calls += runner.calls
+            before = (first or {}).get(id(runner), 0)
+            first_calls += before
             if ms is None:
                 why = why or cannot
                 continue
             total += ms * runner.calls
+            first_ms += ms * before
             for k, v in per_call.items():
                 terms[k] = terms.get(k, 0.0) + v * runner.calls
-        out[component] = {"ms": None if why else total, "terms": {} if why else terms, "calls": calls, "why": why}
+        known = not why and first is not None
+        out[component] = {"ms": None if why else total, "terms": {} if why else terms, "calls": calls, "why": why,
+                          "first_ms": first_ms if known else None, "first_calls": first_calls if known else None}
     return out
 
 

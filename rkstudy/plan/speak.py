@@ -175,7 +175,7 @@ def compose(prepared: Prepared, runtime: str, result: dict, pcm: np.ndarray, sta
            "rtf": result["wall_s"] / audio_s if audio_s else float("nan"), "load_s": round(result["load_s"], 3),
            "peak_rss_mb": round(result["peak_rss_kb"] / 1024, 1),
            "simulator_peak_rss_mb": result.get("simulator_peak_rss_mb", ""), **timings,
-           **predicted_columns(model_plan, plan, runtime, result.get("npu_predicted") or {}),
+           **predicted_columns(model_plan, plan, runtime, result.get("npu_predicted") or {}, result["where"]),
            "first_audio_s": "" if first is None else round(first, 4), "first_audio_from_start_s": from_start,
            "engines": engines, "sample_rate": result["sample_rate"]}
     if result["where"] in BOARD_WHERE:
@@ -186,11 +186,13 @@ def compose(prepared: Prepared, runtime: str, result: dict, pcm: np.ndarray, sta
     return results.stamp({**row, "where": result["where"], "target": result["target"]})
 
 
-def predicted_columns(model_plan: ModelPlan, plan: Plan, runtime: str, predicted: dict) -> dict:
+def predicted_columns(model_plan: ModelPlan, plan: Plan, runtime: str, predicted: dict, where: str) -> dict:
     """The NPU cost model's prediction beside the measured times (rkstudy.plan.engines.predicted_on_npu): per
     component that can run on the NPU, what its calls in this run would take there (empty where it ran on the
-    CPU or the model cannot speak), their total, the terms in ms and calls, and what the numbers are. Every
-    row of a model has the same columns, whatever its plan."""
+    CPU or the model cannot speak), their total, the terms in ms and calls, what the numbers are, and the
+    same price for the NPU calls made before the first sample left (npu_first_audio_ms_predicted: the NPU's
+    share of the time to first audio; the CPU components' share is in this host's first_audio_s). Every row
+    of a model has the same columns, whatever its plan."""
     npu_capable = [c.name for c in model_plan.components if c.engines]
     per = {c: predicted.get(c, {}) for c in npu_capable}
     cols = {f"{c}_npu_ms_predicted": round(per[c]["ms"], 1) if per[c].get("ms") is not None else ""
@@ -199,10 +201,14 @@ def predicted_columns(model_plan: ModelPlan, plan: Plan, runtime: str, predicted
     whole = bool(priced) and len(priced) == len(plan.on_npu)
     terms = "; ".join(f"{c}: " + " + ".join(f"{k} {v:.1f}" for k, v in per[c]["terms"].items())
                       + f" ms over {per[c]['calls']} calls" for c in priced)
+    first = whole and all(per[c].get("first_ms") is not None for c in priced)
     if not plan.on_npu:
         note = "no NPU component"
+    elif where == "board":
+        note = "measured on the NPU of this board: the <component>_ms columns are the board's own"
     elif runtime == "rknnlite":
-        note = "measured on the NPU (board or replay): the <component>_ms columns are the run's own"
+        note = ("run through the replay double of RKNNLite: no NPU under it, the <component>_ms columns are this "
+                "host's, not a board number")
     elif whole:
         table = ("this run's simulator build" if runtime == "simulator" else
                  "its stage-2 build, recorded in its contract")
@@ -212,7 +218,10 @@ def predicted_columns(model_plan: ModelPlan, plan: Plan, runtime: str, predicted
         why = next((per[c]["why"] for c in plan.on_npu if per.get(c, {}).get("why")), "")
         note = f"cannot speak: {why or f'runtime {runtime} reported no prediction'}"
     return {**cols, "npu_ms_predicted": round(sum(per[c]["ms"] for c in priced), 1) if whole else "",
-            "npu_ms_terms": terms, "npu_cost_note": note}
+            "npu_ms_terms": terms, "npu_cost_note": note,
+            "npu_first_audio_ms_predicted": round(sum(per[c]["first_ms"] for c in priced), 1) if first else "",
+            "npu_first_audio_calls": (" + ".join(f"{c} x{per[c]['first_calls']}" for c in priced)
+                                      if first else "")}
 
 
 def record(spoken: Spoken, *, audio: Path | None = None, results_dir: Path | None = None) -> Path:
@@ -260,6 +269,9 @@ def summary_line(spoken: Spoken, table: Path) -> str:
     if r.get("npu_ms_predicted", "") != "":
         parts += (f"; the NPU cost model predicts {r['npu_ms_predicted']} ms for {r['on_npu']} on "
                   f"{r['target']} ({r['npu_ms_terms']}; a prediction, not a board number)")
+        if r.get("npu_first_audio_ms_predicted", "") != "":
+            parts += (f", {r['npu_first_audio_ms_predicted']} ms of it before the first audio "
+                      f"({r['npu_first_audio_calls']} calls)")
     elif r["on_npu"] and r["where"] not in BOARD_WHERE:
         parts += f"; no NPU prediction ({r['npu_cost_note']})"
     sim = f" (+{r['simulator_peak_rss_mb']} MB in the simulator)" if r.get("simulator_peak_rss_mb", "") != "" else ""

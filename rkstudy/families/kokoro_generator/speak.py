@@ -109,7 +109,7 @@ def job(payload: dict) -> dict:
     """In the measured child: the model's cuts and the generator loaded, then sentence by sentence."""
     import numpy as np
 
-    from ...plan.engines import children_peak_rss_mb, contract_of, open_runner, place, predicted_on_npu
+    from ...plan.engines import calls_now, children_peak_rss_mb, contract_of, open_runner, place, predicted_on_npu
     from ...plan.stream import sink_for
     from ...runtime import OrtRunner
     from .sidecar import GeneratorSidecar, frame_energy
@@ -137,7 +137,7 @@ def job(payload: dict) -> dict:
         load_s = time.perf_counter() - t_load
 
         ms = {"front": 1e3 * g2p_s, "generator": 0.0, "head": 0.0}
-        pcm, frames, first_audio, first_audio_at = [], 0, None, None
+        pcm, frames, first_audio, first_audio_at, first_calls = [], 0, None, None, None
         t0 = time.perf_counter()
         for feed in feeds:
             t = time.perf_counter()
@@ -161,6 +161,7 @@ def job(payload: dict) -> dict:
             sink.write(pcm[-1])
             if first_audio is None:  # the first sentence's audio is whole: it can play while the rest is made
                 first_audio, first_audio_at = g2p_s + t3 - t0, time.time()
+                first_calls = calls_now({"generator": [npu] if npu is not None else []})
             frames += x.shape[-1]
         wall_s = g2p_s + time.perf_counter() - t0
         where, target = (npu.where, npu.target) if npu is not None else place()
@@ -176,7 +177,7 @@ def job(payload: dict) -> dict:
     return {"audio": np.concatenate(pcm), "sample_rate": SAMPLE_RATE, "wall_s": wall_s, "load_s": load_s, "ms": ms,
             "first_audio_s": first_audio, "first_audio_at": first_audio_at, "where": where, "target": target,
             "runtime": versions,
-            "npu_predicted": predicted_on_npu(opened, runtime, payload["cores"]),
+            "npu_predicted": predicted_on_npu(opened, runtime, payload["cores"], first_calls),
             "simulator_peak_rss_mb": children_peak_rss_mb(opened),
             "cores": getattr(npu, "cores", "") if npu is not None else "",
             "row": {"sentences": len(feeds), "frames": int(frames)}}

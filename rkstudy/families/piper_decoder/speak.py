@@ -153,7 +153,7 @@ def job(payload: dict) -> dict:
     """In the measured child: load every component, then speak chunk by chunk."""
     import numpy as np
 
-    from ...plan.engines import children_peak_rss_mb, contract_of, open_runner, place, predicted_on_npu
+    from ...plan.engines import calls_now, children_peak_rss_mb, contract_of, open_runner, place, predicted_on_npu
     from ...plan.stream import sink_for
     from ...runtime import OrtRunner
     from ...walk.stateful import StatefulWalker
@@ -235,7 +235,7 @@ def job(payload: dict) -> dict:
 
 
         ms = {"front": 1e3 * front_s, "duration_encoder": 0.0, "duration_flows": 0.0, "decoder": 0.0}
-        pcm, ran_on, frames, first_audio, first_audio_at = [], [], [], None, None
+        pcm, ran_on, frames, first_audio, first_audio_at, first_calls = [], [], [], None, None, None
         t0 = time.perf_counter()
         for k, (_, ids) in enumerate(chunks):
             t = time.perf_counter()
@@ -252,6 +252,7 @@ def job(payload: dict) -> dict:
                 sink.write(pieces[-1])
                 if first_audio is None and pieces[-1].size:   # the first samples out can play while the rest is made
                     first_audio, first_audio_at = front_s + time.perf_counter() - t0, time.time()
+                    first_calls = calls_now(by_component)
             pcm.append(np.concatenate(pieces))
             t3 = time.perf_counter()
             ms["duration_encoder"] += 1e3 * (t1 - t)
@@ -274,7 +275,7 @@ def job(payload: dict) -> dict:
         rungs[w] = rungs.get(w, 0) + 1
     return {"audio": np.concatenate(pcm), "sample_rate": front.sample_rate, "wall_s": wall_s, "load_s": load_s,
             "ms": ms, "first_audio_s": first_audio, "first_audio_at": first_audio_at, "where": where,
-            "npu_predicted": predicted_on_npu(by_component, runtime, cores),
+            "npu_predicted": predicted_on_npu(by_component, runtime, cores, first_calls),
             "simulator_peak_rss_mb": children_peak_rss_mb(by_component), "target": target, "runtime": versions,
             "cores": getattr(npu_runners[0], "cores", "") if npu_runners else "",
             # each chunk's frames: where two plans' duration stages disagree, the chunk that moved is named

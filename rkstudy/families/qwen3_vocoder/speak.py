@@ -138,7 +138,7 @@ def job(payload: dict) -> dict:
     """In the measured child: the steps loaded, then the codes decoded offline or as a stream of events."""
     import numpy as np
 
-    from ...plan.engines import children_peak_rss_mb, contract_of, open_runner, place, predicted_on_npu
+    from ...plan.engines import calls_now, children_peak_rss_mb, contract_of, open_runner, place, predicted_on_npu
     from ...plan.stream import sink_for
     from ...runtime import OrtRunner
     from .sidecar import SAMPLE_RATE, VocoderSidecar, events, gather, random_codes
@@ -177,10 +177,18 @@ def job(payload: dict) -> dict:
             chunks = events(codes, payload["event"])
             stream = (window.window_stream(chunks, payload["left_context"]) if window is not None
                       else side.stream(chunks))
-            audio, first_audio = gather(stream, t0, sink.write)
+            first_calls: dict = {}
+
+            def out(pcm):  # the calls made before the first sample leaves price the NPU's first audio
+                if not first_calls and pcm.size:
+                    first_calls.update(calls_now({"speech_decoder": runners}))
+                sink.write(pcm)
+
+            audio, first_audio = gather(stream, t0, out)
         else:
             audio = side.decode(codes)
             sink.write(audio)
+            first_calls = calls_now({"speech_decoder": runners})   # offline: the first sample leaves with the last
         wall_s = time.perf_counter() - t0
         if first_audio is None:  # offline: the first sample leaves with the last
             first_audio = wall_s
@@ -203,7 +211,7 @@ def job(payload: dict) -> dict:
             "ms": {"speech_decoder": 1e3 * wall_s}, "first_audio_s": first_audio,
             "first_audio_at": arrived_at + first_audio,
             "where": where, "target": target,
-            "npu_predicted": predicted_on_npu({"speech_decoder": runners}, runtime, cores),
+            "npu_predicted": predicted_on_npu({"speech_decoder": runners}, runtime, cores, first_calls or None),
             "simulator_peak_rss_mb": children_peak_rss_mb({"speech_decoder": runners}),
             "runtime": versions, "cores": getattr(runners[0], "cores", "") if runners else "",
             "row": {"tokens": tokens, "steps": steps, "ms_per_token": round(1e3 * wall_s / tokens, 3)}}
