@@ -407,6 +407,28 @@ class Study:
 
 
 # --- whole syntheses under a component execution plan ----------------------------------------------
+def compiled_for_speak(graph: Path, family: str, soc: str, convert: Callable[[Path, str, Path], int]) -> Path:
+    """The engine a user ships for `graph`: `convert` (the family's stage 2: graph, soc, out -> exit code)
+    compiles it beside the graph as `<graph>.<soc>.rknn`, gated, its contract beside it; one whose contract
+    already matches the family and SoC is reused. Stage 2's own lines name the engine by its path on this
+    machine, so they are kept back (and raised if it fails) and the engine is named by its file name."""
+    import contextlib
+    import io
+
+    from .contract import for_engine
+    from .errors import EngineMismatch
+
+    engine = Path(graph).with_suffix(f".{soc}.rknn")
+    try:
+        for_engine(engine, family=family, soc=soc)
+    except EngineMismatch:
+        with contextlib.redirect_stdout(io.StringIO()) as said:
+            if convert(Path(graph), soc, engine):
+                raise RuntimeError(said.getvalue()) from None
+        print(f"stage 2 compiled {engine.name} for {soc}")
+    return engine
+
+
 def speak(model: str, runs: Iterable[tuple[str, str, str | None]], *args, folder: Path | None = None
           ) -> tuple[list[dict], dict[str, tuple[np.ndarray, int]]]:
     """Each run (`path` label, plan JSON, runtime or None) as `rkstudy speak MODEL ... *args` runs it: the
