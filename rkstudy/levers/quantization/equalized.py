@@ -53,7 +53,7 @@ class EqualizedRun:
     """What `compare` measured: every build row (`rows`, a `graph` column naming the variant), the cheapest
     setting per SoC and graph at each bar (`cheapest`), what the pass equalized or skipped (`groups`), its
     exactness against float64 (`exactness`), the per-block activation ranges and conv errors of both graphs
-    (`ranges`, `layers`), the equalized graph's path, and the minutes it took."""
+    (`ranges`, `layers`), and the minutes it took."""
 
     stage: Stage
     rows: list[dict] = field(default_factory=list)
@@ -62,7 +62,6 @@ class EqualizedRun:
     exactness: list[dict] = field(default_factory=list)
     ranges: list[dict] = field(default_factory=list)
     layers: list[dict] = field(default_factory=list)
-    equalized_onnx: Path | None = None
     minutes: float = 0.0
 
 
@@ -160,7 +159,6 @@ def compare(held_out: Stage, lever_rows: Sequence[Mapping], buildable: Mapping[s
     run = EqualizedRun(held_out)
     feeds = evenly(held_out.calibration, CALIBRATION_SAMPLES)
     path, made = equalized_graph(held_out, feeds, check=feeds[:2])
-    run.equalized_onnx = path
     run.groups = [{"graph": EQUALIZED, **g.row(), "where": "host", "target": "none"} for g in made.groups]
     # the equalized graph and the original in onnxruntime fp32, each against float64
     run.exactness = [{"graph": EQUALIZED, **r, "where": "fp32", "target": "none"} for r in made.exactness]
