@@ -146,7 +146,8 @@ def measured(key: str, target: str) -> tuple[str, str]:
                    f"{', '.join(x for x in row['layers'].split(',') if ':CPU' in x)})",
             "inaccurate": f"the simulator scores {row['simulator_snr_db']} dB against fp32 "
                           f"({row['simulator_nonfinite']} non-finite values)",
-            "npu": f"it builds on the NPU and the simulator scores {row['simulator_snr_db']} dB against fp32"}
+            "npu": f"the compiler places it for the NPU and the PC simulator scores {row['simulator_snr_db']} dB "
+                   "against fp32"}
     return row["support"], f"measured ({where}): {said[row['support']]}"
 
 

@@ -380,7 +380,7 @@ def _compiler_side(case: Case, model: onnx.ModelProto, v: compiler.CompilerAnswe
            + (f", {v.nonfinite} non-finite" if v.nonfinite else ""))
     if case.signal == "cpu":
         return bool(cpu), ("on the CPU: " + ", ".join(f"{x.op}:{x.name}" for x in cpu) if cpu
-                           else "builds, every node on the NPU") + sim
+                           else "builds, the compiler places every node for the NPU") + sim
     if case.signal == "regtask":
         return v.regtask > 0, f"builds, {v.regtask} REGTASK lines (max value {v.regtask_max:#x}){sim}"
     if case.signal == "nonfinite":
