@@ -378,3 +378,21 @@ def test_what_this_hosts_timings_feed_is_reported_not_failed(tmp_path):
     b = tables(2.1267, 0.0231, 1369.0, "within +-25 % (-10.3 %)", 7.553, nodes=8)
     text, failed = run(tmp_path / "2", a, b)
     assert failed and "| `verdict` | exact (by string values), exact |" in text and "| `nodes` |" in text
+
+
+def test_an_engine_digest_is_reported_and_anything_else_in_the_text_still_fails(tmp_path):
+    """Two builds of one graph differ in the toolkit's uninitialized padding, so a row naming its engines by
+    digest moves with every build; the engine's name, role or size moving is still a change."""
+    def speak(engines, engine_bytes=54472687):
+        return {"s/speak": [stamped(where="fp32", path="NPU generator", engines=engines, engine_bytes=engine_bytes)]}
+
+    a = speak("generator.main=generator_w128-ccd1cdb2c5aeff04.rk3588.rknn:ec508a9211ca")
+    b = speak("generator.main=generator_w128-ccd1cdb2c5aeff04.rk3588.rknn:06a66513d04c")
+    text, failed = run(tmp_path, a, b)
+    assert not failed, text
+    assert "- `engines` (engine digest, reported (by engine digests only: each build's padding differs)): 1 row" in text
+    for k, other in enumerate((speak("generator.window=generator_w128-ccd1cdb2c5aeff04.rk3588.rknn:06a66513d04c"),
+                  speak("generator.main=generator_w136-ccd1cdb2c5aeff04.rk3588.rknn:06a66513d04c"),
+                  speak("generator.main=generator_w128-ccd1cdb2c5aeff04.rk3588.rknn:06a66513d04c", 54472688))):
+        text, failed = run(tmp_path / str(k), a, other)
+        assert failed, text
