@@ -375,6 +375,10 @@ def test_what_this_hosts_timings_feed_is_reported_not_failed(tmp_path):
     assert "- `predicted` (time, reported (by row label)): 1 row changed" in text
     assert "- `verdict` (time, reported (by row label, a text of them)): 1 row changed" in text
     assert "- `this_run` (time, reported (by row label)): 1 row changed" in text
+    first = [stamped(where="host", path="NPU decoder", terms_to_first_audio=f"conv 62.2 + cpu 1.7 + io {io}")
+             for io in (5.7, 5.8)]
+    text, failed = run(tmp_path / "terms", {"s/first": first[:1]}, {"s/first": first[1:]})
+    assert not failed and "- `terms_to_first_audio` (time, reported (by name, a text of them))" in text, text
     b = tables(2.1267, 0.0231, 1369.0, "within +-25 % (-10.3 %)", 7.553, nodes=8)
     text, failed = run(tmp_path / "2", a, b)
     assert failed and "| `verdict` | exact (by string values), exact |" in text and "| `nodes` |" in text

@@ -8,8 +8,8 @@ Each column gets one rule, from its name first and its values second, and the re
 * dB (*_db, *_db_min ...): held to the tolerance of what computed it, the row's `where` (simulator, fp32, board);
 * difference (*max_diff, *max_abs_err ...): a largest difference between two outputs, likewise;
 * PESQ-WB, STOI, DNSMOS (pesq*, stoi*, dnsmos*): listener scores, each with a tolerance of its own;
-* time: *_s, *_ms, *_us, seconds, minutes, rtf and their ratios (a ratio_min/ratio_max spread beside a
-  ratio_vs_*), and a text of them that differs in its numbers only (a per-op time list): reported, never failed;
+* time: *_s, *_ms, *_us, seconds, minutes, rtf, the cost model's terms (*terms*) and their ratios (a
+  ratio_min/ratio_max spread beside a ratio_vs_*), and a text of them that differs in its numbers only (a per-op time list): reported, never failed;
 * machine: peak RSS, bandwidth and load figures (*peak*, *rss*, *gb_per_s*, *load*): reported, never failed;
 * build: a text that differs only in the digests of the engines it names (`decoder.main=<file>.rknn:<digest>`):
   reported, never failed. rknn-toolkit2 writes uninitialized memory into the padding of an engine (two builds
@@ -56,7 +56,8 @@ from . import tolerances
 from .results import CARRIED, MACHINE, STAMP, read_table
 
 EXACT_NAME = re.compile(r"^regtask|nodes|bytes|(^|_)(count|counts|nonfinite|lines)($|_)")
-TIME_WORDS = {"s", "ms", "us", "seconds", "minutes", "rtf"}
+TIME_WORDS = {"s", "ms", "us", "seconds", "minutes", "rtf",
+              "terms"}  # the NPU cost model's terms, in ms ("conv 62.2 + dram 63.7 + ... + io 5.7")
 MACHINE_NAME = re.compile(r"peak|rss|gb_per|load")
 DIFFERENCE_NAME = re.compile(r"max_(abs_)?(diff|err)")
 LISTENER = {"pesq": "PESQ-WB", "stoi": "STOI", "dnsmos": "DNSMOS"}  # a column's or a label's word -> its kind
