@@ -9,7 +9,8 @@ Each column gets one rule, from its name first and its values second, and the re
 * difference (*max_diff, *max_abs_err ...): a largest difference between two outputs, likewise;
 * PESQ-WB, STOI, DNSMOS (pesq*, stoi*, dnsmos*): listener scores, each with a tolerance of its own;
 * time: *_s, *_ms, *_us, seconds, minutes, rtf, the cost model's terms (*terms*) and their ratios (a
-  ratio_min/ratio_max spread beside a ratio_vs_*), and a text of them that differs in its numbers only (a per-op time list): reported, never failed;
+  ratio_min/ratio_max spread beside a ratio_vs_*), and a text of them that differs in its numbers only (a
+  per-op time list): reported, never failed;
 * machine: peak RSS, bandwidth and load figures (*peak*, *rss*, *gb_per_s*, *load*): reported, never failed;
 * build: a text that differs only in the digests of the engines it names (`decoder.main=<file>.rknn:<digest>`):
   reported, never failed. rknn-toolkit2 writes uninitialized memory into the padding of an engine (two builds
