@@ -426,3 +426,20 @@ def test_a_finished_step_removes_the_figures_its_run_did_not_draw(repo, capsys):
     run(repo, runner, "alpha")
     assert sorted(p.name for p in figures.iterdir()) == ["sweep.png"]
     assert "reproduce: 00_alpha (alpha) drew no results/alpha/figures/retracted.png: removed" in capsys.readouterr().out
+
+
+def test_a_run_that_would_fill_the_disk_is_refused_before_any_step_starts(repo):
+    # the last fresh-clone run filled a shared disk after two hours: two steps failed inside the toolkit on ENOSPC
+    runner = FakeRunner(repo)
+    cache = repo / "build" / "cache"
+    with pytest.raises(UsageError, match=r"need about 35 GB free for the build cache at .*build/cache .* 12\.0 GB "
+                                         r"are free: remove old clones' build/cache folders, or set RKSTUDY_CACHE"):
+        reproduce.reproduce(repo, (), runner=runner, clock=runner.clock, disk=(cache, 12.0))
+    assert runner.commands == [] and not (repo / "results" / "benchmarks").exists()
+    assert reproduce.reproduce(repo, (), runner=runner, clock=runner.clock, disk=(cache, 40.0)) == 0
+    # what is left at this commit needs its share of the recorded minutes, and nothing once all is finished
+    steps = reproduce.steps(repo)
+    prior = {s.name: (m, "") for s, m in zip(steps, (10.0, 30.0, 0.0))}
+    assert reproduce.disk_needed_gb(steps[1:2], steps, prior) == pytest.approx(35.0 * 30 / 40)
+    assert reproduce.disk_needed_gb(steps, steps, {}) == 35.0 and reproduce.disk_needed_gb([], steps, prior) == 0.0
+    assert reproduce.free_disk_gb(repo / "not" / "made" / "yet") > 0

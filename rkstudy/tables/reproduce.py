@@ -502,12 +502,13 @@ def check_when_complete(repo: Path) -> int:
 
 def reproduce(repo: Path, names: Sequence[str] = (), *, restart: bool = False, runner: Runner = run_command,
               listing: bool = False, clock: Callable[[], float] = time.monotonic, jobs: int = 1,
-              memory_gb: float | None = None) -> int:
+              memory_gb: float | None = None, disk: tuple[Path, float] | None = None) -> int:
     """Run the steps `names` selects (all by default) that are not finished at HEAD (all of them with
     `restart`), `jobs` at a time as memory allows; then regenerate the index and the diff, and, once
     every step is finished at HEAD, check the committed tree. Returns the exit code (1 when the check
     finds problems); a step that fails raises Failed after the running ones finish. `listing` only
-    prints each step's state. `runner`, `clock` and `memory_gb` are what tests replace."""
+    prints each step's state. `runner`, `clock` and `memory_gb` are what tests replace; `disk` (the cache's
+    folder and the GB free there, as `main` measures them) refuses a run that would fill it (disk_refusal)."""
     repo = Path(repo)
     if jobs < 1:
         raise UsageError(f"--jobs {jobs}: give at least 1")
@@ -524,6 +525,8 @@ def reproduce(repo: Path, names: Sequence[str] = (), *, restart: bool = False, r
     peaks = prior_peaks(recorded)
     memory = memory_gb if memory_gb is not None else (available_gb() if jobs > 1 else 0.0)
     todo = order([s for s in chosen if names or s.name not in done], prior, jobs)
+    if disk is not None and (refusal := disk_refusal(disk[1], disk_needed_gb(todo, all_steps, prior), disk[0])):
+        raise UsageError(refusal)
     for step in chosen:
         if step not in todo:
             print(f"reproduce: {step.label()} finished at {short} in {done[step.name]['minutes']} min; skipped "
@@ -560,7 +563,45 @@ def reproduce(repo: Path, names: Sequence[str] = (), *, restart: bool = False, r
     return check_when_complete(repo) if not left else 0
 
 
-def main(names: Sequence[str], restart: bool = False, listing: bool = False, jobs: int = 1) -> int:
-    from ..paths import REPO
+# The disk a run of every step takes: the build cache of the fresh-clone run at 79e9bd1 (AMD EPYC, 2026-12-07)
+# reached about 30 GB (engines, simulator children's outputs, slices, logs); the executed notebooks and the
+# results add a few more. That run's shared disk filled in its last minutes and two steps failed on ENOSPC
+# inside the toolkit's build, after two hours: a run that cannot finish is refused before it starts.
+FULL_RUN_DISK_GB = 35.0
 
-    return reproduce(REPO, names, restart=restart, listing=listing, jobs=jobs)
+
+def disk_needed_gb(todo: Sequence[ReproduceStep], all_steps: Sequence[ReproduceStep],
+                   prior: dict[str, tuple[float, str]]) -> float:
+    """What `todo` needs free on disk: FULL_RUN_DISK_GB times its share of the recorded minutes (a step's
+    cache grows with its builds, which is most of its time; a rough share, and all of it when a step has no
+    recorded time)."""
+    if not todo:
+        return 0.0
+    if any(s.name not in prior for s in all_steps):
+        return FULL_RUN_DISK_GB
+    total = sum(prior[s.name][0] for s in all_steps) or 1.0
+    return FULL_RUN_DISK_GB * min(1.0, sum(prior[s.name][0] for s in todo) / total)
+
+
+def disk_refusal(free_gb: float, needed_gb: float, where: Path) -> str | None:
+    """The one line refusing a run that would fill the disk, or None when it fits."""
+    if free_gb >= needed_gb:
+        return None
+    return (f"the steps to run need about {needed_gb:.0f} GB free for the build cache at {where} (a full run's "
+            f"reached about 30 GB) and {free_gb:.1f} GB are free: remove old clones' build/cache folders, or set "
+            "RKSTUDY_CACHE to a folder on a larger disk")
+
+
+def free_disk_gb(path: Path) -> float:
+    """Free GB on the disk holding `path` (its nearest existing folder)."""
+    path = Path(path)
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return shutil.disk_usage(path).free / 1e9
+
+
+def main(names: Sequence[str], restart: bool = False, listing: bool = False, jobs: int = 1) -> int:
+    from ..paths import REPO, cache_root
+
+    return reproduce(REPO, names, restart=restart, listing=listing, jobs=jobs,
+                     disk=(cache_root(), free_disk_gb(cache_root())))
