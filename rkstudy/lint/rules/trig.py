@@ -31,5 +31,5 @@ def trig_on_cpu(g):
                       f"(k = Floor(x/2π + 0.5), r = x − 2πk; Cos as sin(x + π/2); {reference(POLYNOMIAL)}), "
                       "whose Floor "
                       "the toolkit also leaves on the CPU (RK304 reports it); reduce_sin(model, fold=False) clips the "
-                      "argument at ±π instead: every node on the NPU, exact only where |x| <= π",
+                      "argument at ±π instead: the compiler places every node for the NPU, exact only where |x| <= π",
                   detail={"op": op, "support": support})
