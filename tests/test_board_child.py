@@ -28,6 +28,12 @@ def hangs(**kw):
     time.sleep(60)
 
 
+def hangs_holding_a_temp_file(**kw):
+    import tempfile
+    tempfile.mkstemp(suffix=".pcm")
+    time.sleep(60)
+
+
 def refuses(**kw):
     from rkstudy.errors import InputError
     raise InputError("--latents x.npz is not a latents file; make one with `rkstudy piper latents`")
@@ -110,6 +116,18 @@ def test_a_hung_child_is_killed_at_its_timeout(spec):
     with pytest.raises(RknnError, match=r"did not finish in 2 s and was killed .*RKSTUDY_BOARD_TIMEOUT"):
         run_child(make("hangs"), timeout=2)
     assert time.monotonic() - t0 < 20
+
+
+def test_a_child_killed_mid_run_leaves_no_temporary_file(spec, tmp_path, monkeypatch):
+    """A child stopped at any instant cannot clean up after itself: its temporary files live in the parent's
+    folder, which the parent removes however the run ends."""
+    make = spec
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    monkeypatch.setattr("tempfile.tempdir", None)  # the parent reads TMPDIR again
+    with pytest.raises(RknnError, match="did not finish in 3 s"):
+        run_child(make("hangs_holding_a_temp_file"), timeout=3)
+    assert list((tmp_path / "tmp").iterdir()) == []
 
 
 def test_a_child_that_ignores_sigterm_is_killed_past_the_grace():

@@ -110,10 +110,14 @@ def _run(module: str, spec: dict, folder: Path, *, label: str, timeout: float) -
             "error": str(folder / "error.json")}
     spec_path = folder / "spec.json"
     spec_path.write_text(json.dumps(spec))
+    # the child's temporary files go in this folder, which the parent removes however the run ends: a child
+    # stopped at any instant cannot clean up after itself (Python's own first look for a writable temporary
+    # folder writes a probe file there, and a stop signal that lands on it leaves the file behind)
+    (folder / "tmp").mkdir()
     # its own session: the timeout kills its whole group, and a terminal's Ctrl-C or hang-up reaches the parent
     # only, which stops the child itself (stop_child) rather than leave it holding the NPU
-    proc = subprocess.Popen([sys.executable, "-m", module, str(spec_path)], env=os.environ.copy(),
-                            start_new_session=True)
+    proc = subprocess.Popen([sys.executable, "-m", module, str(spec_path)],
+                            env={**os.environ, "TMPDIR": str(folder / "tmp")}, start_new_session=True)
     try:
         proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
