@@ -253,3 +253,48 @@ def test_a_build_record_another_version_wrote_is_read_and_predicted(tmp_path):
     row = got.row()
     assert row["npu_cycles"] == 8_192_768 and row["npu_ms_predicted"] > row["npu_ms_conv"] > 8.19
     assert build.cached_report(engine, "other key", verbose=True) is None
+
+
+def test_a_verdict_this_hosts_timings_can_turn_is_undecided_and_not_counted():
+    """Two runs of notebook 09 on one host timed the W = 136 and W = 128 windows' CPU layers apart and the
+    saving's verdict flipped between 'misses' and 'within'. A figure is now scored with each engine at its
+    fastest and its slowest host timings: where those disagree on the band, it is undecided."""
+    from rkstudy.families.kokoro_generator import levers as kl
+
+    layers = table(KOKORO)
+
+    def at(io_ms):
+        return cost.predict(layers, "rk3588", "0", constants=UNIT, cpu_ms=lambda x: 0.0, io_ms=lambda x: io_ms)
+
+    probe = cal.Figure("ratio", "kokoro_generator", kl.WIDE_RTF, slice(0, 2), "q", "ms", ("a", "b"),
+                       lambda p: cal.Outcome(0.0, {}))
+    mid = sum(probe.theirs()) / len(probe.theirs())
+    fig = cal.Figure("ratio", "kokoro_generator", kl.WIDE_RTF, slice(0, 2), "q", "ms", ("a", "b"),
+                     lambda p: cal.Outcome(mid * p["a"].terms["io"] / p["b"].terms["io"],
+                                           {"io": mid * p["a"].terms["io"] / p["b"].terms["io"]}))
+    cases = cal.Cases(figures=[fig])
+    fastest = {"a": at(1.0), "b": at(1.0)}
+    steady = cal.rows(cases, fastest, {}, {"a": at(1.1), "b": at(1.1)})[0]
+    assert steady["within_25_pct"] is True and steady["verdict"] == "within +-25 % (+0.0 %)"
+    turned = cal.rows(cases, fastest, {}, {"a": at(2.0), "b": at(2.0)})[0]
+    assert turned["within_25_pct"] == "" and turned["predicted"] == pytest.approx(mid, abs=1e-3)
+    low = 100 * cost.relative_error(mid / 2, probe.theirs())
+    high = 100 * cost.relative_error(mid * 2, probe.theirs())
+    assert turned["verdict"] == (f"undecided: with each of its engines at the fastest or the slowest of this host's "
+                                 f"timings of the CPU layers and I/O, the error runs {low:+.1f} % to {high:+.1f} %, "
+                                 "across the +-25 % band; a board run decides it")
+    tally = cal.summary([{**turned, "role": "held out"}, {**steady, "role": "held out"}])
+    assert (tally["held_out"], tally["held_out_within_25_pct"], tally["held_out_undecided"]) == (1, 1, 1)
+
+
+def test_engines_timed_together_share_one_timing_per_work_and_keep_the_fastest(monkeypatch):
+    monkeypatch.setattr(cost, "SPAN_S", 0.02)
+    cost.forget_timings()
+    sin = log.Layer(2, "Sin", "CPU", "/act/Sin", "FLOAT16", "(1,8,1,30)", "(1,8,1,30)", 0, 0, 0, 0)
+    wide = log.Layer(2, "Sin", "CPU", "/act/Sin", "FLOAT16", "(1,8,1,34)", "(1,8,1,34)", 0, 0, 0, 0)
+    conv = log.Layer(3, "Conv", "NPU", "/c", "FLOAT16", "(1,8,1,30)", "(1,8,1,30)", 10, 10, 10, 1.0)
+    fastest, slowest = cost.time_together([([sin, conv], None), ([wide, conv], None)], timings=3)
+    assert set(fastest) == set(slowest) == {("op", "Sin", ((1, 8, 1, 30),)), ("op", "Sin", ((1, 8, 1, 34),))}
+    assert all(0 < fastest[k][0] <= slowest[k] for k in fastest)
+    assert cost.timings() == fastest   # the predictions that follow use the fastest
+    cost.forget_timings()

@@ -42,6 +42,9 @@ SAME_MEASUREMENT = {"kokoro-clipped-ms-per-frame": "kokoro-clipped-generator-ms"
 SHAPED_BY = ("piper-decoder-ms", "piper-ms-per-slice", "encoder-n384-ms", "kokoro-folded-increase",
              "kokoro-exact-window-ms", "kokoro-elementwise-share", "kokoro-conv-share")
 TOLERANCE = 0.25   # a held-out figure is predicted when within +-25 % of theirs
+# How many times a run times its engines' CPU layers and I/O on this host (all engines together each time): the
+# predictions take each op's fastest, and a verdict must hold at its slowest too (rows)
+TIMINGS = 5
 START = Constants(dram_share=0.2, dispatch_us=50.0, cpu_factor=2.0)   # where the fit starts
 
 
@@ -220,10 +223,13 @@ def fit_constants(cases: Cases, preds: Mapping[str, Prediction], fitted_on: str 
     return fit(residuals, START, fitted_on=fitted_on)
 
 
-def rows(cases: Cases, preds: Mapping[str, Prediction], builds: Mapping[str, str]) -> list[dict]:
+def rows(cases: Cases, preds: Mapping[str, Prediction], builds: Mapping[str, str],
+         slowest: Mapping[str, Prediction] | None = None) -> list[dict]:
     """One row per figure: theirs, the prediction, its error, fitted or held out, and the verdict computed
     from them (a miss names the term that carries the prediction, and by how much it would have to move
-    alone). `builds` says how each engine was built."""
+    alone). `builds` says how each engine was built. `slowest`: the same engines predicted at the slowest of
+    this host's timings of their CPU layers and I/O (Run.slowest); a figure whose verdict those timings can
+    turn, each engine at its fastest or its slowest, is undecided (undecided) and is not counted."""
     out = []
     for f in cases.figures:
         ref = reference_figure(f.study, f.figure)
@@ -248,8 +254,30 @@ def rows(cases: Cases, preds: Mapping[str, Prediction], builds: Mapping[str, str
                     "within_25_pct": abs(err) <= TOLERANCE, "term": term,
                     **{f"part_{k}": _round(outcome.parts.get(k, 0.0)) for k in TERMS}})
         row["verdict"] = verdict(err, term, part, outcome.value, theirs)
+        errors = spread(f, preds, slowest, theirs) if slowest else []
+        if any((abs(e) <= TOLERANCE) != row["within_25_pct"] for e in errors):
+            row.update(within_25_pct="", verdict=undecided(errors, len(f.engines)))
         out.append(row)
     return out
+
+
+def spread(f: Figure, fastest: Mapping[str, Prediction], slowest: Mapping[str, Prediction],
+           theirs: Sequence[float]) -> list[float]:
+    """The figure's relative error with each of its engines at its fastest or its slowest host timings, every
+    combination: a difference of two engines moves most when one is timed fast and the other slow."""
+    import itertools
+
+    names = [e for e in dict.fromkeys(f.engines) if e in slowest and slowest[e].ms is not None]
+    return [relative_error(f.outcome({**fastest, **{e: slowest[e] for e, slow in zip(names, pick) if slow}}).value,
+                           theirs)
+            for pick in itertools.product((False, True), repeat=len(names))]
+
+
+def undecided(errors: Sequence[float], engines: int) -> str:
+    """The verdict of a figure that this host's timings of its CPU layers and I/O carry across the band."""
+    return (f"undecided: with {'each of its engines' if engines > 1 else 'its engine'} at the fastest or the slowest "
+            f"of this host's timings of the CPU layers and I/O, the error runs {100 * min(errors):+.1f} % to "
+            f"{100 * max(errors):+.1f} %, across the +-25 % band; a board run decides it")
 
 
 def verdict(err: float, term: str, part: float, value: float, theirs: Sequence[float]) -> str:
@@ -283,6 +311,8 @@ def summary(table: Sequence[Mapping]) -> dict:
     """How many held-out figures the model predicts within +-25 %, of how many it could speak for."""
     held = [r for r in table if r["role"] == "held out" and r["within_25_pct"] != ""]
     return {"held_out": len(held), "held_out_within_25_pct": sum(bool(r["within_25_pct"]) for r in held),
+            "held_out_undecided": sum(r["role"] == "held out" and r["verdict"].startswith("undecided")
+                                      for r in table),
             "fitted": sum(r["role"].startswith("fitted") for r in table), "figures": len(table),
             "seen": sum(r["role"].startswith("seen") for r in table),
             "worst_held_out_error_pct": max((abs(r["error_pct"]) for r in held), default=float("nan"))}
@@ -304,9 +334,13 @@ class Run:
     builds: dict[str, dict]
     tables: dict[str, list] = field(default_factory=dict)
     indexes: dict[str, object] = field(default_factory=dict)
+    slowest: dict[str, Prediction] = field(default_factory=dict)   # at the slowest of the host timings
 
     def at(self, constants: Constants) -> dict[str, Prediction]:
         return {k: p.at(constants) for k, p in self.predictions.items()}
+
+    def slowest_at(self, constants: Constants) -> dict[str, Prediction]:
+        return {k: p.at(constants) for k, p in self.slowest.items()}
 
     def built_as(self) -> dict[str, str]:
         """Each engine's build in a few words, for the figure rows."""
@@ -326,13 +360,14 @@ class Run:
 
 def build(quick: bool, progress: bool = True) -> Run:
     """Build every case's engine verbosely (the shared cache serves one built under the same key), read its
-    layer table and time its CPU layers and I/O on this host."""
+    layer table, and time every engine's CPU layers and I/O on this host together (cost.time_together, TIMINGS
+    times): the predictions at each op's fastest time, `slowest` at its slowest."""
     from tqdm.auto import tqdm
 
     from .. import graph
     from ..graph.index import Index
     from ..process import shows_progress
-    from ..toolkit import log
+    from ..toolkit import cost, log
     from ..toolkit.build import build_engine
 
     cases = collect(quick)
@@ -349,7 +384,17 @@ def build(quick: bool, progress: bool = True) -> Run:
             run.tables[e.name] = table
             if any(x.target == "CPU" and x.op not in log.IO_OPS for x in table):
                 run.indexes[e.name] = Index.inferred(graph.load(onnx_path))
-            run.predictions[e.name] = predict(table, e.target, e.mask, constants=START, model=run.indexes.get(e.name))
+    by_name = {e.name: e for e in cases.engines}
+
+    def predicted() -> dict[str, Prediction]:
+        return {n: predict(t, by_name[n].target, by_name[n].mask, constants=START, model=run.indexes.get(n))
+                for n, t in run.tables.items()}
+    # every engine's host rows timed together, TIMINGS times; predicted at the slowest, then at the fastest
+    fastest, slowest = cost.time_together([(t, run.indexes.get(n)) for n, t in run.tables.items()], TIMINGS)
+    cost.use_timings({k: (slowest[k], how) for k, (_, how) in fastest.items()})
+    run.slowest = predicted()
+    cost.use_timings(fastest)
+    run.predictions = predicted()
     return run
 
 

@@ -248,8 +248,7 @@ def predict(layers: Sequence[Layer], soc: str = "rk3588", cores: str = "0_1_2", 
         how = f" ({s.source('dram_gbps')})" if s.dram_gbps is None else ""
         return Prediction(soc, cores, n or 0, None, constants,
                           cannot=f"cannot speak for {soc}: no {', no '.join(missing)}{how}")
-    cpu = [x for x in costed if x.target == "CPU"]
-    io = [x for x in layers if x.op in IO_OPS]
+    cpu, io = host_layers(layers)
     timed = host_times((cpu if cpu_ms is None else []) + (io if io_ms is None else []), model)
     cpu_time = _times(cpu_ms, lambda x: timed[x.id][0])
     io_time = _times(io_ms, lambda x: timed[x.id][0])
@@ -386,6 +385,38 @@ def host_times(layers: Sequence[Layer], model=None) -> dict[int, tuple[float, st
         for k, ms in fastest_of(runs).items():
             _timed[k] = (ms, jobs[k][0])
     return {i: _timed[k] for i, k in keys.items()}
+
+
+def host_layers(layers: Sequence[Layer]) -> tuple[list[Layer], list[Layer]]:
+    """The rows of a layer table that are timed on this host: its CPU layers and its I/O rows."""
+    return ([x for x in layers if x.op not in IO_OPS and x.target == "CPU"], [x for x in layers if x.op in IO_OPS])
+
+
+def time_together(tables: Sequence[tuple[Sequence[Layer], object]], timings: int = 1
+                  ) -> tuple[dict[tuple, tuple[float, str]], dict[tuple, float]]:
+    """Time the host rows (host_layers) of several engines' tables ((layers, model) as `predict` takes them) in
+    one interleaved run, `timings` times over. Engines whose figures are compared (a difference of two windows'
+    calls) are then timed under the same load, op beside op, rather than one engine's ops in one spell of this
+    shared host and the other's in the next; two runs of notebook 09 that timed each engine apart moved the CPU
+    term of the W = 136 saving from -350 to +76 ms. Returns each work's fastest time over the timings (with how
+    it was timed), which it leaves in use for the process's predictions, and its slowest: the spread a verdict
+    resting on these times must survive (rkstudy.levers.npu_cost.rows)."""
+    jobs = {}
+    for layers, model in tables:
+        cpu, io = host_layers(layers)
+        index = _index(model) if model is not None and cpu else None
+        nodes = {n.name: n for n in index.nodes} if index is not None else {}
+        for x in cpu + io:
+            key, how, make = _job(x, index, nodes)
+            jobs.setdefault(key, (how, make))
+    runs = {k: make() for k, (_, make) in jobs.items()}
+    fastest, slowest = {}, {}
+    for _ in range(timings):
+        for k, ms in fastest_of(runs).items():
+            fastest[k] = min(fastest.get(k, math.inf), ms)
+            slowest[k] = max(slowest.get(k, 0.0), ms)
+    use_timings({k: (ms, jobs[k][0]) for k, ms in fastest.items()})
+    return dict(_timed), slowest
 
 
 def layer_timing(layer: Layer, model=None) -> tuple[float, str]:
