@@ -298,3 +298,39 @@ def test_engines_timed_together_share_one_timing_per_work_and_keep_the_fastest(m
     assert all(0 < fastest[k][0] <= slowest[k] for k in fastest)
     assert cost.timings() == fastest   # the predictions that follow use the fastest
     cost.forget_timings()
+
+
+def test_a_calibration_run_times_every_engine_together_and_predicts_at_both_ends(tmp_path, monkeypatch):
+    """npu_cost.build on two recorded verbose builds (the toolkit replaced by their logs): both engines'
+    predictions come from one shared timing, at each op's fastest, and `slowest` holds the same engines at the
+    slowest of the TIMINGS timings."""
+    import types
+
+    import rkstudy.graph
+    import rkstudy.toolkit.build
+    from rkstudy.graph.index import Index
+
+    logs = {}
+    for name in (PIPER, KOKORO):
+        logs[name] = tmp_path / name.removesuffix(".gz")
+        logs[name].write_bytes(gzip.decompress((TABLES / name).read_bytes()))
+    engines = [cal.Engine(n, lambda n=n: tmp_path / f"{n}.onnx") for n in logs]
+    monkeypatch.setattr(cal, "collect", lambda quick: cal.Cases(engines=engines))
+    monkeypatch.setattr(cal, "TIMINGS", 2)
+    monkeypatch.setattr(cost, "SPAN_S", 0.02)
+    monkeypatch.setattr(rkstudy.graph, "load", lambda path: None)
+    monkeypatch.setattr(Index, "inferred", staticmethod(lambda model: None))   # each CPU layer timed by its op
+
+    def built(onnx_path, target, verbose, toolkit):
+        assert verbose
+        return types.SimpleNamespace(ok=True, status="ok", toolkit_version="2.3.2", regtask=0, engine_bytes=1,
+                                     seconds=1.0, log=str(logs[Path(onnx_path).stem]))
+    monkeypatch.setattr(rkstudy.toolkit.build, "build_engine", built)
+    run = cal.build(False, progress=False)
+    assert set(run.predictions) == set(run.slowest) == set(logs)
+    for name in logs:
+        fast, slow = run.predictions[name], run.slowest[name]
+        assert fast.basis.io_host_ms > 0 and fast.basis.io_host_ms <= slow.basis.io_host_ms
+        assert fast.basis.cpu_host_ms <= slow.basis.cpu_host_ms and fast.basis.cycles == slow.basis.cycles
+    assert run.predictions[PIPER].basis.cpu_layers == 4 and run.predictions[PIPER].basis.cpu_host_ms > 0
+    cost.forget_timings()
