@@ -28,7 +28,8 @@ Exit 1 when a cell moved that neither the host nor the code explains.
 
 A `value` or `measured` cell takes the rule of its row's `unit` (dB, s, ms, ms/window ...); where the
 unit says nothing, a row whose label (a headline's name, a goal, a quantity) names a machine figure, a
-time ("converter peak", "DRAM read", "CPU RTF", "wall") or a listener score, or whose figure or unit names
+time ("converter peak", "DRAM read", "CPU RTF", "wall", the cost model's "error ... against the board", whose
+prediction carries host-timed terms) or a listener score, or whose figure or unit names
 one ("piper-decoder-ms", "board ms per host ms": a prediction or a constant fed by this host's timings), has
 its cells taken as that, a text quoting them too where only its numbers moved:
 a headline is the same figure as the column it was read from (its name says simulator, or not). A
@@ -153,6 +154,8 @@ def label_rule(text: str) -> Tolerance | None:
     if words & MACHINE_WORDS:
         return Tolerance("machine", "row label")
     if words & TIME_LABEL_WORDS:
+        return Tolerance("time", "row label")
+    if {"error", "board"} <= words:  # the cost model's error against a board figure: its prediction is host-timed
         return Tolerance("time", "row label")
     listener = _listener(text)
     if listener:
