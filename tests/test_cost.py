@@ -27,6 +27,12 @@ PIPER = "piper_decoder_w93_rk3588_toolkit232.log.gz"
 KOKORO = "kokoro_generator_w64.log.gz"
 
 
+def sin_layer(width: int, layer_id: int = 2, name: str = "/act/Sin") -> log.Layer:
+    """A CPU Sin row of a layer table, as a verbose build prints it (no cycles, no bytes)."""
+    shape = f"(1,8,1,{width})"
+    return log.Layer(layer_id, "Sin", "CPU", name, "FLOAT16", shape, shape, 0, 0, 0, 0)
+
+
 def test_the_layer_table_keeps_the_compilers_cycles_and_bytes():
     layers = table(PIPER)
     assert len(layers) == 236
@@ -118,8 +124,7 @@ def test_layers_with_neither_cycles_nor_bytes_are_named_in_the_row():
 def test_a_cpu_layer_is_timed_here_by_its_op_or_as_a_copy_once_per_work(monkeypatch):
     monkeypatch.setattr(cost, "SPAN_S", 0.05)
     cost.forget_timings()
-    sin = log.Layer(2, "Sin", "CPU", "/act/Sin", "FLOAT16", "(1,8,1,30)", "(1,8,1,30)", 0, 0, 0, 0)
-    twin = log.Layer(5, "Sin", "CPU", "/other/Sin", "FLOAT16", "(1,8,1,30)", "(1,8,1,30)", 0, 0, 0, 0)
+    sin, twin = sin_layer(30), sin_layer(30, 5, "/other/Sin")
     pad = log.Layer(3, "exConvTransposePad", "CPU", "/up/pad", "FLOAT16", "(1,16,1,64)", "(1,16,1,71)", 0, 0, 0, 0)
     out = log.Layer(4, "OutputOperator", "CPU", "out", "FLOAT16", "(1,16,64)", "\\", 0, 0, 0, 0)
     timed = cost.host_times([sin, twin, pad, out])
@@ -290,8 +295,7 @@ def test_a_verdict_this_hosts_timings_can_turn_is_undecided_and_not_counted():
 def test_engines_timed_together_share_one_timing_per_work_and_keep_the_fastest(monkeypatch):
     monkeypatch.setattr(cost, "SPAN_S", 0.02)
     cost.forget_timings()
-    sin = log.Layer(2, "Sin", "CPU", "/act/Sin", "FLOAT16", "(1,8,1,30)", "(1,8,1,30)", 0, 0, 0, 0)
-    wide = log.Layer(2, "Sin", "CPU", "/act/Sin", "FLOAT16", "(1,8,1,34)", "(1,8,1,34)", 0, 0, 0, 0)
+    sin, wide = sin_layer(30), sin_layer(34)
     conv = log.Layer(3, "Conv", "NPU", "/c", "FLOAT16", "(1,8,1,30)", "(1,8,1,30)", 10, 10, 10, 1.0)
     fastest, slowest = cost.time_together([([sin, conv], None), ([wide, conv], None)], timings=3)
     assert set(fastest) == set(slowest) == {("op", "Sin", ((1, 8, 1, 30),)), ("op", "Sin", ((1, 8, 1, 34),))}
