@@ -6,6 +6,7 @@ The engines here are engine bytes with a stage-2 contract beside them and the re
 contract names (the replay double serves that graph, as the host runtime does): no toolkit build in the
 fast tier. The simulator test at the end builds real engines."""
 
+import dataclasses
 import json
 import re
 import shutil
@@ -123,7 +124,7 @@ def test_443_characters_with_the_decoder_and_the_encoder_ladder_through_the_repl
     proc = rkstudy("speak", "piper", "--plan", plan, "--audio", tmp_path / "npu.wav", *common)
     assert "piper on replay (rk3588), plan " in proc.stdout
     assert "run through the replay double of rknnlite: no NPU" in proc.stdout
-    assert "on the NPU via" not in proc.stdout
+    assert "NPU via" not in proc.stdout
     rkstudy("speak", "piper", "--plan", "{}", "--audio", tmp_path / "cpu.flac", *common)
     cpu_row, npu_row = results.read_table(tmp_path / "results" / "board" / "speak_piper.csv")[::-1]
     for r in (cpu_row, npu_row):
@@ -195,10 +196,10 @@ def test_the_predicted_columns_price_each_npu_component_and_say_why_where_they_c
     cpu = speak.predicted_columns(piper, validate(piper, {}), "", {}, "fp32")
     assert set(cpu) == set(cols) and cpu["npu_cost_note"] == "no NPU component"  # every row, the same columns
     board = speak.predicted_columns(piper, both, "rknnlite", {}, "board")
-    assert board["npu_ms_predicted"] == "" and board["npu_cost_note"].startswith("measured on the NPU of this board")
+    assert board["npu_ms_predicted"] == "" and board["npu_cost_note"].startswith("measured on this board's NPU")
     # the replay double runs the board's code on this host: its times are never called the NPU's
     replay = speak.predicted_columns(piper, both, "rknnlite", {}, "replay")
-    assert "no NPU" in replay["npu_cost_note"] and "on the NPU" not in replay["npu_cost_note"]
+    assert "no NPU" in replay["npu_cost_note"] and "board's NPU" not in replay["npu_cost_note"]
 
 
 def test_an_engine_for_another_soc_is_refused_before_a_child_starts(piper_engines, tmp_path):
@@ -311,7 +312,10 @@ def test_the_simulator_speaks_with_engines_built_from_their_graphs(piper_engines
     assert host.row["npu_ms_predicted"] == "" and "contract records no prediction" in host.row["npu_cost_note"]
     assert "--runtime simulator builds and prices" in host.row["npu_cost_note"]
     line = speak.summary_line(sim, Path("speak.csv"))
-    assert "run on this host by the PC simulator" in line and "on the NPU via" not in line, line
+    assert "run on this host by the PC simulator" in line and "NPU via" not in line, line
+    # only a board's own run names the NPU it ran on
+    on_board = dataclasses.replace(sim, row={**sim.row, "where": "board", "runtime": "rknnlite"})
+    assert "on this board's NPU via rknnlite" in speak.summary_line(on_board, Path("speak.csv"))
     assert f"the NPU cost model predicts {sim.row['npu_ms_predicted']} ms" in line, line
 
 

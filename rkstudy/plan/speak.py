@@ -205,7 +205,7 @@ def predicted_columns(model_plan: ModelPlan, plan: Plan, runtime: str, predicted
     if not plan.on_npu:
         note = "no NPU component"
     elif where == "board":
-        note = "measured on the NPU of this board: the <component>_ms columns are the board's own"
+        note = "measured on this board's NPU: the <component>_ms columns are the board's own"
     elif runtime == "rknnlite":
         note = ("run through the replay double of RKNNLite: no NPU under it, the <component>_ms columns are this "
                 "host's, not a board number")
@@ -259,7 +259,7 @@ def summary_line(spoken: Spoken, table: Path) -> str:
     if not r["on_npu"]:
         plan = f"plan {r['plan_sha256']} (the CPU path)"
     elif r["where"] == "board":
-        plan = f"plan {r['plan_sha256']} ({r['on_npu']} on the NPU via {r['runtime']})"
+        plan = f"plan {r['plan_sha256']} ({r['on_npu']} on this board's NPU via {r['runtime']})"
     elif r["where"] == "replay":  # the test double of RKNNLite: the board's code path, no NPU under it
         plan = (f"plan {r['plan_sha256']} ({r['on_npu']} planned for the NPU, run through the replay double of "
                 f"{r['runtime']}: no NPU, not a board number)")
