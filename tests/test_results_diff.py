@@ -51,20 +51,20 @@ def sweep(changes=None, machine=None):
     return rows
 
 
-def tree(root, tables, headlines=None):
+def tree(root, tables, headlines=None, machine=None):
     for name, rows in tables.items():
         study, table = name.split("/")
         results.write_table(study, table, rows, root=root)
     for study, h in (headlines or {}).items():
         (root / study).mkdir(parents=True, exist_ok=True)
-        (root / study / "headlines.json").write_text(json.dumps({"study": study, "commit": "x", "machine": ONE_HOST,
-                                                                "headlines": h}))
+        (root / study / "headlines.json").write_text(json.dumps({"study": study, "commit": "x",
+                                                                "machine": machine or ONE_HOST, "headlines": h}))
     return root
 
 
 def run(tmp_path, a_tables, b_tables, **kw):
     a = tree(tmp_path / "a", a_tables, kw.get("a_headlines"))
-    b = tree(tmp_path / "b", b_tables, kw.get("b_headlines"))
+    b = tree(tmp_path / "b", b_tables, kw.get("b_headlines"), kw.get("b_machine"))
     text, failed = results_diff.report(a, b)
     return text, failed
 
@@ -274,9 +274,53 @@ def test_headlines_are_compared_too(tmp_path):
         "held-out figures within +-25 %": {"value": 2, "unit": ""}}})
     assert not failed and "- `value` (time, reported (by row label)): 1 row changed" in text, text
     err["held-out figures within +-25 %"]["value"] = 3
-    text, failed = run(tmp_path / "count", {}, {}, a_headlines={"s": err}, b_headlines={"s": {
-        **err, "held-out figures within +-25 %": {"value": 2, "unit": ""}}})
+    moved = {**err, "held-out figures within +-25 %": {"value": 5, "unit": ""}}
+    text, failed = run(tmp_path / "count", {}, {}, a_headlines={"s": err}, b_headlines={"s": moved})
     assert failed
+    # another CPU times the predictions' CPU and I/O terms: there the count moves with the host (an AVX2-only
+    # host's 3 of 6 and an AVX-512 host's 5 of 6, at one commit's cost-model code)
+    text, failed = run(tmp_path / "other", {}, {}, a_headlines={"s": err}, b_headlines={"s": moved},
+                       b_machine=OTHER_HOST)
+    assert not failed and "a count of verdicts on host-timed figures, on another machine" in text, text
+
+
+def test_a_verdict_on_a_host_timed_figure_moves_with_the_host_only(tmp_path):
+    def calibration(verdict, term, within, machine=None):
+        return [stamped(where="host", figure="qwen3-step-ms", unit="ms", board=3420.0, predicted=4400.0,
+                        term=term, within_25_pct=within, verdict=verdict, machine=machine)]
+
+    a = calibration("misses by +29.2 %: the cpu term carries 2359.4 of the 3993.0", "cpu", "False")
+    b = ("within +-25 % (+16.7 %)", "", "True")
+    text, failed = run(tmp_path, {"npu_cost/calibration": a}, {"npu_cost/calibration": calibration(*b)})
+    assert failed and "| `verdict` | exact (by string values), exact |" in text  # one host: exact
+    text, failed = run(tmp_path / "2", {"npu_cost/calibration": a},
+                       {"npu_cost/calibration": calibration(*b, machine=OTHER_HOST)})
+    assert not failed, text
+    assert "- `verdict` (time, reported (by row label, a verdict on a host-timed figure, on another machine))" in text
+    # what is no verdict on the figure stays exact across machines too
+    moved = [{**calibration(*b, machine=OTHER_HOST)[0], "status": "failed"}]
+    text, failed = run(tmp_path / "3", {"npu_cost/calibration": [{**a[0], "status": "ok"}]},
+                       {"npu_cost/calibration": moved})
+    assert failed and "| `status` | exact (by string values), exact | ok | failed |" in text, text
+
+
+@pytest.mark.parametrize(("b_detail", "fails"), [
+    ("node=/dec/ups.1/Conv; max_abs=117.07752227783203; limit=65504.0", False),  # fp32 on another host
+    ("node=/dec/ups.1/Conv; max_abs=117.08; limit=65504.0", False),      # the same value printed to 0.01
+    ("node=/dec/ups.1/Conv; max_abs=117.09; limit=65504.0", True),       # past the float tolerance and a unit
+    ("node=/dec/ups.1/Conv; max_abs=117.0775375366211; limit=65505.0", True),    # one unit of 65504.0 is 0.1
+    ("node=/dec/ups.1/Conv; max_abs=117.0775375366211; limit=65504.1", False),   # printed either side of a 5
+    ("node=/dec/ups.2/Conv; max_abs=117.0775375366211; limit=65504.0", True),    # an integer in a text: exact
+])
+def test_a_text_that_quotes_floats_holds_them_to_the_float_tolerance(tmp_path, b_detail, fails):
+    def finding(detail, machine=None):
+        return [stamped(where="host", code="RK502", detail=detail, machine=machine)]
+
+    a = finding("node=/dec/ups.1/Conv; max_abs=117.0775375366211; limit=65504.0")
+    text, failed = run(tmp_path, {"lint/findings": a}, {"lint/findings": finding(b_detail, OTHER_HOST)})
+    assert failed == fails, text
+    if not fails:
+        assert "- `detail` (relative (by the floats a text quotes))" in text, text
 
 
 @pytest.mark.parametrize(("column", "kind"), [

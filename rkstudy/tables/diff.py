@@ -16,7 +16,13 @@ Each column gets one rule, from its name first and its values second, and the re
   reported, never failed. rknn-toolkit2 writes uninitialized memory into the padding of an engine (two builds
   of the Kokoro W=128 generator from one graph on one host: 54,472,687 bytes each, 1,143 of them apart, in
   two runs of padding holding heap addresses), so each build's digest is its own; its bytes count stays exact;
-* otherwise floats, by their relative change.
+* otherwise floats, by their relative change; a text that differs only in the floats it quotes (a lint
+  finding's "max_abs=117.0775") holds them to that too, one unit of a printed last digit being rounding,
+  and its integers exact;
+* on tables made on different machines, a verdict on a host-timed figure (the cost model's `verdict`,
+  `term` and `within_*` against a board figure: its CPU and I/O terms are this host's timings) and a count
+  of such verdicts ("held-out figures within ..."): reported, since another CPU times the terms; on one
+  machine they are held exact.
 
 The tolerances are measured, not chosen (rkstudy.tables.tolerances, tolerances.csv: the largest change
 each kind showed between reruns on one machine, and across machines of different vector ISAs, with the
@@ -73,6 +79,11 @@ TIME_LABEL_WORDS = {"rtf", "wall", "seconds", "minutes", "time", "times", "ms", 
 FIGURE_COLUMNS = ("figure", "unit")
 UNIT_FIRST = "; in a row whose unit is dB or a time, that rule"
 IGNORED = (*STAMP, *MACHINE, CARRIED)
+# a verdict on a host-timed figure (the cost model's: within the band or not, the term that carries a miss) and
+# a count of such verdicts: held exact on one machine, reported across machines, whose CPUs time the terms
+HOST_TIMED_VERDICT = re.compile(r"^(verdict|term|within_)")
+HOST_TIMED_COUNT = re.compile(r"\bfigures (within|undecided)\b")
+QUOTED_FLOATS = "the floats a text quotes"
 
 
 @dataclass(frozen=True)
@@ -400,7 +411,39 @@ def _cell_rule(d: TableDiff, c: str, ra: dict, rb: dict) -> Tolerance:
         by_text = next((r for r in (name_rule(c), by_label) if r is not None and r.kind in REPORTED), None)
         if by_text is not None:
             rule = Tolerance(by_text.kind, f"{by_text.why}, a text of them")
+        elif ra[c] != rb[c]:  # a finding quoting an fp32 maximum, say
+            rule = Tolerance("relative", QUOTED_FLOATS)
+    if d.machines == tolerances.MACHINES[1]:
+        if (rule.kind == "exact" and rule.why == "string values" and by_label is not None and by_label.kind == "time"
+                and HOST_TIMED_VERDICT.match(c)):
+            rule = Tolerance("time", f"{by_label.why}, a verdict on a host-timed figure, on another machine")
+        elif rule.kind == "relative" and label and HOST_TIMED_COUNT.search(label.lower()):
+            rule = Tolerance("time", "row label, a count of verdicts on host-timed figures, on another machine")
     return rule
+
+
+def _printed_unit(token: str) -> float:
+    """One unit in the last digit a number was printed with (0.0001 for "96.1861", 1 for "117")."""
+    mantissa, _, exponent = token.lower().replace(",", "").partition("e")
+    decimals = len(mantissa.partition(".")[2])
+    return 10.0 ** (-decimals + (int(exponent) if exponent else 0))
+
+
+def _quoted_float_pairs(a: str, b: str) -> list[tuple[str, str]]:
+    """The numbers of two texts that differ in their numbers only, pair by pair, to hold to the float
+    tolerance: an integer (a count, a node's index) must not move, and a float that moved by one unit of
+    its printed last digit is rounding (96.1861 and 96.1862 are one value printed either side of a 5)."""
+    pairs = []
+    for x, y in zip(_NUMBER.findall(a), _NUMBER.findall(b)):
+        if x == y:
+            continue
+        if _is_int(x.replace(",", "")) and _is_int(y.replace(",", "")):
+            pairs.append((f"integer {x}", f"integer {y}"))  # not numbers: any move is past the tolerance
+        elif abs(float(x.replace(",", "")) - float(y.replace(",", ""))) <= max(map(_printed_unit, (x, y))) * (1 + 1e-9):
+            continue  # (1 + 1e-9): 96.1862 - 96.1861 is a hair over 1e-4 in binary
+        else:
+            pairs.append((x.replace(",", ""), y.replace(",", "")))
+    return pairs or [("0", "0")]
 
 
 def _claim_cells(column: str, ra: dict, rb: dict) -> tuple[Tolerance, list[tuple[str, str]]]:
@@ -447,7 +490,8 @@ def compared(d: TableDiff, rows, common):
             if rule.kind in REPORTED:
                 reported.append((label, c, rule, ra[c], rb[c]))
             else:
-                held.append((label, c, rule, figure_kind(rule, where), ra[c], rb[c], [(ra[c], rb[c])]))
+                pairs = _quoted_float_pairs(ra[c], rb[c]) if rule.why == QUOTED_FLOATS else [(ra[c], rb[c])]
+                held.append((label, c, rule, figure_kind(rule, where), ra[c], rb[c], pairs))
     return held, reported
 
 
@@ -506,6 +550,8 @@ def cells(a: Path, b: Path):
         if name not in tb:
             continue
         d, rows, common = _matched(name, ta[name][0], tb[name][0])
+        # as diff_table holds them: on two machines, verdicts on host-timed figures are reported, not held
+        d.machines, _ = machine_relation(made(ta[name][0], ta[name][1]), made(tb[name][0], tb[name][1]))
         held, _ = compared(d, rows, common)
         for label, c, _rule, kind, _a, _b, pairs in held:
             for x, y in pairs:
