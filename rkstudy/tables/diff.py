@@ -424,9 +424,8 @@ def _cell_rule(d: TableDiff, c: str, ra: dict, rb: dict) -> Tolerance:
 
 def _printed_unit(token: str) -> float:
     """One unit in the last digit a number was printed with (0.0001 for "96.1861", 1 for "117")."""
-    mantissa, _, exponent = token.lower().replace(",", "").partition("e")
-    decimals = len(mantissa.partition(".")[2])
-    return 10.0 ** (-decimals + (int(exponent) if exponent else 0))
+    mantissa, _, exponent = token.lower().partition("e")
+    return 10.0 ** (int(exponent or 0) - len(mantissa.partition(".")[2]))
 
 
 def _quoted_float_pairs(a: str, b: str) -> list[tuple[str, str]]:
@@ -434,15 +433,13 @@ def _quoted_float_pairs(a: str, b: str) -> list[tuple[str, str]]:
     tolerance: an integer (a count, a node's index) must not move, and a float that moved by one unit of
     its printed last digit is rounding (96.1861 and 96.1862 are one value printed either side of a 5)."""
     pairs = []
-    for x, y in zip(_NUMBER.findall(a), _NUMBER.findall(b)):
+    for x, y in zip(*([t.replace(",", "") for t in _NUMBER.findall(text)] for text in (a, b))):
         if x == y:
             continue
-        if _is_int(x.replace(",", "")) and _is_int(y.replace(",", "")):
+        if _is_int(x) and _is_int(y):
             pairs.append((f"integer {x}", f"integer {y}"))  # not numbers: any move is past the tolerance
-        elif abs(float(x.replace(",", "")) - float(y.replace(",", ""))) <= max(map(_printed_unit, (x, y))) * (1 + 1e-9):
-            continue  # (1 + 1e-9): 96.1862 - 96.1861 is a hair over 1e-4 in binary
-        else:
-            pairs.append((x.replace(",", ""), y.replace(",", "")))
+        elif abs(float(x) - float(y)) > max(map(_printed_unit, (x, y))) * (1 + 1e-9):
+            pairs.append((x, y))  # (1 + 1e-9): 96.1862 - 96.1861 is a hair over 1e-4 in binary
     return pairs or [("0", "0")]
 
 
