@@ -172,7 +172,7 @@ def open_runner(engine: dict, runtime: str, cores: str = "0_1_2"):
     # a compiled engine's graph runs here; its contract carries what stage 2 predicted for it on the NPU of
     # the SoC it was compiled for
     runner.recorded_prediction = ((contract.build or {}).get("npu_predicted") or {}).get(cores)
-    runner.target = contract.target or ""
+    runner.compiled_for = contract.target or ""  # its own `target` stays none: onnxruntime runs for no SoC
     return runner
 
 
@@ -219,7 +219,11 @@ def predicted_on_npu(runners: dict[str, list], runtime: str, cores: str = "0_1_2
             for k, v in per_call.items():
                 terms[k] = terms.get(k, 0.0) + v * runner.calls
         known = not why and first is not None
-        socs = ",".join(dict.fromkeys(t for r in opened if (t := getattr(r, "target", ""))))
+        # the SoC each engine was built for: the simulator's own target, or the one a compiled engine's
+        # contract names when onnxruntime runs its graph
+        socs = ",".join(dict.fromkeys(t for r in opened
+                                      if (t := getattr(r, "compiled_for", "") or getattr(r, "target", "")) != "none"
+                                      and t))
         out[component] = {"ms": None if why else total, "terms": {} if why else terms, "calls": calls, "why": why,
                           "first_ms": first_ms if known else None, "first_calls": first_calls if known else None,
                           "soc": socs}
