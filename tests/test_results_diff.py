@@ -440,6 +440,24 @@ def test_what_this_hosts_timings_feed_is_reported_not_failed(tmp_path):
     assert failed and "| `verdict` | exact (by string values), exact |" in text and "| `nodes` |" in text
 
 
+def test_a_crash_signal_is_reported_and_the_crash_itself_still_fails(tmp_path):
+    """rknn-toolkit2 building w8a16 for rk3562 died on SIGSEGV in one run and on SIGABRT in the next (same
+    host, graph and toolkit): the signal is reported; a build that no longer crashes, or crashes elsewhere,
+    still fails."""
+    def probe(status, error):
+        return {"s/dtypes": [stamped(where="host", target_soc="rk3562", dtype="w8a16", status=status, error=error)]}
+
+    a = probe("crashed (SIGSEGV, exit 139) at build", "the toolkit died on SIGSEGV during build (a compiler abort)")
+    b = probe("crashed (SIGABRT, exit 134) at build", "the toolkit died on SIGABRT during build (a compiler abort)")
+    text, failed = run(tmp_path, a, b)
+    assert not failed, text
+    assert "- `status` (crash signal, reported (by the signal a crashed toolkit died on only" in text, text
+    for k, other in enumerate((probe("ok", ""), probe("crashed (SIGABRT, exit 134) at load",
+                                                      "the toolkit died on SIGABRT during load (a compiler abort)"))):
+        text, failed = run(tmp_path / str(k), a, other)
+        assert failed, text
+
+
 def test_an_engine_digest_is_reported_and_anything_else_in_the_text_still_fails(tmp_path):
     """Two builds of one graph differ in the toolkit's uninitialized padding, so a row naming its engines by
     digest moves with every build; the engine's name, role or size moving is still a change."""

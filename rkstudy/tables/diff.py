@@ -69,7 +69,7 @@ TIME_WORDS = {"s", "ms", "us", "seconds", "minutes", "rtf",
 MACHINE_NAME = re.compile(r"peak|rss|gb_per|load")
 DIFFERENCE_NAME = re.compile(r"max_(abs_)?(diff|err)")
 LISTENER = {"pesq": "PESQ-WB", "stoi": "STOI", "dnsmos": "DNSMOS"}  # a column's or a label's word -> its kind
-REPORTED = ("time", "machine", "build")
+REPORTED = ("time", "machine", "build", "crash")
 # a row's label: what a headline, a goal or a quantity row says it holds
 LABEL_COLUMNS = ("headline", "goal", "quantity", "label")
 MACHINE_WORDS = {"peak", "rss", "bandwidth", "dram", "load", "gb/s", "mb/s"}
@@ -88,13 +88,13 @@ QUOTED_FLOATS = "the floats a text quotes"
 
 @dataclass(frozen=True)
 class Tolerance:
-    kind: str   # exact, dB, PESQ-WB, STOI, DNSMOS, relative, time, machine, build
+    kind: str   # exact, dB, PESQ-WB, STOI, DNSMOS, relative, time, machine, build, crash
     why: str    # what gave it: the name, or the values
 
     def describe(self) -> str:
         rule = {"dB": "dB, by what computed it", "difference": "largest difference, by what computed it",
                 "relative": "relative", "time": "time, reported",
-                "machine": "machine, reported", "build": "engine digest, reported",
+                "machine": "machine, reported", "build": "engine digest, reported", "crash": "crash signal, reported",
                 "exact": "exact"}.get(self.kind, f"{self.kind}, its own")
         return f"{rule} (by {self.why})"
 
@@ -389,6 +389,17 @@ def _same_but_engine_digests(a: str, b: str) -> bool:
     return a != b and ENGINE_DIGEST.sub(r"\1:#", a) == ENGINE_DIGEST.sub(r"\1:#", b)
 
 
+# how the toolkit's child died: the signal and its exit code ("crashed (SIGSEGV, exit 139) at build")
+CRASH_SIGNAL = re.compile(r"\bSIG[A-Z]+\b(, exit \d+)?")
+
+
+def _same_but_crash_signal(a: str, b: str) -> bool:
+    """Whether two texts differ in the signal a crashed toolkit died on only: rknn-toolkit2 2.5.0 building
+    w8a16 for rk3562 died on SIGSEGV in one run and on SIGABRT in the next, same host, graph and toolkit.
+    That it crashes, and where, is the finding; the signal is chance."""
+    return a != b and CRASH_SIGNAL.sub("SIG", a) == CRASH_SIGNAL.sub("SIG", b)
+
+
 def _same_but_numbers(a: str, b: str) -> bool:
     """Whether two texts differ in their numbers only ("Slice:0.0231" and "Slice:0.0233")."""
     return _NUMBER.sub("#", a) == _NUMBER.sub("#", b)
@@ -406,6 +417,8 @@ def _cell_rule(d: TableDiff, c: str, ra: dict, rb: dict) -> Tolerance:
         rule = by_label
     elif rule.why == "string values" and _same_but_engine_digests(ra[c], rb[c]):
         rule = Tolerance("build", "engine digests only: each build's padding differs")
+    elif rule.why == "string values" and _same_but_crash_signal(ra[c], rb[c]):
+        rule = Tolerance("crash", "the signal a crashed toolkit died on only: it varies from run to run")
     elif rule.why == "string values" and _same_but_numbers(ra[c], rb[c]):
         # a text that quotes times (a per-op time list, a verdict quoting a predicted time) moves with them
         by_text = next((r for r in (name_rule(c), by_label) if r is not None and r.kind in REPORTED), None)
