@@ -221,11 +221,16 @@ def test_stage2_prints_the_summary_line_and_json_gives_the_row(tmp_path, capsys)
     assert recorded["0_1_2"]["ms"] == pytest.approx(row["npu_ms_predicted"], abs=0.01)
     assert set(recorded) == set(cost.MASK_CORES) and recorded["0"]["ms"] >= recorded["0_1_2"]["ms"]
     plan = json.dumps({"speech_decoder": {"impl": "rknn", "artifacts": {"main": str(engine)}}})
+    capsys.readouterr()
     assert main(["speak", "qwen3", "--plan", plan, "--model", str(step), "--tokens", "8", "--runtime", "onnx",
                  "--results", str(tmp_path / "results")]) == 0
+    said = "".join(capsys.readouterr())
     (spoken,) = results.read_table(tmp_path / "results" / "qwen3_vocoder" / "speak.csv")
+    assert f"predicts {spoken['npu_ms_predicted']} ms for speech_decoder on rk3588 (" in said, said
     assert float(spoken["speech_decoder_npu_ms_predicted"]) == pytest.approx(2 * recorded["0_1_2"]["ms"], abs=0.1)
     assert "recorded in its contract" in spoken["npu_cost_note"] and "over 2 calls" in spoken["npu_ms_terms"]
+    # onnxruntime ran its graph on this host, for no SoC; the prediction is for the SoC it was compiled for
+    assert (spoken["where"], spoken["target"], spoken["npu_soc"]) == ("fp32", "none", "rk3588")
     # offline, the first sample leaves with the last: every call stands before the first audio
     assert spoken["npu_first_audio_ms_predicted"] == spoken["speech_decoder_npu_ms_predicted"]
     assert spoken["npu_first_audio_calls"] == "speech_decoder x2"

@@ -139,6 +139,24 @@ def test_the_search_refuses_a_budget_its_narrowest_window_breaks():
     assert (below.window, below.confirmed_by) == (None, "40 over")
 
 
+def kokoro_rk3566(w):
+    """What 2.5.0 logs for the Kokoro generator on rk3566: 176 lines at every width, their largest value
+    (60 x window + 1) under the limit, so no narrower window clears them."""
+    return logged(176, 60 * w + 1)
+
+
+def test_lines_that_do_not_shrink_with_the_window_cost_the_fits_pair_and_the_floors():
+    """The fit through the field value predicts 127 within; 127 logs the same 176 lines, so the search goes to
+    the floor, whose pair is over: no window is within, after three builds (halving from 127 to the floor
+    built a pair per halving, thirteen in all)."""
+    built = []
+    search = planner.largest_clean_window(lambda w: w, "rk3566", planner.CLEAN, 128, 136, floor=57,
+                                          build=lambda w: built.append(w) or kokoro_rk3566(w),
+                                          known={128: kokoro_rk3566(128)})
+    assert (search.window, search.confirmed_by) == (None, "57 over")
+    assert built == [127, 57, 58]
+
+
 def piper_rk3588_clean_below(w):
     """The same staircase as the compiler logs it: no line while the field value stays within 8,191."""
     value = 8176 * (w // 32)

@@ -176,12 +176,12 @@ def test_the_predicted_columns_price_each_npu_component_and_say_why_where_they_c
     both = validate(piper, {"decoder": {"impl": "rknn", "artifacts": {"main": "d.rknn"}},
                             "duration_encoder": {"impl": "rknn", "artifacts": {"main": "e.rknn"}}})
     priced = {"decoder": {"ms": 120.04, "terms": {"conv": 20.0, "dram": 100.04}, "calls": 4, "why": "",
-                          "first_ms": 30.01, "first_calls": 1},
+                          "first_ms": 30.01, "first_calls": 1, "soc": "rk3588"},
               "duration_encoder": {"ms": 30.0, "terms": {"conv": 30.0}, "calls": 2, "why": "",
-                                   "first_ms": 15.0, "first_calls": 1}}
+                                   "first_ms": 15.0, "first_calls": 1, "soc": "rk3588"}}
     cols = speak.predicted_columns(piper, both, "simulator", priced, "rk3588")
     assert (cols["decoder_npu_ms_predicted"], cols["duration_encoder_npu_ms_predicted"]) == (120.0, 30.0)
-    assert cols["npu_ms_predicted"] == 150.0
+    assert cols["npu_ms_predicted"] == 150.0 and cols["npu_soc"] == "rk3588"  # the SoC the engines were built for
     assert "decoder: conv 20.0 + dram 100.0 ms over 4 calls" in cols["npu_ms_terms"]
     assert "not a board number" in cols["npu_cost_note"]
     # the NPU's share of the first audio: the calls made before the first sample left, at the same price
@@ -317,6 +317,7 @@ def test_the_simulator_speaks_with_engines_built_from_their_graphs(piper_engines
     on_board = dataclasses.replace(sim, row={**sim.row, "where": "board", "runtime": "rknnlite"})
     assert "on this board's NPU via rknnlite" in speak.summary_line(on_board, Path("speak.csv"))
     assert f"the NPU cost model predicts {sim.row['npu_ms_predicted']} ms" in line, line
+    assert sim.row["npu_soc"] == sim.row["target"] and f"on {sim.row['npu_soc']} (" in line, line
 
 
 def test_a_chunk_a_duration_stage_moved_is_a_row_of_its_own():

@@ -169,8 +169,10 @@ def open_runner(engine: dict, runtime: str, cores: str = "0_1_2"):
     from ..runtime import OrtRunner
 
     runner = OrtRunner(engine["graph"])
-    # a compiled engine's graph runs here; its contract carries what stage 2 predicted for it on the NPU
+    # a compiled engine's graph runs here; its contract carries what stage 2 predicted for it on the NPU of
+    # the SoC it was compiled for
     runner.recorded_prediction = ((contract.build or {}).get("npu_predicted") or {}).get(cores)
+    runner.compiled_for = contract.target or ""  # its own `target` stays none: onnxruntime runs for no SoC
     return runner
 
 
@@ -193,14 +195,15 @@ def predicted_on_npu(runners: dict[str, list], runtime: str, cores: str = "0_1_2
     multi-shape engine is priced at the shape set its build printed (its largest).
 
     Returns {component: {"ms": float | None, "terms": {term: ms}, "calls": int, "why": str,
-    "first_ms": float | None, "first_calls": int | None}}."""
+    "first_ms": float | None, "first_calls": int | None, "soc": the SoCs its engines were built for}}: a run in
+    onnxruntime is placed on no SoC, and its prediction is for the SoC each engine was compiled for."""
     out = {}
     for component, opened in runners.items():
         if not opened:
             continue
         if runtime == BOARD:
             out[component] = {"ms": None, "terms": {}, "calls": 0, "why": "a board run measures its NPU times",
-                              "first_ms": None, "first_calls": None}
+                              "first_ms": None, "first_calls": None, "soc": ""}
             continue
         total, terms, calls, why, first_ms, first_calls = 0.0, {}, 0, "", 0.0, 0
         for runner in opened:
@@ -216,8 +219,14 @@ def predicted_on_npu(runners: dict[str, list], runtime: str, cores: str = "0_1_2
             for k, v in per_call.items():
                 terms[k] = terms.get(k, 0.0) + v * runner.calls
         known = not why and first is not None
+        # the SoC each engine was built for: the simulator's own target, or the one a compiled engine's
+        # contract names when onnxruntime runs its graph
+        socs = ",".join(dict.fromkeys(t for r in opened
+                                      if (t := getattr(r, "compiled_for", "") or getattr(r, "target", "")) != "none"
+                                      and t))
         out[component] = {"ms": None if why else total, "terms": {} if why else terms, "calls": calls, "why": why,
-                          "first_ms": first_ms if known else None, "first_calls": first_calls if known else None}
+                          "first_ms": first_ms if known else None, "first_calls": first_calls if known else None,
+                          "soc": socs}
     return out
 
 

@@ -217,8 +217,9 @@ def predicted_columns(model_plan: ModelPlan, plan: Plan, runtime: str, predicted
     else:
         why = next((per[c]["why"] for c in plan.on_npu if per.get(c, {}).get("why")), "")
         note = f"cannot speak: {why or f'runtime {runtime} reported no prediction'}"
+    socs = ",".join(dict.fromkeys(s for c in priced for s in per[c].get("soc", "").split(",") if s))
     return {**cols, "npu_ms_predicted": round(sum(per[c]["ms"] for c in priced), 1) if whole else "",
-            "npu_ms_terms": terms, "npu_cost_note": note,
+            "npu_ms_terms": terms, "npu_cost_note": note, "npu_soc": socs if whole else "",
             "npu_first_audio_ms_predicted": round(sum(per[c]["first_ms"] for c in priced), 1) if first else "",
             "npu_first_audio_calls": (" + ".join(f"{c} x{per[c]['first_calls']}" for c in priced)
                                       if first else "")}
@@ -268,7 +269,8 @@ def summary_line(spoken: Spoken, table: Path) -> str:
                 f"{RAN_BY[r['runtime']]})")
     if r.get("npu_ms_predicted", "") != "":
         parts += (f"; the NPU cost model predicts {r['npu_ms_predicted']} ms for {r['on_npu']} on "
-                  f"{r['target']} ({r['npu_ms_terms']}; a prediction, not a board number)")
+                  f"{r.get('npu_soc') or r['target']} ({r['npu_ms_terms']}; a prediction, not a board "
+                  "number)")
         if r.get("npu_first_audio_ms_predicted", "") != "":
             parts += (f", {r['npu_first_audio_ms_predicted']} ms of it before the first audio "
                       f"({r['npu_first_audio_calls']} calls)")

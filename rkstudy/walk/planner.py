@@ -256,7 +256,8 @@ def largest_clean_window(engine: Callable[[int], object], target: str, budget: t
     """The longest window in [floor, hi] within `budget`, starting from `lo` (today's window), predicted from
     the builds so far and confirmed by building the predicted window and the next one up (predict_widest),
     the two side by side. When `lo` is over the budget the answer lies below it: the fit (or, past it,
-    halving towards `floor`) finds a window within first, and the search goes on up from there.
+    `floor`) finds a window within first, and the search goes on up from there; lines that do not shrink with
+    the window (no fit reaches them) cost the fit's pair and the floor's, not a pair per halving.
     `known` maps windows to the reports of builds made elsewhere (used as measured, never rebuilt).
     Where the fit has nothing to go on the search steps up from the widest clean window by 1, 2, 4, ...
     frames. Once the fit has missed twice in a row on one side (a staircase of field values: flat, then a
@@ -306,18 +307,20 @@ def largest_clean_window(engine: Callable[[int], object], target: str, budget: t
 
     def below(top: int) -> int | None:
         """A window within the budget below `top` (which is over): the fit's widest window within (with the
-        next one up beside it), else halving towards `floor`; None when `floor` itself is over."""
+        next one up beside it), else `floor`; None when `floor` itself is over."""
         guess, at, fitted = predict_widest(builds, budget, target, floor, top - 1)
         if guess is not None:
             row(guess, "predicted", at=at, fitted=fitted)
-        w = guess if guess is not None else max(floor, (floor + top) // 2)
+        w = guess if guess is not None else floor
         while True:
             inside = [x for x in builds if floor <= x < top and within(builds[x], budget)]
             if inside or w is None:
                 return max(inside, default=None)
             measure([x for x in (w, w + 1) if x < top])
             if not within(builds[w], budget):
-                top, w = w, None if w <= floor else max(floor, (floor + w) // 2)
+                # past a missed fit, the floor: over, nothing narrower is within (one pair, where halving
+                # down to it builds a pair per halving); within, the search goes up from it
+                top, w = w, None if w <= floor else floor
 
     measure([lo] + [w for w in known if floor <= w <= hi])  # builds made elsewhere are data from the start
     if not within(builds[lo], budget):

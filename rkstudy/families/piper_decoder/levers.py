@@ -56,7 +56,7 @@ def lever_graphs(quick: bool) -> LeverGraphs:
         lambda: quantization_stage(Voice()),
         {"targets": ALL_TARGETS, "grid": grid,
          "ranking": {"samples": 2, "counts": (64, 128, 192)}, "isolation": True,
-         "search": {"budget": 24, "forward": 8},
+         "search": {"budget": 24},
          "auto_hybrid": (0.99,)})])
 
 
